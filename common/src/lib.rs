@@ -1,0 +1,16 @@
+//! What every engram service shares: settings, identity propagation, the
+//! embedded Postgres, the project-local installs, conversions and the server
+//! scaffolding (health + reflection + graceful shutdown).
+
+pub mod bootstrap;
+pub mod convert;
+pub mod db;
+pub mod entities;
+pub mod identity;
+pub mod pg;
+pub mod server;
+pub mod settings;
+pub mod telemetry;
+
+pub use identity::{AccessLevel, Identity};
+pub use settings::Settings;

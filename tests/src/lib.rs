@@ -1,0 +1,1 @@
+//! Shared harness for the integration tests.
