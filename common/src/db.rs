@@ -90,7 +90,15 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
 /// `<workspace>/.engram/test-pgdata`. Isolation between tests comes from
 /// unique tenant ids, never from separate databases.
 pub async fn test_database() -> Result<PgPool, DbError> {
-    let url = match std::env::var("ENGRAM_TEST_DATABASE_URL") {
+    let url = test_database_url().await?;
+    let pool = connect(&url, 8).await?;
+    MIGRATOR.run(&pool).await?;
+    Ok(pool)
+}
+
+/// The URL of the shared test database (see [`test_database`]).
+pub async fn test_database_url() -> Result<String, DbError> {
+    Ok(match std::env::var("ENGRAM_TEST_DATABASE_URL") {
         Ok(url) if !url.is_empty() => url,
         _ => {
             let settings = test_settings();
@@ -124,10 +132,7 @@ pub async fn test_database() -> Result<PgPool, DbError> {
                     detail: e.to_string(),
                 })??
         }
-    };
-    let pool = connect(&url, 8).await?;
-    MIGRATOR.run(&pool).await?;
-    Ok(pool)
+    })
 }
 
 /// Settings for tests: home = `<workspace>/.engram`, data dir `test-pgdata`.

@@ -1,0 +1,50 @@
+//! The CLI's gRPC client: the public gateway with an API key attached.
+
+use engram_proto::memory_service_client::MemoryServiceClient;
+use engram_proto::retrieval_service_client::RetrievalServiceClient;
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Clone)]
+pub struct ApiKey(MetadataValue<tonic::metadata::Ascii>);
+
+impl Interceptor for ApiKey {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+pub type Retrieval =
+    RetrievalServiceClient<tonic::service::interceptor::InterceptedService<Channel, ApiKey>>;
+pub type Memories =
+    MemoryServiceClient<tonic::service::interceptor::InterceptedService<Channel, ApiKey>>;
+
+/// Both public clients over one channel.
+#[derive(Clone)]
+pub struct Client {
+    pub retrieval: Retrieval,
+    pub memories: Memories,
+}
+
+impl Client {
+    pub async fn connect(uri: &str, api_key: &str) -> anyhow::Result<Self> {
+        let channel = Endpoint::from_shared(uri.to_string())?
+            .connect()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("cannot reach the gateway at {uri}: {e}; is `engram up` running?")
+            })?;
+        let key = ApiKey(format!("Bearer {api_key}").parse().map_err(|_| {
+            anyhow::anyhow!("the API key contains characters not allowed in metadata")
+        })?);
+        Ok(Self {
+            retrieval: RetrievalServiceClient::with_interceptor(channel.clone(), key.clone())
+                .max_decoding_message_size(64 << 20),
+            memories: MemoryServiceClient::with_interceptor(channel, key)
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20),
+        })
+    }
+}

@@ -1,0 +1,443 @@
+//! The CLI commands.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use anyhow::Context;
+use engram_common::Settings;
+use engram_proto::{AddEdgesRequest, RetrievalMode, RetrieveRequest, UpsertRequest};
+
+use crate::client::Client;
+use crate::stack::{self, Service, Stack, StackOptions};
+use crate::{demo, ingest};
+
+/// Where the CLI finds a running gateway and which key it uses.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Conn {
+    /// Gateway URI; default: http://<listen.retrieval>.
+    #[arg(long)]
+    pub addr: Option<String>,
+    /// API key; default: ENGRAM_API_KEY, else <home>/dev-api-key written by `engram up`.
+    #[arg(long, env = "ENGRAM_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Tenant the key must belong to (the gateway takes the tenant from the key).
+    #[arg(long, default_value = "default")]
+    pub tenant: String,
+}
+
+impl Conn {
+    pub async fn connect(&self, settings: &Settings) -> anyhow::Result<Client> {
+        let uri = self
+            .addr
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", settings.listen.retrieval));
+        let key = match &self.api_key {
+            Some(k) => k.clone(),
+            None => std::fs::read_to_string(settings.home.join("dev-api-key"))
+                .map(|k| k.trim().to_string())
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "no API key: pass --api-key or ENGRAM_API_KEY, or start `engram up` (it writes {})",
+                        settings.home.join("dev-api-key").display()
+                    )
+                })?,
+        };
+        if self.api_key.is_none() && self.tenant != "default" {
+            anyhow::bail!(
+                "the dev key belongs to tenant \"default\"; pass --api-key for tenant {:?}",
+                self.tenant
+            );
+        }
+        Client::connect(&uri, &key).await
+    }
+}
+
+/// `engram up` / `engram serve`: run until Ctrl-C or SIGTERM.
+pub async fn up(settings: Settings, services_opt: Option<Vec<String>>) -> anyhow::Result<()> {
+    let mut opts = StackOptions::default();
+    if let Some(list) = services_opt {
+        opts.services = list
+            .iter()
+            .map(|s| Service::parse(s))
+            .collect::<anyhow::Result<BTreeSet<_>>>()?;
+    }
+    let mut stack = Stack::start(settings, opts).await?;
+    for (svc, addr) in &stack.addrs {
+        println!("{:<9} grpc://{addr}", svc.name());
+    }
+    if let Some(key) = &stack.api_key_opt {
+        println!("dev API key (tenant default, trust sensitive): {key}");
+        println!(
+            "  saved to {}",
+            stack.settings.home.join("dev-api-key").display()
+        );
+    }
+    if let Some(url) = stack.database_url_opt() {
+        tracing::info!(database = %redact_url(url), "database ready");
+    }
+    println!("engram is up; Ctrl-C to stop");
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        (svc, res) = stack.any_exited() => {
+            let msg = match res { Ok(()) => "stopped".to_string(), Err(e) => format!("{e:#}") };
+            eprintln!("engram: {} service exited: {msg}", svc.name());
+        }
+    }
+    stack.shutdown().await;
+    Ok(())
+}
+
+/// `engram demo`: everything on ephemeral ports, sample loaded, queries printed.
+pub async fn demo(settings: Settings) -> anyhow::Result<()> {
+    let opts = StackOptions {
+        ephemeral_ports: true,
+        ..Default::default()
+    };
+    let stack = Stack::start(settings, opts).await?;
+    let result = demo_on(&stack).await;
+    stack.shutdown().await;
+    print!("{}", result?);
+    Ok(())
+}
+
+/// The demo against a running stack; returns what it prints (tests read it).
+pub async fn demo_on(stack: &Stack) -> anyhow::Result<String> {
+    let uri = stack.gateway_uri().context("demo needs the gateway")?;
+    let key = stack
+        .api_key_opt
+        .clone()
+        .context("demo needs the dev API key")?;
+    let mut client = Client::connect(&uri, &key).await?;
+    let n = demo::load_sample(&mut client).await?;
+    let mut out = format!("loaded {n} sample memories into tenant \"default\"\n");
+    for q in demo::QUERIES {
+        let r = demo::run_query(&mut client, q).await?;
+        out.push_str(&demo::render(q, &r));
+    }
+    Ok(out)
+}
+
+pub async fn ingest(settings: Settings, file: &Path, conn: Conn) -> anyhow::Result<()> {
+    let batch = ingest::parse_file(file)?;
+    let mut client = conn.connect(&settings).await?;
+    let mut written = 0;
+    for chunk in batch.memories.chunks(500) {
+        let r = client
+            .memories
+            .upsert(UpsertRequest {
+                memories: chunk.to_vec(),
+            })
+            .await?;
+        written += r.into_inner().results.len();
+    }
+    let mut edges = 0;
+    for chunk in batch.edges.chunks(1000) {
+        edges += client
+            .memories
+            .add_edges(AddEdgesRequest {
+                edges: chunk.to_vec(),
+            })
+            .await?
+            .into_inner()
+            .added;
+    }
+    println!(
+        "ingested {written} memories and {edges} edges from {}",
+        file.display()
+    );
+    Ok(())
+}
+
+pub fn parse_mode(mode: &str) -> anyhow::Result<RetrievalMode> {
+    Ok(match mode {
+        "auto" => RetrievalMode::Auto,
+        "simple" => RetrievalMode::Simple,
+        "multi_hop" => RetrievalMode::MultiHop,
+        "exploratory" => RetrievalMode::Exploratory,
+        "vector" => RetrievalMode::Vector,
+        "keyword" => RetrievalMode::Keyword,
+        "graph" => RetrievalMode::Graph,
+        "hybrid" => RetrievalMode::Hybrid,
+        other => anyhow::bail!(
+            "--mode {other:?}: expected auto, simple, multi_hop, exploratory, vector, keyword, graph or hybrid"
+        ),
+    })
+}
+
+pub async fn query(
+    settings: Settings,
+    text: &str,
+    limit: u32,
+    mode: &str,
+    json: bool,
+    conn: Conn,
+) -> anyhow::Result<()> {
+    let mode = parse_mode(mode)?;
+    let mut client = conn.connect(&settings).await?;
+    let req = RetrieveRequest {
+        text: text.to_string(),
+        limit: Some(limit),
+        mode: mode as i32,
+        ..Default::default()
+    };
+    let r = client
+        .retrieval
+        .retrieve(req)
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?
+        .into_inner();
+    if json {
+        let records: Vec<serde_json::Value> = r
+            .records
+            .iter()
+            .map(|rec| {
+                let m = rec.memory.clone().unwrap_or_default();
+                let p = rec.provenance.clone().unwrap_or_default();
+                serde_json::json!({
+                    "id": m.id, "content": m.content, "score": rec.score, "citation": p.citation,
+                    "strategies": p.strategies.iter().map(|s| serde_json::json!({"strategy": s.strategy, "rank": s.rank, "score": s.score})).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"query_id": r.query_id, "route": r.route, "records": records, "latency_ms": r.latency_ms})
+        );
+    } else {
+        print!("{}", demo::render(text, &r));
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn redact_url(url: &str) -> String {
+    match url.split_once('@') {
+        Some((scheme_user, host)) => {
+            let scheme = scheme_user.split("://").next().unwrap_or("postgres");
+            format!("{scheme}://***@{host}")
+        }
+        None => url.to_string(),
+    }
+}
+
+pub use stack::dev_api_key;
+
+/// What `engram eval` measures.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum EvalDataset {
+    /// 2WikiMultihopQA: HippoRAG's corpus and questions (dev half by default).
+    #[command(name = "2wiki")]
+    TwoWiki {
+        #[arg(long)]
+        corpus: Option<std::path::PathBuf>,
+        #[arg(long)]
+        questions: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        common: EvalCommon,
+    },
+    /// LoCoMo conversations: one tenant per conversation, one memory per turn.
+    Locomo {
+        #[arg(long)]
+        data: Option<std::path::PathBuf>,
+        #[arg(long, default_value = "0-4")]
+        conversations: String,
+        #[command(flatten)]
+        common: EvalCommon,
+    },
+    /// MuSiQue: corpus = the questions' paragraphs, gold = is_supporting.
+    Musique {
+        #[arg(long)]
+        questions: Option<std::path::PathBuf>,
+        /// HippoRAG's OpenIE output: entities and triples supplied at ingest.
+        #[arg(long)]
+        openie: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        common: EvalCommon,
+    },
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct EvalCommon {
+    /// Print one JSON object (the contract in docs/benchmarks.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Only the first N questions (per conversation for LoCoMo).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Concurrent queries for the single-strategy settings (the pipeline
+    /// setting always runs one at a time so its latency is clean).
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+}
+
+/// `engram eval`: an in-process stack on ephemeral ports (the persistent
+/// embedded data dir, so corpora are reused), one key per eval tenant.
+pub async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
+    use crate::eval as ev;
+    let (name, parts, common) = match dataset {
+        EvalDataset::TwoWiki {
+            corpus,
+            questions,
+            common,
+        } => {
+            let c = corpus.unwrap_or_else(|| ev::data_path("hipporag/2wikimultihopqa_corpus.json"));
+            let q = questions.unwrap_or_else(|| ev::data_path("hipporag/2wiki_dev.jsonl"));
+            ("2wiki", vec![ev::load_2wiki(&c, &q, common.limit)?], common)
+        }
+        EvalDataset::Locomo {
+            data,
+            conversations,
+            common,
+        } => {
+            let d = data.unwrap_or_else(|| ev::data_path("locomo/locomo10.json"));
+            let (lo, hi) = ev::parse_range(&conversations)?;
+            ("locomo", ev::load_locomo(&d, lo, hi, common.limit)?, common)
+        }
+        EvalDataset::Musique {
+            questions,
+            openie,
+            common,
+        } => {
+            let q = questions.unwrap_or_else(|| ev::data_path("hipporag/musique_train.json"));
+            (
+                "musique",
+                vec![ev::load_musique(&q, openie.as_deref(), common.limit)?],
+                common,
+            )
+        }
+    };
+    let progress = !common.json;
+    let keys: Vec<(String, String, String, String)> = parts
+        .iter()
+        .map(|p| {
+            (
+                stack::random_token(),
+                p.tenant.clone(),
+                "eval".to_string(),
+                "sensitive".to_string(),
+            )
+        })
+        .collect();
+    let opts = StackOptions {
+        ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys: keys.clone(),
+        ..Default::default()
+    };
+    let stack = Stack::start(settings, opts).await?;
+    let result = async {
+        let uri = stack.gateway_uri().context("no gateway")?;
+        let mut clients = std::collections::HashMap::new();
+        for (key, tenant, _, _) in &keys {
+            clients.insert(tenant.clone(), Client::connect(&uri, key).await?);
+        }
+        let mut tally = ev::Tally::default();
+        for part in &parts {
+            let client = clients.get_mut(&part.tenant).context("client")?;
+            let (ingested, secs) = ev::ensure_ingested(client, part, progress).await?;
+            if ingested {
+                tracing::info!(tenant = %part.tenant, docs = part.docs.len(), secs, rate = part.docs.len() as f64 / secs.max(1e-9), "ingested corpus");
+                wait_for_graph(client, part).await;
+            }
+            ev::run_part(&clients, part, &mut tally, common.concurrency.max(1), progress).await?;
+        }
+        anyhow::Ok(tally)
+    }
+    .await;
+    stack.shutdown().await;
+    let tally = result?;
+    if common.json {
+        println!("{}", ev::report_json(name, &tally));
+    } else {
+        print!("{}", ev::report_table(name, &tally));
+    }
+    Ok(())
+}
+
+/// After a fresh ingest graph-svc rebuilds from change events; wait (up to
+/// a minute) until a graph-only query for the first question answers.
+async fn wait_for_graph(client: &mut Client, part: &crate::eval::Part) {
+    let Some(q) = part.questions.first() else {
+        return;
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while tokio::time::Instant::now() < deadline {
+        let req = RetrieveRequest {
+            text: q.text.clone(),
+            limit: Some(5),
+            mode: RetrievalMode::Graph as i32,
+            no_cache: true,
+            ..Default::default()
+        };
+        if let Ok(r) = client.retrieval.retrieve(req).await {
+            if !r.into_inner().records.is_empty() {
+                return;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    tracing::warn!(tenant = %part.tenant, "graph strategy still empty after ingest; continuing");
+}
+
+/// `engram bench`: an in-process stack, a synthetic tenant, the query mix.
+pub async fn bench(
+    settings: Settings,
+    memories: usize,
+    queries: usize,
+    concurrency: usize,
+    json: bool,
+) -> anyhow::Result<()> {
+    if memories == 0 || queries == 0 {
+        anyhow::bail!("--memories and --queries must be at least 1");
+    }
+    let tenant = format!("bench-{memories}");
+    let key = stack::random_token();
+    let opts = StackOptions {
+        ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys: vec![(
+            key.clone(),
+            tenant.clone(),
+            "bench".into(),
+            "sensitive".into(),
+        )],
+        ..Default::default()
+    };
+    let stack = Stack::start(settings, opts).await?;
+    let result = async {
+        let mut client = Client::connect(&stack.gateway_uri().context("no gateway")?, &key).await?;
+        let args = crate::bench::BenchArgs {
+            memories,
+            queries,
+            concurrency,
+            base_texts: 2000,
+        };
+        crate::bench::run(&stack, &mut client, &tenant, &args, !json).await
+    }
+    .await;
+    stack.shutdown().await;
+    let report = result?;
+    if json {
+        println!("{report}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}

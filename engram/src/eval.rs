@@ -1,0 +1,716 @@
+//! `engram eval`: recall and latency measured through the public gRPC API.
+//!
+//! Recall follows HippoRAG: for each question, |top-k ∩ gold| / |gold|,
+//! averaged over questions, in percent. Every strategy setting runs through
+//! `RetrievalService.Retrieve` with a mode override (vector, keyword, graph,
+//! hybrid) and once with the route-chosen pipeline (cross-encoder included).
+//! Each corpus lives in its own tenant named after the data set and a hash
+//! of the corpus, so a second run finds it loaded and does not re-embed.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use engram_proto::{GetRequest, Memory, RetrievalMode, RetrieveRequest, Triple, UpsertRequest};
+use futures::StreamExt;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::client::Client;
+
+pub const KS: [usize; 3] = [2, 5, 10];
+pub const SETTINGS: [(&str, RetrievalMode); 5] = [
+    ("vector", RetrievalMode::Vector),
+    ("keyword", RetrievalMode::Keyword),
+    ("graph", RetrievalMode::Graph),
+    ("hybrid", RetrievalMode::Hybrid),
+    ("pipeline", RetrievalMode::Auto),
+];
+
+/// One corpus passage / turn to ingest.
+#[derive(Debug, Clone, Default)]
+pub struct Doc {
+    pub title: String,
+    pub text: String,
+    pub event_time_opt: Option<chrono::DateTime<chrono::Utc>>,
+    pub metadata_opt: Option<serde_json::Value>,
+    pub entities: Vec<String>,
+    pub triples: Vec<[String; 3]>,
+}
+
+/// A question with the corpus indices of its gold documents.
+#[derive(Debug, Clone)]
+pub struct Question {
+    pub text: String,
+    pub gold: Vec<usize>,
+}
+
+/// A data set split into tenants (LoCoMo: one per conversation).
+#[derive(Debug, Clone)]
+pub struct Part {
+    pub tenant: String,
+    pub docs: Vec<Doc>,
+    pub questions: Vec<Question>,
+}
+
+/// HippoRAG's recall: |top-k ∩ gold| / |gold| (0 when gold is empty).
+pub fn recall_at(ranked: &[usize], gold: &[usize], k: usize) -> f64 {
+    if gold.is_empty() {
+        return 0.0;
+    }
+    let gold: HashSet<usize> = gold.iter().copied().collect();
+    let top: HashSet<usize> = ranked.iter().take(k).copied().collect();
+    gold.intersection(&top).count() as f64 / gold.len() as f64
+}
+
+pub fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
+    if sorted_ms.is_empty() {
+        return 0.0;
+    }
+    let idx = ((p / 100.0) * (sorted_ms.len() - 1) as f64).round() as usize;
+    sorted_ms[idx.min(sorted_ms.len() - 1)]
+}
+
+fn hash_files(paths: &[&Path]) -> anyhow::Result<String> {
+    let mut h = Sha256::new();
+    for p in paths {
+        h.update(std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?);
+    }
+    Ok(hex::encode(h.finalize())[..12].to_string())
+}
+
+// ---------- loaders ----------
+
+#[derive(Deserialize)]
+struct WikiPassage {
+    title: String,
+    text: String,
+}
+
+#[derive(Deserialize)]
+struct WikiQuestion {
+    question: String,
+    gold_passage_idx: Vec<usize>,
+}
+
+/// 2WikiMultihopQA (HippoRAG's corpus + questions jsonl).
+pub fn load_2wiki(
+    corpus: &Path,
+    questions: &Path,
+    limit_opt: Option<usize>,
+) -> anyhow::Result<Part> {
+    let text = std::fs::read_to_string(corpus)
+        .with_context(|| format!("cannot read {}", corpus.display()))?;
+    let passages: Vec<WikiPassage> = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}:{}: {e}", corpus.display(), e.line()))?;
+    let qtext = std::fs::read_to_string(questions)
+        .with_context(|| format!("cannot read {}", questions.display()))?;
+    let mut qs = Vec::new();
+    for (i, line) in qtext.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let q: WikiQuestion = serde_json::from_str(line)
+            .map_err(|e| anyhow::anyhow!("{}:{}: {e}", questions.display(), i + 1))?;
+        if let Some(bad) = q.gold_passage_idx.iter().find(|&&g| g >= passages.len()) {
+            bail!(
+                "{}:{}: gold_passage_idx {bad} is outside the corpus ({} passages)",
+                questions.display(),
+                i + 1,
+                passages.len()
+            );
+        }
+        qs.push(Question {
+            text: q.question,
+            gold: q.gold_passage_idx,
+        });
+    }
+    if let Some(n) = limit_opt {
+        qs.truncate(n);
+    }
+    Ok(Part {
+        tenant: format!("eval-2wiki-{}", hash_files(&[corpus])?),
+        docs: passages
+            .into_iter()
+            .map(|p| Doc {
+                title: p.title,
+                text: p.text,
+                ..Default::default()
+            })
+            .collect(),
+        questions: qs,
+    })
+}
+
+#[derive(Deserialize)]
+struct MusiqueParagraph {
+    title: String,
+    paragraph_text: String,
+    #[serde(default)]
+    is_supporting: bool,
+}
+
+#[derive(Deserialize)]
+struct MusiqueQuestion {
+    question: String,
+    paragraphs: Vec<MusiqueParagraph>,
+}
+
+#[derive(Deserialize)]
+struct OpenIeFile {
+    docs: Vec<OpenIeDoc>,
+}
+
+#[derive(Deserialize)]
+struct OpenIeDoc {
+    title: String,
+    text: String,
+    #[serde(default)]
+    extracted_entities: Vec<serde_json::Value>,
+    #[serde(default)]
+    extracted_triples: Vec<Vec<serde_json::Value>>,
+}
+
+/// MuSiQue: corpus = union of the questions' paragraphs; gold = is_supporting.
+/// With `openie`, its entities and triples are supplied at ingest.
+pub fn load_musique(
+    questions: &Path,
+    openie_opt: Option<&Path>,
+    limit_opt: Option<usize>,
+) -> anyhow::Result<Part> {
+    let text = std::fs::read_to_string(questions)
+        .with_context(|| format!("cannot read {}", questions.display()))?;
+    let raw: Vec<MusiqueQuestion> = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}:{}: {e}", questions.display(), e.line()))?;
+    let mut docs: Vec<Doc> = Vec::new();
+    let mut index: HashMap<(String, String), usize> = HashMap::new();
+    let mut qs = Vec::new();
+    for q in raw {
+        let mut gold = Vec::new();
+        for p in q.paragraphs {
+            let key = (p.title.clone(), p.paragraph_text.clone());
+            let idx = *index.entry(key).or_insert_with(|| {
+                docs.push(Doc {
+                    title: p.title.clone(),
+                    text: p.paragraph_text.clone(),
+                    ..Default::default()
+                });
+                docs.len() - 1
+            });
+            if p.is_supporting {
+                gold.push(idx);
+            }
+        }
+        qs.push(Question {
+            text: q.question,
+            gold,
+        });
+    }
+    let mut hashed: Vec<&Path> = vec![questions];
+    if let Some(path) = openie_opt {
+        hashed.push(path);
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let ie: OpenIeFile = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), e.line()))?;
+        let as_str = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        for d in ie.docs {
+            if let Some(&idx) = index.get(&(d.title.clone(), d.text.clone())) {
+                let doc = &mut docs[idx];
+                doc.entities = d
+                    .extracted_entities
+                    .iter()
+                    .map(as_str)
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                doc.triples = d
+                    .extracted_triples
+                    .iter()
+                    .filter(|t| t.len() == 3)
+                    .map(|t| [as_str(&t[0]), as_str(&t[1]), as_str(&t[2])])
+                    .collect();
+            }
+        }
+    }
+    if let Some(n) = limit_opt {
+        qs.truncate(n);
+    }
+    let tag = if openie_opt.is_some() {
+        "musique-openie"
+    } else {
+        "musique"
+    };
+    Ok(Part {
+        tenant: format!("eval-{tag}-{}", hash_files(&hashed)?),
+        docs,
+        questions: qs,
+    })
+}
+
+/// LoCoMo: one tenant per conversation, one memory per turn ("speaker: text",
+/// session date as event_time, dia_id in metadata); categories 1–4.
+pub fn load_locomo(
+    data: &Path,
+    lo: usize,
+    hi: usize,
+    limit_opt: Option<usize>,
+) -> anyhow::Result<Vec<Part>> {
+    let text =
+        std::fs::read_to_string(data).with_context(|| format!("cannot read {}", data.display()))?;
+    let convs: Vec<serde_json::Value> = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}:{}: {e}", data.display(), e.line()))?;
+    if hi >= convs.len() || lo > hi {
+        bail!(
+            "--conversations {lo}-{hi}: {} has conversations 0-{}",
+            data.display(),
+            convs.len().saturating_sub(1)
+        );
+    }
+    let hash = hash_files(&[data])?;
+    let mut parts = Vec::new();
+    for (ci, conv) in convs.iter().enumerate().take(hi + 1).skip(lo) {
+        let c = conv
+            .get("conversation")
+            .and_then(|c| c.as_object())
+            .with_context(|| {
+                format!(
+                    "{}: conversation {ci} has no \"conversation\" object",
+                    data.display()
+                )
+            })?;
+        let mut sessions: Vec<(usize, &Vec<serde_json::Value>)> = c
+            .iter()
+            .filter_map(|(k, v)| {
+                let n: usize = k.strip_prefix("session_")?.parse().ok()?;
+                Some((n, v.as_array()?))
+            })
+            .collect();
+        sessions.sort_by_key(|(n, _)| *n);
+        let mut docs = Vec::new();
+        let mut by_dia: HashMap<String, usize> = HashMap::new();
+        for (n, turns) in sessions {
+            let date_opt = c
+                .get(&format!("session_{n}_date_time"))
+                .and_then(|d| d.as_str())
+                .and_then(parse_locomo_date);
+            for (ti, t) in turns.iter().enumerate() {
+                let speaker = t.get("speaker").and_then(|s| s.as_str()).unwrap_or("");
+                let said = t.get("text").and_then(|s| s.as_str()).unwrap_or("");
+                let dia = t
+                    .get("dia_id")
+                    .and_then(|s| s.as_str())
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                // Turns in one session share a date; keep their order.
+                let et = date_opt.map(|d| d + chrono::Duration::seconds(ti as i64));
+                by_dia.insert(dia.clone(), docs.len());
+                docs.push(Doc {
+                    title: String::new(),
+                    text: format!("{speaker}: {said}"),
+                    event_time_opt: et,
+                    metadata_opt: Some(
+                        serde_json::json!({"dia_id": dia, "session": n, "speaker": speaker}),
+                    ),
+                    ..Default::default()
+                });
+            }
+        }
+        let mut qs = Vec::new();
+        for qa in conv
+            .get("qa")
+            .and_then(|q| q.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let cat = qa.get("category").and_then(|c| c.as_i64()).unwrap_or(0);
+            if !(1..=4).contains(&cat) {
+                continue;
+            }
+            let gold: Vec<usize> = qa
+                .get("evidence")
+                .and_then(|e| e.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.as_str())
+                .filter_map(|e| by_dia.get(e.trim()).copied())
+                .collect::<HashSet<_>>()
+                .into_iter()
+                .collect();
+            if gold.is_empty() {
+                continue;
+            }
+            let text = qa
+                .get("question")
+                .and_then(|q| q.as_str())
+                .unwrap_or("")
+                .to_string();
+            qs.push(Question { text, gold });
+        }
+        if let Some(n) = limit_opt {
+            qs.truncate(n);
+        }
+        parts.push(Part {
+            tenant: format!("eval-locomo-{hash}-{ci}"),
+            docs,
+            questions: qs,
+        });
+    }
+    Ok(parts)
+}
+
+/// "1:56 pm on 8 May, 2023" → UTC timestamp.
+pub fn parse_locomo_date(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    let naive = chrono::NaiveDateTime::parse_from_str(s.trim(), "%I:%M %p on %d %B, %Y").ok()?;
+    Some(naive.and_utc())
+}
+
+// ---------- running ----------
+
+pub fn doc_id(tenant: &str, idx: usize) -> String {
+    uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_OID,
+        format!("{tenant}:{idx}").as_bytes(),
+    )
+    .to_string()
+}
+
+/// Ingests the part's docs unless its last doc is already there.
+pub async fn ensure_ingested(
+    client: &mut Client,
+    part: &Part,
+    progress: bool,
+) -> anyhow::Result<(bool, f64)> {
+    let Some(last) = part.docs.len().checked_sub(1) else {
+        return Ok((false, 0.0));
+    };
+    let have = client
+        .memories
+        .get(GetRequest {
+            ids: vec![doc_id(&part.tenant, last)],
+            include_embedding: false,
+        })
+        .await?
+        .into_inner();
+    if !have.memories.is_empty() {
+        return Ok((false, 0.0));
+    }
+    let started = Instant::now();
+    let memories: Vec<Memory> = part
+        .docs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Memory {
+            id: doc_id(&part.tenant, i),
+            title: d.title.clone(),
+            content: d.text.clone(),
+            memory_type: "document".into(),
+            event_time: d.event_time_opt.map(engram_common::convert::chrono_to_ts),
+            metadata: d
+                .metadata_opt
+                .as_ref()
+                .map(engram_common::convert::json_to_struct),
+            entities: d.entities.clone(),
+            triples: d
+                .triples
+                .iter()
+                .map(|[s, r, o]| Triple {
+                    subject: s.clone(),
+                    relation: r.clone(),
+                    object: o.clone(),
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .collect();
+    let mut done = 0;
+    // In order, so the last doc landing means the whole corpus did.
+    for chunk in memories.chunks(256) {
+        client
+            .memories
+            .upsert(UpsertRequest {
+                memories: chunk.to_vec(),
+            })
+            .await?;
+        done += chunk.len();
+        if progress {
+            eprint!("\r  ingesting {}: {done}/{}", part.tenant, memories.len());
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    Ok((true, started.elapsed().as_secs_f64()))
+}
+
+/// Per-setting recall sums and pipeline latencies over all parts.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub sums: BTreeMap<&'static str, [f64; 3]>,
+    pub questions: usize,
+    pub pipeline_ms: Vec<f64>,
+    pub degraded: BTreeMap<String, usize>,
+    pub errors: usize,
+}
+
+pub async fn run_part(
+    clients: &HashMap<String, Client>,
+    part: &Part,
+    tally: &mut Tally,
+    concurrency: usize,
+    progress: bool,
+) -> anyhow::Result<()> {
+    let client = clients
+        .get(&part.tenant)
+        .context("no client for tenant")?
+        .clone();
+    let ids: HashMap<String, usize> = (0..part.docs.len())
+        .map(|i| (doc_id(&part.tenant, i), i))
+        .collect();
+    for (name, mode) in SETTINGS {
+        let conc = if mode == RetrievalMode::Auto {
+            1
+        } else {
+            concurrency
+        };
+        let results: Vec<anyhow::Result<(Vec<usize>, f64, Vec<String>)>> =
+            futures::stream::iter(part.questions.iter())
+                .map(|q| {
+                    let mut c = client.clone();
+                    let ids = &ids;
+                    async move {
+                        let req = RetrieveRequest {
+                            text: q.text.clone(),
+                            limit: Some(10),
+                            mode: mode as i32,
+                            no_cache: true,
+                            ..Default::default()
+                        };
+                        let t = Instant::now();
+                        let r = c.retrieval.retrieve(req).await?.into_inner();
+                        let ms = t.elapsed().as_secs_f64() * 1000.0;
+                        let ranked = r
+                            .records
+                            .iter()
+                            .filter_map(|x| x.memory.as_ref())
+                            .filter_map(|m| ids.get(&m.id).copied())
+                            .collect();
+                        anyhow::Ok((ranked, ms, r.degraded_stages))
+                    }
+                })
+                .buffered(conc)
+                .collect()
+                .await;
+        let sums = tally.sums.entry(name).or_insert([0.0; 3]);
+        for (q, res) in part.questions.iter().zip(results) {
+            match res {
+                Ok((ranked, ms, degraded)) => {
+                    for (i, k) in KS.iter().enumerate() {
+                        sums[i] += recall_at(&ranked, &q.gold, *k);
+                    }
+                    if mode == RetrievalMode::Auto {
+                        tally.pipeline_ms.push(ms);
+                        for d in degraded {
+                            *tally.degraded.entry(d).or_default() += 1;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tally.errors += 1;
+                    tracing::warn!(setting = name, error = %e, "eval query failed");
+                }
+            }
+        }
+        if progress {
+            eprintln!(
+                "  {}: {name} done ({} questions)",
+                part.tenant,
+                part.questions.len()
+            );
+        }
+    }
+    tally.questions += part.questions.len();
+    Ok(())
+}
+
+/// The contract JSON of design.md.
+pub fn report_json(dataset: &str, tally: &Tally) -> serde_json::Value {
+    let n = tally.questions.max(1) as f64;
+    let mut recall = serde_json::Map::new();
+    for (i, k) in KS.iter().enumerate() {
+        let mut per = serde_json::Map::new();
+        for (name, _) in SETTINGS {
+            let v = tally.sums.get(name).map(|s| s[i]).unwrap_or(0.0) / n * 100.0;
+            per.insert(name.into(), serde_json::json!((v * 10.0).round() / 10.0));
+        }
+        recall.insert(k.to_string(), serde_json::Value::Object(per));
+    }
+    let mut ms = tally.pipeline_ms.clone();
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let r1 = |v: f64| (v * 10.0).round() / 10.0;
+    serde_json::json!({
+        "dataset": dataset,
+        "questions": tally.questions,
+        "recall_at": recall,
+        "latency_ms": {"p50": r1(percentile(&ms, 50.0)), "p95": r1(percentile(&ms, 95.0))},
+    })
+}
+
+pub fn report_table(dataset: &str, tally: &Tally) -> String {
+    let j = report_json(dataset, tally);
+    let mut out = format!(
+        "{dataset}: {} questions\n{:<10}",
+        tally.questions, "setting"
+    );
+    for k in KS {
+        out.push_str(&format!("{:>8}", format!("R@{k}")));
+    }
+    out.push('\n');
+    for (name, _) in SETTINGS {
+        out.push_str(&format!("{name:<10}"));
+        for k in KS {
+            let v = j["recall_at"][k.to_string()][name].as_f64().unwrap_or(0.0);
+            out.push_str(&format!("{v:>8.1}"));
+        }
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "pipeline latency p50 {} ms, p95 {} ms\n",
+        j["latency_ms"]["p50"], j["latency_ms"]["p95"]
+    ));
+    if !tally.degraded.is_empty() {
+        out.push_str(&format!("degraded stages: {:?}\n", tally.degraded));
+    }
+    if tally.errors > 0 {
+        out.push_str(&format!("failed queries: {}\n", tally.errors));
+    }
+    out
+}
+
+/// Parses "0-4" or "3".
+pub fn parse_range(s: &str) -> anyhow::Result<(usize, usize)> {
+    let (a, b) = s.split_once('-').unwrap_or((s, s));
+    let lo = a
+        .trim()
+        .parse()
+        .with_context(|| format!("--conversations {s:?}: expected N or N-M"))?;
+    let hi = b
+        .trim()
+        .parse()
+        .with_context(|| format!("--conversations {s:?}: expected N or N-M"))?;
+    if lo > hi {
+        bail!("--conversations {s:?}: start after end");
+    }
+    Ok((lo, hi))
+}
+
+/// Default data folder: `<shared>/data`.
+pub fn data_path(rel: &str) -> PathBuf {
+    engram_common::bootstrap::shared_dir()
+        .map(|d| d.join("data").join(rel))
+        .unwrap_or_else(|| PathBuf::from("../shared/data").join(rel))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recall_follows_hipporag() {
+        assert_eq!(recall_at(&[1, 2, 3], &[2, 9], 2), 0.5);
+        assert_eq!(recall_at(&[1, 2, 3], &[2, 3], 2), 0.5);
+        assert_eq!(recall_at(&[1, 2, 3], &[2, 3], 5), 1.0);
+        assert_eq!(recall_at(&[], &[1], 5), 0.0);
+        assert_eq!(recall_at(&[1], &[], 5), 0.0);
+        // Duplicates in the ranking do not count twice.
+        assert_eq!(recall_at(&[4, 4, 5], &[4, 5], 2), 0.5);
+    }
+
+    #[test]
+    fn percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 51.0);
+        assert_eq!(percentile(&v, 95.0), 95.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+
+    #[test]
+    fn locomo_dates_parse() {
+        let d = parse_locomo_date("1:56 pm on 8 May, 2023").expect("date");
+        assert_eq!(d.to_rfc3339(), "2023-05-08T13:56:00+00:00");
+    }
+
+    #[test]
+    fn ranges_parse() {
+        assert_eq!(parse_range("0-4").expect("range"), (0, 4));
+        assert_eq!(parse_range("3").expect("range"), (3, 3));
+        assert!(parse_range("4-0").is_err());
+        assert!(parse_range("x").is_err());
+    }
+
+    fn shared(rel: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/data")
+            .join(rel)
+    }
+
+    #[test]
+    fn loaders_read_small_slices_of_the_real_files() {
+        let p = load_2wiki(
+            &shared("hipporag/2wikimultihopqa_corpus.json"),
+            &shared("hipporag/2wiki_dev.jsonl"),
+            Some(5),
+        )
+        .expect("2wiki");
+        assert_eq!(p.docs.len(), 6119);
+        assert_eq!(p.questions.len(), 5);
+        assert_eq!(p.questions[0].gold, vec![4, 5]);
+        let m = load_musique(
+            &shared("hipporag/musique_train.json"),
+            Some(&shared(
+                "hipporag/openie_musique_train_results_ner_gpt-3.5-turbo-1106_1890.json",
+            )),
+            Some(3),
+        )
+        .expect("musique");
+        assert!(m.docs.len() > 1000);
+        assert!(m.questions.iter().all(|q| !q.gold.is_empty()));
+        assert!(
+            m.docs.iter().filter(|d| !d.triples.is_empty()).count() > 1000,
+            "openie triples attached"
+        );
+        let l = load_locomo(&shared("locomo/locomo10.json"), 0, 1, Some(4)).expect("locomo");
+        assert_eq!(l.len(), 2);
+        assert!(l[0].docs.len() > 100);
+        assert_eq!(l[0].questions.len(), 4);
+        assert!(l[0].docs[0].event_time_opt.is_some());
+    }
+
+    #[test]
+    fn malformed_files_name_file_and_line() {
+        let dir =
+            std::env::temp_dir().join(format!("engram-eval-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let corpus = dir.join("c.json");
+        let qs = dir.join("q.jsonl");
+        std::fs::write(&corpus, "[{\"title\":\"a\",\"text\":\"b\"}]").expect("write");
+        std::fs::write(
+            &qs,
+            "{\"question\":\"x\",\"gold_passage_idx\":[0]}\n{\"question\":\"y\"}\n",
+        )
+        .expect("write");
+        let err = load_2wiki(&corpus, &qs, None).expect_err("bad line 2");
+        assert!(format!("{err:#}").contains("q.jsonl:2"), "{err:#}");
+        std::fs::write(&qs, "{\"question\":\"x\",\"gold_passage_idx\":[7]}\n").expect("write");
+        let err = load_2wiki(&corpus, &qs, None).expect_err("bad gold");
+        assert!(format!("{err:#}").contains("outside the corpus"), "{err:#}");
+        std::fs::write(&corpus, "[{\"title\":\"a\"}").expect("write");
+        let err = load_2wiki(&corpus, &qs, None).expect_err("bad corpus");
+        assert!(format!("{err:#}").contains("c.json:1"), "{err:#}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

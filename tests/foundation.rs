@@ -1,0 +1,167 @@
+//! Foundation: the demo path end to end on the real stack, migrations
+//! idempotence, restart on an existing data dir, and clear start-up errors.
+
+use engram::stack::{Stack, StackOptions};
+use engram_tests::{TestStack, settings};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn demo_path_returns_real_results() -> anyhow::Result<()> {
+    let ts = TestStack::start("sensitive").await?;
+    let mut client = ts.client().await?;
+    let n = engram::demo::load_sample(&mut client).await?;
+    assert!(n >= 20, "sample has {n} memories");
+    let r = engram::demo::run_query(
+        &mut client,
+        "Who leads the project that migrates the billing system?",
+    )
+    .await?;
+    let text: Vec<String> = r
+        .records
+        .iter()
+        .filter_map(|x| x.memory.as_ref())
+        .map(|m| m.content.clone())
+        .collect();
+    assert!(
+        text.iter()
+            .any(|c| c.contains("Alice Chen is the engineering lead")),
+        "expected Alice's role among {text:?}"
+    );
+    let rendered = engram::demo::render("q", &r);
+    assert!(rendered.contains("Alice Chen"), "{rendered}");
+    // Loading twice is idempotent (stable ids).
+    engram::demo::load_sample(&mut client).await?;
+    let r2 = engram::demo::run_query(&mut client, "oat-milk flat white").await?;
+    let hits = r2
+        .records
+        .iter()
+        .filter(|x| {
+            x.memory
+                .as_ref()
+                .is_some_and(|m| m.content.contains("oat-milk"))
+        })
+        .count();
+    assert_eq!(hits, 1, "duplicate rows after re-ingest");
+    ts.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn migrations_apply_twice() -> anyhow::Result<()> {
+    let pool = engram_common::db::test_database().await?;
+    engram_common::db::MIGRATOR.run(&pool).await?;
+    engram_common::db::MIGRATOR.run(&pool).await?;
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(&pool)
+        .await?;
+    assert!(n >= 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_database_url_is_one_clear_error() -> anyhow::Result<()> {
+    let mut s = settings().await?;
+    s.database.url_opt = Some("postgres://nobody@127.0.0.1:1/none".into());
+    let err = Stack::start(
+        s,
+        StackOptions {
+            ephemeral_ports: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .err()
+    .ok_or_else(|| anyhow::anyhow!("expected an error"))?;
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("cannot connect to postgres at 127.0.0.1:1"),
+        "{msg}"
+    );
+    let mut s = settings().await?;
+    s.database.url_opt = Some("mysql:/x".into());
+    let err = Stack::start(
+        s,
+        StackOptions {
+            ephemeral_ports: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .err()
+    .ok_or_else(|| anyhow::anyhow!("expected an error"))?;
+    assert!(
+        format!("{err:#}").contains("not a valid postgres URL"),
+        "{err:#}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn port_in_use_is_one_clear_error() -> anyhow::Result<()> {
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let err = engram_common::server::bind(&taken.local_addr()?.to_string(), "retrieval")
+        .await
+        .err()
+        .ok_or_else(|| anyhow::anyhow!("expected an error"))?;
+    let msg = err.to_string();
+    assert!(
+        msg.contains("already in use") && msg.contains("ENGRAM__LISTEN__RETRIEVAL"),
+        "{msg}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn restart_on_an_existing_data_dir_keeps_data() -> anyhow::Result<()> {
+    let mut s = engram_common::db::test_settings();
+    let dir = format!("test-restart-{}", uuid::Uuid::new_v4().simple());
+    s.database.embedded_data_dir = dir.clone().into();
+    let s2 = s.clone();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let mut pg = engram_common::pg::EmbeddedPostgres::start(&s2)?;
+        let url = pg.url();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let pool = engram_common::db::connect(&url, 2).await?;
+            engram_common::db::MIGRATOR.run(&pool).await?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS restart_probe (v int)")
+                .execute(&pool)
+                .await?;
+            sqlx::query("INSERT INTO restart_probe VALUES (42)")
+                .execute(&pool)
+                .await?;
+            pool.close().await;
+            anyhow::Ok(())
+        })?;
+        pg.stop();
+        let pg = engram_common::pg::EmbeddedPostgres::start(&s2)?;
+        let url = pg.url();
+        let v: i32 = rt.block_on(async {
+            let pool = engram_common::db::connect(&url, 2).await?;
+            engram_common::db::MIGRATOR.run(&pool).await?;
+            let v = sqlx::query_scalar("SELECT v FROM restart_probe")
+                .fetch_one(&pool)
+                .await?;
+            pool.close().await;
+            anyhow::Ok(v)
+        })?;
+        assert_eq!(v, 42);
+        drop(pg);
+        Ok(())
+    })
+    .await??;
+    let _ = std::fs::remove_dir_all(s.home.join(dir));
+    Ok(())
+}
+
+#[test]
+fn missing_pip_is_one_clear_error() {
+    let home = std::env::temp_dir().join(format!("engram-nopip-{}", uuid::Uuid::new_v4().simple()));
+    let err = engram_common::bootstrap::ensure_python_packages_with(&home, "/nonexistent/python3")
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("python3 with pip is needed"), "{err}");
+    let _ = std::fs::remove_dir_all(home);
+}
