@@ -1,1 +1,94 @@
-//! stub
+//! rerank-svc: cross-encoder relevance of (query, passage) pairs for Stage 3.
+//! The model is optional at startup: without it the service still answers
+//! health (NOT_SERVING) so the gateway can skip reranking instead of failing.
+
+pub mod error;
+pub mod service;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use engram_common::bootstrap;
+use engram_common::server::{self, ServingStatus};
+use engram_common::settings::Settings;
+use engram_models::CrossEncoder;
+use engram_proto::rerank_service_server::RerankServiceServer;
+use tokio::net::TcpListener;
+use tonic::service::Routes;
+
+pub use error::Error;
+pub use service::RerankSvc;
+
+/// Health name: SERVING only while a cross-encoder is loaded.
+pub const SERVICE_NAME: &str = "engram.v1.RerankService";
+
+/// Requests can carry 200 candidates of 64 KiB each; tonic's 4 MiB default
+/// would refuse legal requests.
+const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Serves RerankService on `listener` until `shutdown`, loading the model
+/// named in settings (or the installed copy) first.
+pub async fn run(
+    listener: TcpListener,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let s = settings.clone();
+    let model = tokio::task::spawn_blocking(move || load_model(&s))
+        .await
+        .map_err(|e| anyhow::anyhow!("model loader panicked: {e}"))?;
+    let model = match model {
+        Ok(m) => Ok(Arc::new(m)),
+        Err(e) => {
+            tracing::error!(error = %e, "cross-encoder unavailable; rerank will report not serving");
+            Err(e.to_string())
+        }
+    };
+    run_with_model(listener, settings, model, shutdown).await
+}
+
+/// [`run`] with the model supplied (or its absence and the reason), so tests
+/// share one loaded model and can exercise the missing-model path.
+pub async fn run_with_model(
+    listener: TcpListener,
+    settings: Settings,
+    model: Result<Arc<CrossEncoder>, String>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (reporter, health) = server::health();
+    let status = if model.is_ok() {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    reporter.set_service_status(SERVICE_NAME, status).await;
+    let svc = RerankSvc::new(model, &settings);
+    let routes =
+        Routes::new(RerankServiceServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES));
+    server::serve(listener, routes, health, shutdown).await?;
+    Ok(())
+}
+
+/// Loads ONNX Runtime and the cross-encoder. Blocking (may pip-install the
+/// runtime on a fresh machine): call from `spawn_blocking`.
+pub fn load_model(settings: &Settings) -> Result<CrossEncoder, Error> {
+    let m = &settings.models;
+    let lib = match &m.onnxruntime_path_opt {
+        Some(p) => settings.home_path(p),
+        None => bootstrap::ensure_python_packages(&settings.home)
+            .map_err(|e| Error::ModelUnavailable(e.to_string()))?
+            .onnxruntime_lib(),
+    };
+    let dir: PathBuf = match &m.cross_encoder_dir_opt {
+        Some(d) => settings.home_path(d),
+        None => bootstrap::ensure_cross_encoder(&settings.home).ok_or_else(|| {
+            Error::ModelUnavailable(format!(
+                "no cross-encoder under {} nor in a shared/ folder; set ENGRAM__MODELS__CROSS_ENCODER_DIR_OPT",
+                settings.home.join("models").display()
+            ))
+        })?,
+    };
+    engram_models::init_ort(&lib).map_err(|e| Error::ModelUnavailable(e.to_string()))?;
+    CrossEncoder::load(&dir, m.intra_threads).map_err(|e| Error::ModelUnavailable(e.to_string()))
+}
