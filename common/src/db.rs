@@ -137,8 +137,10 @@ pub async fn test_database_url() -> Result<String, DbError> {
 
 /// Settings for tests: home = `<workspace>/.engram`, data dir `test-pgdata`.
 pub fn test_settings() -> Settings {
-    let mut s = Settings::default();
-    s.home = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.engram");
+    let mut s = Settings {
+        home: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.engram"),
+        ..Settings::default()
+    };
     s.database.embedded_data_dir = "test-pgdata".into();
     s
 }

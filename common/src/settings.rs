@@ -192,6 +192,15 @@ pub struct GraphSettings {
     pub top_k: u32,
     /// Weight of entity seeds relative to memory seeds passed by the caller.
     pub entity_seed_weight: f32,
+    /// Multiplies caller memory seeds (e.g. dense hits); small, because dense
+    /// seeds drown entity seeds (notes/graph-probe.md: 0.05 cost 12 points).
+    pub memory_seed_weight: f32,
+    /// Weight of a memory's edge to its home (title) entity vs a mention.
+    pub home_weight: f32,
+    /// Quiet time after the last change notification before a tenant rebuild.
+    pub debounce_ms: u64,
+    /// Upper bound on how long a burst of notifications can defer a rebuild.
+    pub max_debounce_ms: u64,
 }
 
 impl Default for GraphSettings {
@@ -204,6 +213,10 @@ impl Default for GraphSettings {
             max_hops: 4,
             top_k: 50,
             entity_seed_weight: 1.0,
+            memory_seed_weight: 0.05,
+            home_weight: 5.0,
+            debounce_ms: 300,
+            max_debounce_ms: 3000,
         }
     }
 }
@@ -325,7 +338,7 @@ impl Default for LogSettings {
     fn default() -> Self {
         Self {
             format: "auto".into(),
-            filter: "info".into(),
+            filter: "info,ort=warn".into(),
             query_text: true,
         }
     }
@@ -383,15 +396,16 @@ impl Settings {
             set_path(&mut root, &parts, parse_env_value(value))
                 .map_err(|m| SettingsError::Invalid(format!("{key}: {m}")))?;
         }
-        if let Some((_, url)) = env.iter().find(|(k, _)| k == "DATABASE_URL") {
-            if !url.is_empty() {
-                let db = root
-                    .entry("database")
-                    .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-                if let toml::Value::Table(t) = db {
-                    t.entry("url_opt")
-                        .or_insert_with(|| toml::Value::String(url.clone()));
-                }
+        if let Some((_, url)) = env
+            .iter()
+            .find(|(k, v)| k == "DATABASE_URL" && !v.is_empty())
+        {
+            let db = root
+                .entry("database")
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let toml::Value::Table(t) = db {
+                t.entry("url_opt")
+                    .or_insert_with(|| toml::Value::String(url.clone()));
             }
         }
         let settings: Settings = toml::Value::Table(root)

@@ -1,1 +1,69 @@
-//! stub
+//! graph-svc: the in-memory memory graph per tenant (memories, entities,
+//! mentions, facts, typed edges) and bounded Personalized PageRank over it.
+//! Graphs load from Postgres on a tenant's first query and are rebuilt from
+//! `engram_changes` notifications; see [`store`] and [`graph`].
+//!
+//! Graph recipe (notes/graph-probe.md, reproduced): entity dictionary = the
+//! tenant's entity names (titles + capitalised spans from
+//! `engram_common::entities::extract`); a memory mentions every dictionary
+//! name occurring as a word n-gram (n ≤ 6) of its title + content, its home
+//! (title) entity with weight `graph.home_weight` (5); queries link
+//! dictionary n-grams (n ≤ 8), seeds weighted 1/df; caller memory seeds are
+//! scaled by `graph.memory_seed_weight` (0.05) so they cannot drown entity
+//! seeds. Measured graph-only on 2Wiki dev questions 0–499 (example
+//! `twowiki`, release): R@2 74.7, R@5 92.4, PPR p50 3.1 ms / p95 7.2 ms with
+//! ≤ 1000 nodes touched.
+
+pub mod error;
+pub mod graph;
+pub mod service;
+pub mod store;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use engram_common::server::{self, ServingStatus};
+use engram_common::settings::Settings;
+use engram_proto::graph_service_server::GraphServiceServer;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tonic::service::Routes;
+
+pub use error::Error;
+pub use store::Registry;
+
+/// Health name reported SERVING once the change listener is listening.
+pub const SERVICE_NAME: &str = "engram.v1.GraphService";
+
+/// Serves GraphService on `listener` until `shutdown`.
+pub async fn run(
+    listener: TcpListener,
+    settings: Settings,
+    pool: PgPool,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let registry = Arc::new(Registry::new(pool.clone(), settings.graph.clone()));
+    let (reporter, health) = server::health();
+    reporter
+        .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
+        .await;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let debouncer = tokio::spawn(store::debounce(registry.clone(), rx));
+    let rep = reporter.clone();
+    let listen = tokio::spawn(store::listen(pool, tx, move |ok| {
+        let rep = rep.clone();
+        let status = if ok {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        tokio::spawn(async move { rep.set_service_status(SERVICE_NAME, status).await });
+    }));
+    let svc = service::GraphSvc::new(registry, settings);
+    let routes = Routes::new(GraphServiceServer::new(svc));
+    let result = server::serve(listener, routes, health, shutdown).await;
+    listen.abort();
+    debouncer.abort();
+    result?;
+    Ok(())
+}

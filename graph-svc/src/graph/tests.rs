@@ -1,0 +1,367 @@
+use super::*;
+use proptest::prelude::*;
+
+fn params(max_nodes: usize, max_hops: u8) -> PprParams {
+    PprParams {
+        damping: 0.5,
+        max_iter: 1000,
+        tol: 1e-12,
+        max_nodes,
+        max_hops,
+        k: 50,
+        budget: NodeBudget::AllNodes,
+        deadline_opt: None,
+    }
+}
+
+/// (memories as (namespace, access, retracted), entity count, mentions, triples).
+#[derive(Debug, Clone)]
+struct Spec {
+    mems: Vec<(u32, i16, bool)>,
+    ents: usize,
+    mentions: Vec<(u32, u32, bool)>,
+    typed: Vec<(u32, u32)>,
+}
+
+fn build(spec: &Spec, keep: impl Fn(u32) -> bool) -> (Graph, Vec<Option<u32>>) {
+    let mut dict = Dictionary::default();
+    for e in 0..spec.ents {
+        dict.add(&format!("entity{e}"));
+    }
+    let mut b = GraphBuilder::new(Arc::new(dict), 5.0);
+    let mut map = Vec::new();
+    for (i, &(ns, level, retracted)) in spec.mems.iter().enumerate() {
+        if keep(i as u32) {
+            let ns = format!("ns{ns}");
+            map.push(Some(b.add_memory(
+                Uuid::from_u128(i as u128 + 1),
+                &ns,
+                level,
+                None,
+                retracted,
+            )));
+        } else {
+            map.push(None);
+        }
+    }
+    for &(m, e, home) in &spec.mentions {
+        if let Some(mm) = map[m as usize] {
+            b.add_mention(mm, e, home);
+        }
+    }
+    for &(a, c) in &spec.typed {
+        if let (Some(a), Some(c)) = (map[a as usize], map[c as usize]) {
+            b.add_typed_edge(a, c, "related", 2.0);
+        }
+    }
+    (b.build(), map)
+}
+
+/// Dense reference: x = (1-d)s + d Pᵀx over the full weighted adjacency.
+#[allow(clippy::needless_range_loop)]
+fn dense_ppr(g: &Graph, seeds: &[(u32, f64)], d: f64) -> Vec<f64> {
+    let n = g.wdeg.len();
+    let total: f64 = seeds.iter().map(|s| s.1).sum();
+    let mut s = vec![0.0; n];
+    for &(u, w) in seeds {
+        s[u as usize] += w / total;
+    }
+    let mut x = s.clone();
+    for _ in 0..2000 {
+        let mut next: Vec<f64> = s.iter().map(|v| (1.0 - d) * v).collect();
+        for u in 0..n {
+            let deg = f64::from(g.wdeg[u]);
+            if deg == 0.0 {
+                continue;
+            }
+            for e in g.edges(u as u32) {
+                next[g.targets[e] as usize] += d * x[u] * f64::from(g.weights[e]) / deg;
+            }
+        }
+        x = next;
+    }
+    x
+}
+
+#[test]
+fn two_node_graph_has_the_closed_form() {
+    let spec = Spec {
+        mems: vec![(0, 1, false)],
+        ents: 1,
+        mentions: vec![(0, 0, false)],
+        typed: vec![],
+    };
+    let (g, _) = build(&spec, |_| true);
+    let view = g.view(4, None, false);
+    let out = g.ppr(&[(g.entity_node(0), 1.0)], &view, &params(1000, 4));
+    // x_e = (1-d) + d x_m, x_m = d x_e  =>  x_m = d / (1 + d) = 1/3.
+    assert_eq!(out.hits.len(), 1);
+    assert!(
+        (out.hits[0].score - 1.0 / 3.0).abs() < 1e-9,
+        "{}",
+        out.hits[0].score
+    );
+    assert_eq!(out.hits[0].via_entities, vec![0]);
+}
+
+#[test]
+fn unbounded_walk_matches_dense_power_iteration() {
+    // Two "documents" per entity, a home edge, a typed edge, a synonym.
+    let spec = Spec {
+        mems: (0..6).map(|_| (0, 1, false)).collect(),
+        ents: 4,
+        mentions: vec![
+            (0, 0, true),
+            (0, 1, false),
+            (1, 1, true),
+            (1, 2, false),
+            (2, 2, true),
+            (3, 0, false),
+            (3, 3, false),
+            (4, 3, true),
+            (5, 1, false),
+        ],
+        typed: vec![(2, 5)],
+    };
+    let (g, _) = build(&spec, |_| true);
+    let view = g.view(4, None, false);
+    let seeds = [
+        (g.entity_node(0), 1.0),
+        (g.entity_node(2), 0.5),
+        (3u32, 0.2),
+    ];
+    let dense = dense_ppr(&g, &seeds, 0.5);
+    let out = g.ppr(&seeds, &view, &params(1000, 50));
+    assert_eq!(out.hits.len(), 6);
+    for h in &out.hits {
+        let want = dense[h.memory as usize];
+        assert!(
+            (h.score - want).abs() < 1e-9,
+            "memory {} {} vs {}",
+            h.memory,
+            h.score,
+            want
+        );
+    }
+    // Ranked by score.
+    assert!(out.hits.windows(2).all(|w| w[0].score >= w[1].score));
+}
+
+#[test]
+fn star_with_a_million_leaves_touches_at_most_the_budget() {
+    let n = 1_000_000u32;
+    let mut dict = Dictionary::default();
+    dict.add("hub");
+    let mut b = GraphBuilder::new(Arc::new(dict), 5.0);
+    for i in 0..n {
+        let m = b.add_memory(
+            Uuid::from_u128(u128::from(i) + 1),
+            "default",
+            1,
+            None,
+            false,
+        );
+        b.add_mention(m, 0, false);
+    }
+    let g = b.build();
+    let view = g.view(4, None, false);
+    let mut p = params(1000, 4);
+    p.tol = 1e-6;
+    p.max_iter = 100;
+    for seed in [g.entity_node(0), 17] {
+        let started = Instant::now();
+        let out = g.ppr(&[(seed, 1.0)], &view, &p);
+        assert!(out.nodes_touched <= 1000, "{}", out.nodes_touched);
+        assert!(!out.hits.is_empty());
+        assert!(out.hits.len() <= 50);
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn hops_bound_the_walk() {
+    // A chain m0 - e0 - m1 - e1 - m2 - e2 - m3.
+    let spec = Spec {
+        mems: (0..4).map(|_| (0, 1, false)).collect(),
+        ents: 3,
+        mentions: vec![
+            (0, 0, false),
+            (1, 0, false),
+            (1, 1, false),
+            (2, 1, false),
+            (2, 2, false),
+            (3, 2, false),
+        ],
+        typed: vec![],
+    };
+    let (g, _) = build(&spec, |_| true);
+    let view = g.view(4, None, false);
+    let found = |hops| -> Vec<u32> {
+        let mut v: Vec<u32> = g
+            .ppr(&[(0, 1.0)], &view, &params(1000, hops))
+            .hits
+            .iter()
+            .map(|h| h.memory)
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(found(2), vec![0, 1]);
+    assert_eq!(found(4), vec![0, 1, 2]);
+}
+
+#[test]
+fn neighbors_and_contradictions_respect_types_and_trust() {
+    let mut dict = Dictionary::default();
+    dict.add("shared");
+    let mut b = GraphBuilder::new(Arc::new(dict), 5.0);
+    let ms: Vec<u32> = (0..4)
+        .map(|i| {
+            b.add_memory(
+                Uuid::from_u128(i + 1),
+                "default",
+                if i == 3 { 4 } else { 1 },
+                None,
+                false,
+            )
+        })
+        .collect();
+    b.add_typed_edge(ms[0], ms[1], "contradicts", 1.0);
+    b.add_typed_edge(ms[1], ms[2], "causes", 1.0);
+    b.add_typed_edge(ms[0], ms[3], "contradicts", 1.0);
+    b.add_mention(ms[2], 0, false);
+    b.add_mention(ms[3], 0, false);
+    let g = b.build();
+    let public = g.view(1, None, false);
+    let all = g.view(4, None, false);
+    let hits = g.neighbors(&[ms[0]], 2, 100, None, &public);
+    assert_eq!(
+        hits.iter().map(|h| (h.memory, h.depth)).collect::<Vec<_>>(),
+        vec![(1, 1), (2, 2)]
+    );
+    let hits = g.neighbors(&[ms[0]], 4, 100, None, &all);
+    assert!(hits.iter().any(|h| h.memory == 3 && h.depth == 1));
+    let only: HashSet<String> = ["causes".to_string()].into_iter().collect();
+    assert!(g.neighbors(&[ms[0]], 4, 100, Some(&only), &all).is_empty());
+    assert_eq!(g.contradictions(&ms, &public), vec![(0, 1, 1.0)]);
+    assert_eq!(g.contradictions(&ms, &all).len(), 2);
+}
+
+#[test]
+fn linking_counts_only_visible_mentions() {
+    let mut dict = Dictionary::default();
+    dict.add("Project Falcon");
+    dict.add("Paris");
+    let mut b = GraphBuilder::new(Arc::new(dict), 5.0);
+    let secret = b.add_memory(Uuid::from_u128(1), "default", 4, None, false);
+    let open = b.add_memory(Uuid::from_u128(2), "default", 1, None, false);
+    b.add_mention(secret, 0, true);
+    b.add_mention(secret, 1, false);
+    b.add_mention(open, 1, false);
+    let g = b.build();
+    let public = g.link("Is Project Falcon in Paris?", &g.view(1, None, false));
+    assert_eq!(
+        public
+            .iter()
+            .map(|l| (l.name.as_str(), l.df))
+            .collect::<Vec<_>>(),
+        vec![("paris", 1)]
+    );
+    let all = g.link("Is Project Falcon in Paris?", &g.view(4, None, false));
+    assert_eq!(all.len(), 2);
+    assert!(all.iter().any(|l| l.name == "project falcon" && l.has_home));
+}
+
+fn arb_spec() -> impl Strategy<Value = Spec> {
+    (2usize..14, 1usize..6).prop_flat_map(|(m, e)| {
+        (
+            proptest::collection::vec((0u32..2, 1i16..5, proptest::bool::weighted(0.2)), m),
+            Just(e),
+            proptest::collection::vec((0..m as u32, 0..e as u32, proptest::bool::ANY), 1..30),
+            proptest::collection::vec((0..m as u32, 0..m as u32), 0..4),
+        )
+            .prop_map(|(mems, ents, mentions, typed)| Spec {
+                mems,
+                ents,
+                mentions,
+                typed,
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// A caller never gets a memory above their trust level, outside the
+    /// namespace or historical when not asked; and hidden memories are
+    /// absent: the walk equals the walk on the graph built without them.
+    #[test]
+    fn restricted_memories_are_absent(
+        spec in arb_spec(),
+        trust in 1i16..5,
+        ns_filter in proptest::option::of(0u32..2),
+        historical in proptest::bool::ANY,
+        seed_ents in proptest::collection::vec(0u32..6, 1..3),
+    ) {
+        let (g, _) = build(&spec, |_| true);
+        let ns_name = ns_filter.map(|n| format!("ns{n}"));
+        let view = g.view(trust, ns_name.as_deref(), historical);
+        let visible = |i: u32| {
+            let (ns, level, retracted) = spec.mems[i as usize];
+            level <= trust && ns_filter.is_none_or(|f| f == ns) && (historical || !retracted)
+        };
+        let (h, map) = build(&spec, visible);
+        let hview = h.view(4, None, true);
+        let seeds: Vec<(u32, f64)> = seed_ents
+            .iter()
+            .filter(|&&e| (e as usize) < spec.ents)
+            .map(|&e| (g.entity_node(e), 1.0))
+            .collect();
+        let hseeds: Vec<(u32, f64)> = seeds
+            .iter()
+            .map(|&(n, w)| (n - g.memory_count() as u32 + h.memory_count() as u32, w))
+            .collect();
+        let out = g.ppr(&seeds, &view, &params(1000, 50));
+        let want = h.ppr(&hseeds, &hview, &params(1000, 50));
+        for hit in &out.hits {
+            prop_assert!(visible(hit.memory), "memory {} leaked", hit.memory);
+        }
+        let mut got: Vec<(u32, f64)> = out.hits.iter().map(|x| (x.memory, x.score)).collect();
+        got.sort_by_key(|x| x.0);
+        let mut exp: Vec<(u32, f64)> = want
+            .hits
+            .iter()
+            .map(|x| {
+                let orig = map.iter().position(|m| *m == Some(x.memory)).unwrap_or(usize::MAX);
+                (orig as u32, x.score)
+            })
+            .collect();
+        exp.sort_by_key(|x| x.0);
+        prop_assert_eq!(got.len(), exp.len());
+        for (a, b) in got.iter().zip(&exp) {
+            prop_assert_eq!(a.0, b.0);
+            prop_assert!((a.1 - b.1).abs() < 1e-9, "{} vs {}", a.1, b.1);
+        }
+        // Linking and neighbours obey the same view.
+        for n in g.neighbors(&(0..g.memory_count() as u32).collect::<Vec<_>>(), 4, 1000, None, &view) {
+            prop_assert!(visible(n.memory));
+        }
+    }
+}
+
+#[test]
+fn deadline_in_the_past_returns_partial_results_fast() {
+    let spec = Spec {
+        mems: (0..3).map(|_| (0, 1, false)).collect(),
+        ents: 1,
+        mentions: vec![(0, 0, false), (1, 0, false), (2, 0, false)],
+        typed: vec![],
+    };
+    let (g, _) = build(&spec, |_| true);
+    let mut p = params(1000, 4);
+    p.deadline_opt = Some(Instant::now());
+    let out = g.ppr(&[(g.entity_node(0), 1.0)], &g.view(4, None, false), &p);
+    assert!(out.deadline_hit);
+}
+
+use std::time::Duration;

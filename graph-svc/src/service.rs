@@ -1,0 +1,503 @@
+//! gRPC handlers: validate at the boundary, resolve the caller's view, run
+//! the walk off the async runtime.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engram_common::Identity;
+use engram_common::settings::Settings;
+use engram_proto::graph_service_server::GraphService;
+use engram_proto::{
+    Contradiction, ContradictionsRequest, ContradictionsResponse, GraphHit, LinkQueryRequest,
+    LinkQueryResponse, LinkedEntity, Neighbor, NeighborsRequest, NeighborsResponse, PprRequest,
+    PprResponse, StatsRequest, StatsResponse,
+};
+use tonic::{Request, Response, Status};
+use uuid::Uuid;
+
+use crate::error::Error;
+use crate::graph::{Graph, NodeBudget, PprParams, View};
+use crate::store::Registry;
+
+const MAX_QUERY_CHARS: usize = 8192;
+const MAX_SEEDS: usize = 200;
+const MAX_IDS: usize = 1000;
+pub const MAX_NODES: u32 = 1000;
+pub const MAX_HOPS: u32 = 4;
+pub const MAX_K: u32 = 50;
+
+pub struct GraphSvc {
+    registry: Arc<Registry>,
+    settings: Settings,
+}
+
+impl GraphSvc {
+    pub fn new(registry: Arc<Registry>, settings: Settings) -> Self {
+        Self { registry, settings }
+    }
+
+    fn identity<T>(&self, req: &Request<T>) -> Result<Identity, Error> {
+        Ok(Identity::read_internal(
+            req.metadata(),
+            self.settings.auth.internal_token_opt.as_deref(),
+        )?)
+    }
+
+    /// The client's gRPC deadline when shorter than the graph timeout.
+    fn deadline<T>(&self, req: &Request<T>) -> Instant {
+        let own = Duration::from_millis(self.settings.pipeline.graph_timeout_ms.max(1));
+        let client = req
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout);
+        Instant::now() + client.map_or(own, |c| c.min(own))
+    }
+}
+
+/// `grpc-timeout` header: digits then H, M, S, m, u or n.
+fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn parse_id(field: &str, s: &str) -> Result<Uuid, Error> {
+    Uuid::parse_str(s).map_err(|_| Error::invalid(field, format!("{s:?} is not a UUID")))
+}
+
+fn bounded(field: &str, v: u32, default: u32, max: u32) -> Result<u32, Error> {
+    match v {
+        0 => Ok(default.min(max)),
+        v if v <= max => Ok(v),
+        v => Err(Error::invalid(
+            field,
+            format!("{v} exceeds the maximum {max}"),
+        )),
+    }
+}
+
+/// A validated `PprRequest`.
+pub struct PprQuery {
+    pub query_text: String,
+    pub seeds: Vec<(Uuid, f32)>,
+    pub damping: f32,
+    pub max_iter: u32,
+    pub tolerance: f32,
+    pub max_nodes: u32,
+    pub max_hops: u32,
+    pub k: u32,
+    pub entity_seed_weight: f32,
+    pub namespace_opt: Option<String>,
+    pub include_historical: bool,
+}
+
+impl PprQuery {
+    pub fn from_proto(
+        r: PprRequest,
+        g: &engram_common::settings::GraphSettings,
+    ) -> Result<Self, Error> {
+        let PprRequest {
+            query_text,
+            seeds,
+            damping,
+            max_iter,
+            tolerance,
+            max_nodes,
+            max_hops,
+            k,
+            entity_seed_weight,
+            namespace,
+            include_historical,
+        } = r;
+        if query_text.chars().count() > MAX_QUERY_CHARS {
+            return Err(Error::invalid(
+                "query_text",
+                format!("at most {MAX_QUERY_CHARS} characters"),
+            ));
+        }
+        if seeds.len() > MAX_SEEDS {
+            return Err(Error::invalid(
+                "seeds",
+                format!("at most {MAX_SEEDS} seeds"),
+            ));
+        }
+        let seeds = seeds
+            .into_iter()
+            .map(|s| {
+                if !s.weight.is_finite() || s.weight < 0.0 {
+                    return Err(Error::invalid("seeds.weight", "must be finite and >= 0"));
+                }
+                Ok((parse_id("seeds.memory_id", &s.memory_id)?, s.weight))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let damping = if damping == 0.0 { g.damping } else { damping };
+        if !(damping > 0.0 && damping < 1.0) {
+            return Err(Error::invalid("damping", "must be in (0, 1)"));
+        }
+        let tolerance = if tolerance == 0.0 {
+            g.tolerance
+        } else {
+            tolerance
+        };
+        if !(tolerance > 0.0 && tolerance < 1.0) {
+            return Err(Error::invalid("tolerance", "must be in (0, 1)"));
+        }
+        let entity_seed_weight = if entity_seed_weight == 0.0 {
+            g.entity_seed_weight
+        } else {
+            entity_seed_weight
+        };
+        if !entity_seed_weight.is_finite() || entity_seed_weight < 0.0 {
+            return Err(Error::invalid(
+                "entity_seed_weight",
+                "must be finite and >= 0",
+            ));
+        }
+        Ok(Self {
+            query_text,
+            seeds,
+            damping,
+            max_iter: bounded("max_iter", max_iter, g.max_iter, 1000)?,
+            tolerance,
+            max_nodes: bounded("max_nodes", max_nodes, g.max_nodes, MAX_NODES)?,
+            max_hops: bounded("max_hops", max_hops, g.max_hops, MAX_HOPS)?,
+            k: bounded("k", k, g.top_k, MAX_K)?,
+            entity_seed_weight,
+            namespace_opt: Some(namespace).filter(|n| !n.is_empty()),
+            include_historical,
+        })
+    }
+}
+
+/// Runs a validated query against one graph (also used by the evaluation).
+pub fn run_ppr(
+    graph: &Graph,
+    q: &PprQuery,
+    view: &View,
+    memory_seed_weight: f32,
+    deadline_opt: Option<Instant>,
+) -> PprResponse {
+    run_ppr_with(
+        graph,
+        q,
+        view,
+        memory_seed_weight,
+        deadline_opt,
+        NODE_BUDGET,
+    )
+}
+
+/// What `max_nodes` bounds in the service; see the crate docs for why.
+pub const NODE_BUDGET: NodeBudget = NodeBudget::AllNodes;
+
+/// [`run_ppr`] with an explicit budget semantics (for measurements).
+pub fn run_ppr_with(
+    graph: &Graph,
+    q: &PprQuery,
+    view: &View,
+    memory_seed_weight: f32,
+    deadline_opt: Option<Instant>,
+    budget: NodeBudget,
+) -> PprResponse {
+    let linked = graph.link(&q.query_text, view);
+    let mut seeds: Vec<(u32, f64)> = Vec::new();
+    let idf_sum: f64 = linked.iter().map(|l| 1.0 / f64::from(l.df)).sum();
+    if idf_sum > 0.0 {
+        for l in &linked {
+            let w = f64::from(q.entity_seed_weight) / f64::from(l.df) / idf_sum;
+            seeds.push((graph.entity_node(l.entity), w));
+        }
+    }
+    // Dense seeds ride along at a small weight: they must not drown entities.
+    let rel = if seeds.is_empty() {
+        1.0
+    } else {
+        f64::from(memory_seed_weight)
+    };
+    for (id, w) in &q.seeds {
+        if let Some(m) = graph.memory(id) {
+            seeds.push((m, f64::from(*w) * rel));
+        }
+    }
+    let params = PprParams {
+        damping: f64::from(q.damping),
+        max_iter: q.max_iter,
+        tol: f64::from(q.tolerance),
+        max_nodes: q.max_nodes as usize,
+        max_hops: q.max_hops as u8,
+        k: q.k as usize,
+        budget,
+        deadline_opt,
+    };
+    let out = graph.ppr(&seeds, view, &params);
+    PprResponse {
+        hits: out
+            .hits
+            .iter()
+            .enumerate()
+            .map(|(rank, h)| GraphHit {
+                memory_id: graph.memory_id(h.memory).to_string(),
+                score: h.score as f32,
+                rank: rank as u32 + 1,
+                via_entities: h
+                    .via_entities
+                    .iter()
+                    .map(|&e| graph.entity_name(e).to_string())
+                    .collect(),
+            })
+            .collect(),
+        linked_entities: linked
+            .into_iter()
+            .map(|l| LinkedEntity {
+                name: l.name,
+                df: l.df,
+                has_home: l.has_home,
+            })
+            .collect(),
+        nodes_touched: out.nodes_touched as u32,
+        deadline_exceeded: out.deadline_hit,
+    }
+}
+
+fn parse_ids(field: &str, ids: Vec<String>) -> Result<Vec<Uuid>, Error> {
+    if ids.len() > MAX_IDS {
+        return Err(Error::invalid(field, format!("at most {MAX_IDS} ids")));
+    }
+    ids.iter().map(|s| parse_id(field, s)).collect()
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))
+}
+
+#[tonic::async_trait]
+impl GraphService for GraphSvc {
+    async fn personalized_page_rank(
+        &self,
+        request: Request<PprRequest>,
+    ) -> Result<Response<PprResponse>, Status> {
+        let id = self.identity(&request)?;
+        let deadline = self.deadline(&request);
+        let q = PprQuery::from_proto(request.into_inner(), &self.settings.graph)?;
+        let graph = self.registry.graph(&id.tenant).await?;
+        let msw = self.settings.graph.memory_seed_weight;
+        let started = Instant::now();
+        let resp = blocking(move || {
+            let view = graph.view(
+                id.trust.as_i16(),
+                q.namespace_opt.as_deref(),
+                q.include_historical,
+            );
+            run_ppr(&graph, &q, &view, msw, Some(deadline))
+        })
+        .await?;
+        tracing::debug!(
+            hits = resp.hits.len(),
+            linked = resp.linked_entities.len(),
+            nodes_touched = resp.nodes_touched,
+            us = started.elapsed().as_micros() as u64,
+            "ppr"
+        );
+        Ok(Response::new(resp))
+    }
+
+    async fn neighbors(
+        &self,
+        request: Request<NeighborsRequest>,
+    ) -> Result<Response<NeighborsResponse>, Status> {
+        let id = self.identity(&request)?;
+        let NeighborsRequest {
+            memory_ids,
+            depth,
+            max_nodes,
+            edge_types,
+        } = request.into_inner();
+        let ids = parse_ids("memory_ids", memory_ids)?;
+        if !(1..=MAX_HOPS).contains(&depth) {
+            return Err(Error::invalid("depth", format!("must be in 1..={MAX_HOPS}")).into());
+        }
+        let max_nodes = bounded(
+            "max_nodes",
+            max_nodes,
+            self.settings.graph.max_nodes,
+            MAX_NODES,
+        )?;
+        let types_opt: Option<HashSet<String>> =
+            (!edge_types.is_empty()).then(|| edge_types.into_iter().collect());
+        let graph = self.registry.graph(&id.tenant).await?;
+        let out = blocking(move || {
+            let view = graph.view(id.trust.as_i16(), None, false);
+            let starts: Vec<u32> = ids.iter().filter_map(|i| graph.memory(i)).collect();
+            graph
+                .neighbors(
+                    &starts,
+                    depth,
+                    max_nodes as usize,
+                    types_opt.as_ref(),
+                    &view,
+                )
+                .into_iter()
+                .map(|n| Neighbor {
+                    memory_id: graph.memory_id(n.memory).to_string(),
+                    depth: n.depth,
+                    via_edge_type: n.via,
+                })
+                .collect()
+        })
+        .await?;
+        Ok(Response::new(NeighborsResponse { neighbors: out }))
+    }
+
+    async fn contradictions(
+        &self,
+        request: Request<ContradictionsRequest>,
+    ) -> Result<Response<ContradictionsResponse>, Status> {
+        let id = self.identity(&request)?;
+        let ContradictionsRequest { memory_ids } = request.into_inner();
+        let ids = parse_ids("memory_ids", memory_ids)?;
+        let graph = self.registry.graph(&id.tenant).await?;
+        let view = graph.view(id.trust.as_i16(), None, true);
+        let nodes: Vec<u32> = ids.iter().filter_map(|i| graph.memory(i)).collect();
+        let pairs = graph
+            .contradictions(&nodes, &view)
+            .into_iter()
+            .map(|(a, b, w)| Contradiction {
+                memory_a: graph.memory_id(a).to_string(),
+                memory_b: graph.memory_id(b).to_string(),
+                weight: w,
+            })
+            .collect();
+        Ok(Response::new(ContradictionsResponse { pairs }))
+    }
+
+    async fn link_query(
+        &self,
+        request: Request<LinkQueryRequest>,
+    ) -> Result<Response<LinkQueryResponse>, Status> {
+        let id = self.identity(&request)?;
+        let LinkQueryRequest { text } = request.into_inner();
+        if text.chars().count() > MAX_QUERY_CHARS {
+            return Err(
+                Error::invalid("text", format!("at most {MAX_QUERY_CHARS} characters")).into(),
+            );
+        }
+        let graph = self.registry.graph(&id.tenant).await?;
+        let resp = blocking(move || {
+            let view = graph.view(id.trust.as_i16(), None, false);
+            LinkQueryResponse {
+                entities: graph
+                    .link(&text, &view)
+                    .into_iter()
+                    .map(|l| LinkedEntity {
+                        name: l.name,
+                        df: l.df,
+                        has_home: l.has_home,
+                    })
+                    .collect(),
+                memory_count: graph.visible_memory_count(&view) as u32,
+            }
+        })
+        .await?;
+        Ok(Response::new(resp))
+    }
+
+    async fn stats(
+        &self,
+        request: Request<StatsRequest>,
+    ) -> Result<Response<StatsResponse>, Status> {
+        let id = self.identity(&request)?;
+        let StatsRequest {} = request.into_inner();
+        let (loaded_tenants, total_nodes, total_edges) = self.registry.totals();
+        let mut resp = StatsResponse {
+            loaded: false,
+            memories: 0,
+            entities: 0,
+            edges: 0,
+            loaded_tenants: loaded_tenants as u32,
+            total_nodes,
+            total_edges,
+        };
+        if let Some(g) = self.registry.loaded(&id.tenant) {
+            resp.loaded = true;
+            resp.memories = g.memory_count() as u64;
+            resp.entities = g.entity_count() as u64;
+            resp.edges = g.edge_count() as u64;
+        }
+        Ok(Response::new(resp))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        let g = engram_common::settings::GraphSettings::default();
+        let bad = |r: PprRequest| match PprQuery::from_proto(r, &g) {
+            Err(Error::InvalidArgument(m)) => m,
+            _ => String::new(),
+        };
+        assert!(
+            bad(PprRequest {
+                max_nodes: 5000,
+                ..Default::default()
+            })
+            .starts_with("max_nodes")
+        );
+        assert!(
+            bad(PprRequest {
+                damping: 1.5,
+                ..Default::default()
+            })
+            .starts_with("damping")
+        );
+        assert!(
+            bad(PprRequest {
+                k: 51,
+                ..Default::default()
+            })
+            .starts_with("k")
+        );
+        assert!(
+            bad(PprRequest {
+                max_hops: 5,
+                ..Default::default()
+            })
+            .starts_with("max_hops")
+        );
+        let seeds = vec![engram_proto::Seed {
+            memory_id: "nope".into(),
+            weight: 1.0,
+        }];
+        assert!(
+            bad(PprRequest {
+                seeds,
+                ..Default::default()
+            })
+            .starts_with("seeds.memory_id")
+        );
+        let q = PprQuery::from_proto(PprRequest::default(), &g).ok();
+        assert!(q.is_some_and(|q| q.max_nodes == 1000 && q.k == 50 && q.damping == 0.5));
+    }
+}

@@ -1,0 +1,306 @@
+//! Through a real server on port 0 against the shared test Postgres: rows
+//! inserted with SQL in a fresh tenant, NOTIFY, then queries with the
+//! internal token.
+
+use std::time::Duration;
+
+use engram_common::{AccessLevel, Identity};
+use engram_proto::graph_service_client::GraphServiceClient;
+use engram_proto::{ContradictionsRequest, LinkQueryRequest, PprRequest, StatsRequest};
+use sqlx::PgPool;
+use tonic::transport::Channel;
+use uuid::Uuid;
+
+const TOKEN: &str = "test-internal-token";
+
+async fn insert_memory(
+    pool: &PgPool,
+    tenant: &str,
+    title: &str,
+    content: &str,
+    level: i16,
+) -> Uuid {
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO memories (id, tenant_id, agent_id, title, content, content_hash, access_level, event_time, valid_from) \
+         VALUES ($1, $2, 'agent', $3, $4, '\\x00'::bytea, $5, now(), now())",
+    )
+    .bind(id)
+    .bind(tenant)
+    .bind(title)
+    .bind(content)
+    .bind(level)
+    .execute(pool)
+    .await
+    .expect("insert memory");
+    for e in engram_common::entities::extract(title, content) {
+        let (eid,): (i64,) = sqlx::query_as(
+            "INSERT INTO entities (tenant_id, name, display) VALUES ($1, $2, $3) \
+             ON CONFLICT (tenant_id, name) DO UPDATE SET display = entities.display RETURNING id",
+        )
+        .bind(tenant)
+        .bind(&e.name)
+        .bind(&e.display)
+        .fetch_one(pool)
+        .await
+        .expect("insert entity");
+        sqlx::query(
+            "INSERT INTO memory_entities (memory_id, entity_id, is_home) VALUES ($1, $2, $3)",
+        )
+        .bind(id)
+        .bind(eid)
+        .bind(e.is_home)
+        .execute(pool)
+        .await
+        .expect("insert mention");
+    }
+    id
+}
+
+async fn notify(pool: &PgPool, tenant: &str, op: &str) {
+    let payload = serde_json::json!({"tenant": tenant, "op": op, "ids": []}).to_string();
+    sqlx::query("SELECT pg_notify('engram_changes', $1)")
+        .bind(payload)
+        .execute(pool)
+        .await
+        .expect("notify");
+}
+
+fn req<T>(msg: T, tenant: &str, trust: AccessLevel) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    Identity {
+        tenant: tenant.into(),
+        agent_id: "agent".into(),
+        trust,
+    }
+    .write_internal(r.metadata_mut(), TOKEN);
+    r
+}
+
+async fn ppr_ids(
+    c: &mut GraphServiceClient<Channel>,
+    tenant: &str,
+    trust: AccessLevel,
+    q: &str,
+) -> Vec<String> {
+    c.personalized_page_rank(req(
+        PprRequest {
+            query_text: q.into(),
+            ..Default::default()
+        },
+        tenant,
+        trust,
+    ))
+    .await
+    .expect("ppr")
+    .into_inner()
+    .hits
+    .into_iter()
+    .map(|h| h.memory_id)
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graph_follows_postgres_through_notifications() {
+    let pool = engram_common::db::test_database()
+        .await
+        .expect("test database");
+    let tenant = format!("t-{}", Uuid::new_v4());
+    let other = format!("t-{}", Uuid::new_v4());
+    let lothair = insert_memory(
+        &pool,
+        &tenant,
+        "Lothair II",
+        "Lothair II was a king. His mother was Ermengarde of Tours.",
+        1,
+    )
+    .await;
+    let ermengarde = insert_memory(
+        &pool,
+        &tenant,
+        "Ermengarde of Tours",
+        "Ermengarde of Tours died on 20 March 851.",
+        1,
+    )
+    .await;
+    let secret = insert_memory(
+        &pool,
+        &tenant,
+        "Lothair Files",
+        "Lothair II kept secrets with Ermengarde of Tours.",
+        4,
+    )
+    .await;
+    let foreign = insert_memory(
+        &pool,
+        &other,
+        "Lothair II",
+        "Lothair II in another tenant.",
+        1,
+    )
+    .await;
+    sqlx::query("INSERT INTO edges (tenant_id, src_id, dst_id, edge_type) VALUES ($1, $2, $3, 'contradicts')")
+        .bind(&tenant)
+        .bind(lothair)
+        .bind(ermengarde)
+        .execute(&pool)
+        .await
+        .expect("edge");
+
+    let mut settings = engram_common::db::test_settings();
+    settings.auth.internal_token_opt = Some(TOKEN.into());
+    settings.graph.debounce_ms = 50;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(graph_svc::run(
+        listener,
+        settings,
+        pool.clone(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect_timeout(Duration::from_secs(5));
+    let mut connected = None;
+    for _ in 0..50 {
+        if let Ok(ch) = channel.connect().await {
+            connected = Some(ch);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ch = connected.expect("server up");
+    // SERVING once the listener listens.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+    let mut serving = false;
+    for _ in 0..50 {
+        let st = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: graph_svc::SERVICE_NAME.into(),
+            })
+            .await
+            .map(|r| r.into_inner().status)
+            .ok();
+        if st == Some(tonic_health::pb::health_check_response::ServingStatus::Serving as i32) {
+            serving = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(serving, "health never became SERVING");
+    let mut c = GraphServiceClient::new(ch);
+
+    // No token: refused.
+    let err = c
+        .stats(tonic::Request::new(StatsRequest {}))
+        .await
+        .expect_err("no token");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+
+    let q = "When did Lothair II's mother die?";
+    let public = ppr_ids(&mut c, &tenant, AccessLevel::Public, q).await;
+    assert!(public.contains(&lothair.to_string()), "{public:?}");
+    assert!(public.contains(&ermengarde.to_string()), "{public:?}");
+    assert!(
+        !public.contains(&secret.to_string()),
+        "restricted memory leaked"
+    );
+    assert!(
+        !public.contains(&foreign.to_string()),
+        "other tenant leaked"
+    );
+    let all = ppr_ids(&mut c, &tenant, AccessLevel::Sensitive, q).await;
+    assert!(all.contains(&secret.to_string()));
+    assert!(!all.contains(&foreign.to_string()));
+
+    let link = c
+        .link_query(req(
+            LinkQueryRequest { text: q.into() },
+            &tenant,
+            AccessLevel::Public,
+        ))
+        .await
+        .expect("link")
+        .into_inner();
+    assert!(
+        link.entities
+            .iter()
+            .any(|e| e.name == "lothair ii" && e.has_home && e.df == 1),
+        "{link:?}"
+    );
+    assert_eq!(link.memory_count, 2);
+
+    let pairs = c
+        .contradictions(req(
+            ContradictionsRequest {
+                memory_ids: vec![lothair.to_string(), ermengarde.to_string()],
+            },
+            &tenant,
+            AccessLevel::Public,
+        ))
+        .await
+        .expect("contradictions")
+        .into_inner()
+        .pairs;
+    assert_eq!(pairs.len(), 1);
+
+    // A new memory appears after NOTIFY (debounced rebuild).
+    let added = insert_memory(
+        &pool,
+        &tenant,
+        "Boso the Elder",
+        "Boso the Elder was related to Lothair II.",
+        1,
+    )
+    .await;
+    notify(&pool, &tenant, "upsert").await;
+    let mut seen = false;
+    for _ in 0..100 {
+        if ppr_ids(
+            &mut c,
+            &tenant,
+            AccessLevel::Public,
+            "Who was Boso the Elder?",
+        )
+        .await
+        .contains(&added.to_string())
+        {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen, "notification did not refresh the graph");
+    let stats = c
+        .stats(req(StatsRequest {}, &tenant, AccessLevel::Public))
+        .await
+        .expect("stats")
+        .into_inner();
+    assert!(
+        stats.loaded && stats.memories == 4 && stats.loaded_tenants >= 1,
+        "{stats:?}"
+    );
+
+    // Bad input names the field.
+    let err = c
+        .personalized_page_rank(req(
+            PprRequest {
+                max_nodes: 5000,
+                ..Default::default()
+            },
+            &tenant,
+            AccessLevel::Public,
+        ))
+        .await
+        .expect_err("too many nodes");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().starts_with("max_nodes"), "{}", err.message());
+
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+}
