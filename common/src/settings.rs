@@ -112,6 +112,12 @@ pub struct DownstreamSettings {
     pub search: String,
     pub graph: String,
     pub rerank: String,
+    /// Consecutive failures (errors or timeouts) that open a stack's circuit.
+    pub breaker_failures: u32,
+    /// How long an open circuit fails fast before one trial call.
+    pub breaker_open_ms: u64,
+    /// In-flight calls per stack; more are shed at once (not queued).
+    pub max_concurrency: usize,
 }
 
 impl Default for DownstreamSettings {
@@ -120,6 +126,9 @@ impl Default for DownstreamSettings {
             search: "http://127.0.0.1:50052".into(),
             graph: "http://127.0.0.1:50053".into(),
             rerank: "http://127.0.0.1:50054".into(),
+            breaker_failures: 5,
+            breaker_open_ms: 5000,
+            max_concurrency: 64,
         }
     }
 }
@@ -256,9 +265,11 @@ pub struct PipelineSettings {
     pub cache_similarity: f32,
     /// Candidates fetched per strategy.
     pub candidates_per_strategy: u32,
-    /// Dense hits passed to graph-svc as seeds.
+    /// Dense hits passed to graph-svc as extra PPR seeds (weighted 1/rank,
+    /// then scaled by graph.memory_seed_weight). 0 = graph runs in parallel
+    /// with entity seeds only: on 2Wiki dense seeds cost recall
+    /// (shared/notes/graph-probe.md).
     pub graph_dense_seeds: u32,
-    pub graph_dense_seed_weight: f32,
     pub weights: FusionWeights,
 }
 
@@ -277,8 +288,7 @@ impl Default for PipelineSettings {
             cache_ttl_ms: 60_000,
             cache_similarity: 0.95,
             candidates_per_strategy: 50,
-            graph_dense_seeds: 5,
-            graph_dense_seed_weight: 0.05,
+            graph_dense_seeds: 0,
             weights: FusionWeights::default(),
         }
     }

@@ -1,1 +1,62 @@
-//! stub
+//! The public gateway: RetrievalService (the six-stage pipeline) and
+//! MemoryService (the write front), talking to search-, graph- and
+//! rerank-svc only over gRPC through one resilience stack per RPC.
+
+pub mod assembly;
+pub mod auth;
+pub mod cache;
+pub mod downstream;
+pub mod error;
+pub mod feedback;
+pub mod fusion;
+pub mod router;
+pub mod search;
+pub mod service;
+pub mod validation;
+
+use std::future::Future;
+
+use engram_common::Settings;
+use engram_proto::memory_service_server::MemoryServiceServer;
+use engram_proto::retrieval_service_server::RetrievalServiceServer;
+use tokio::net::TcpListener;
+use tonic::service::Routes;
+
+pub use service::Gateway;
+
+/// Serves the gateway on `listener` until `shutdown`. Downstream channels
+/// connect lazily, so a downstream that is not up yet is not an error here.
+pub async fn run(
+    listener: TcpListener,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    if settings
+        .auth
+        .internal_token_opt
+        .as_deref()
+        .is_none_or(str::is_empty)
+    {
+        tracing::warn!("no internal token configured: downstream calls will be refused");
+    }
+    serve_gateway(listener, Gateway::new(settings)?, shutdown).await
+}
+
+/// [`run`] with a gateway built by the caller, so the same instance can also
+/// back the HTTP JSON API and the admin `/metrics` ([`Gateway::metrics_text`]).
+pub async fn serve_gateway(
+    listener: TcpListener,
+    gateway: Gateway,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (reporter, health) = engram_common::server::health();
+    reporter
+        .set_serving::<RetrievalServiceServer<Gateway>>()
+        .await;
+    reporter.set_serving::<MemoryServiceServer<Gateway>>().await;
+    let routes = Routes::new(RetrievalServiceServer::new(gateway.clone()))
+        .add_service(MemoryServiceServer::new(gateway));
+    tracing::info!(addr = ?listener.local_addr().ok(), "retrieval gateway listening");
+    engram_common::server::serve(listener, routes, health, shutdown).await?;
+    Ok(())
+}

@@ -1,0 +1,357 @@
+//! Stages 4 and 5: distil the validated candidates into ranked records,
+//! resolve contradictions, attach provenance and pack the context block.
+//!
+//! The cross-encoder is evidence, not the order: re-ordering purely by it
+//! lowered R@2 in the probe (notes/graph-probe.md), while blending its rank
+//! with the fused rank (RRF with a small k) raised it.
+
+use std::collections::{HashMap, HashSet};
+
+use engram_common::convert::ts_to_chrono;
+use engram_proto::{
+    ConflictPair, ConflictResolution, Contradiction, DroppedCandidate, Memory, Provenance,
+    ScoredMemory,
+};
+
+use crate::validation::Checked;
+
+/// k of the fused-rank / relevance-rank blend; small so the top ranks matter.
+const BLEND_K: f32 = 5.0;
+/// An older memory wins on confidence only by at least this margin.
+const CONFIDENCE_MARGIN: f32 = 0.3;
+
+/// Composite score per candidate, sorted best first. The input is in fused
+/// order, with relevance set on a prefix when the cross-encoder ran.
+pub fn rank(checked: Vec<Checked>) -> Vec<(Checked, f32)> {
+    let with_rel: Vec<(usize, f32)> = checked
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| c.relevance_opt.map(|r| (i, r)))
+        .collect();
+    let mut rel_rank: HashMap<usize, usize> = HashMap::new();
+    if !with_rel.is_empty() {
+        let mut order = with_rel.clone();
+        order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (r, (i, _)) in order.into_iter().enumerate() {
+            rel_rank.insert(i, r + 1);
+        }
+    }
+    let mut out: Vec<(Checked, f32)> = checked
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let base = if rel_rank.is_empty() {
+                c.cand.fused.rrf
+            } else {
+                let fused = 1.0 / (BLEND_K + (i + 1) as f32);
+                fused
+                    + rel_rank
+                        .get(&i)
+                        .map_or(0.0, |r| 1.0 / (BLEND_K + *r as f32))
+            };
+            let score = base * c.temporal * c.confidence;
+            (c, score)
+        })
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    out
+}
+
+fn when(m: &Memory) -> Option<i64> {
+    m.event_time
+        .as_ref()
+        .or(m.ingestion_time.as_ref())
+        .or(m.recorded_at.as_ref())
+        .and_then(ts_to_chrono)
+        .map(|t| t.timestamp_millis())
+}
+
+/// Recency wins when the newer memory is at least as trusted; confidence
+/// wins when the times tie or the older one is clearly more trusted; when
+/// the two signals disagree mildly, both are kept and flagged.
+pub fn resolve_pair(a: &Memory, b: &Memory) -> (ConflictResolution, Option<String>) {
+    let (ca, cb) = (
+        a.source_confidence.unwrap_or(1.0),
+        b.source_confidence.unwrap_or(1.0),
+    );
+    let newer = match (when(a), when(b)) {
+        (Some(ta), Some(tb)) if (ta - tb).abs() > 1000 => Some(if ta > tb {
+            (a, ca, b, cb)
+        } else {
+            (b, cb, a, ca)
+        }),
+        _ => None,
+    };
+    match newer {
+        Some((n, cn, o, co)) => {
+            if cn >= co {
+                (ConflictResolution::Recency, Some(n.id.clone()))
+            } else if co - cn >= CONFIDENCE_MARGIN {
+                (ConflictResolution::Confidence, Some(o.id.clone()))
+            } else {
+                (ConflictResolution::Unresolved, None)
+            }
+        }
+        None if (ca - cb).abs() >= 0.1 => {
+            let w = if ca > cb { a } else { b };
+            (ConflictResolution::Confidence, Some(w.id.clone()))
+        }
+        None => (ConflictResolution::Unresolved, None),
+    }
+}
+
+/// Conflict pairs among `ranked` and the losers to remove.
+pub fn resolve_conflicts(
+    ranked: &[(Checked, f32)],
+    pairs: &[Contradiction],
+) -> (Vec<ConflictPair>, HashSet<String>) {
+    let by_id: HashMap<&str, &Memory> = ranked
+        .iter()
+        .map(|(c, _)| (c.cand.memory.id.as_str(), &c.cand.memory))
+        .collect();
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut losers = HashSet::new();
+    for p in pairs {
+        let (Some(a), Some(b)) = (
+            by_id.get(p.memory_a.as_str()),
+            by_id.get(p.memory_b.as_str()),
+        ) else {
+            continue;
+        };
+        let key = if p.memory_a < p.memory_b {
+            (p.memory_a.clone(), p.memory_b.clone())
+        } else {
+            (p.memory_b.clone(), p.memory_a.clone())
+        };
+        if p.memory_a == p.memory_b || !seen.insert(key) {
+            continue;
+        }
+        let (resolution, winner_opt) = resolve_pair(a, b);
+        if let Some(w) = &winner_opt {
+            let loser = if *w == a.id { &b.id } else { &a.id };
+            losers.insert(loser.clone());
+        }
+        out.push(ConflictPair {
+            memory_a: a.id.clone(),
+            memory_b: b.id.clone(),
+            resolution: resolution as i32,
+            winner_id: winner_opt.unwrap_or_default(),
+        });
+    }
+    (out, losers)
+}
+
+pub fn citation(m: &Memory) -> String {
+    if m.source.is_empty() {
+        format!("[memory:{} v{}]", m.id, m.version)
+    } else {
+        m.source.clone()
+    }
+}
+
+pub fn to_record(c: Checked, score: f32) -> ScoredMemory {
+    let Checked {
+        cand,
+        temporal,
+        confidence,
+        relevance_opt,
+        checks,
+    } = c;
+    let provenance = Provenance {
+        strategies: cand.fused.hits,
+        rrf_score: cand.fused.rrf,
+        checks_passed: checks.into_iter().map(String::from).collect(),
+        confidence,
+        citation: citation(&cand.memory),
+        relevance: relevance_opt,
+        temporal_score: temporal,
+        via_entities: cand.via_entities,
+    };
+    ScoredMemory {
+        memory: Some(cand.memory),
+        score,
+        provenance: Some(provenance),
+    }
+}
+
+/// The final record list: losers of resolved conflicts removed, then `limit`.
+pub fn assemble(
+    ranked: Vec<(Checked, f32)>,
+    losers: &HashSet<String>,
+    limit: usize,
+    dropped: &mut Vec<DroppedCandidate>,
+) -> Vec<ScoredMemory> {
+    let mut out = Vec::with_capacity(limit);
+    for (c, score) in ranked {
+        if losers.contains(&c.cand.memory.id) {
+            dropped.push(DroppedCandidate {
+                memory_id: c.cand.memory.id.clone(),
+                stage: "conflicts".into(),
+                reason: "lost a contradiction".into(),
+            });
+            continue;
+        }
+        if out.len() < limit {
+            out.push(to_record(c, score));
+        }
+    }
+    out
+}
+
+/// ≈ 4 characters per token, rounded up.
+pub fn tokens(s: &str) -> u32 {
+    (s.chars().count() as u32).div_ceil(4)
+}
+
+/// Most relevant first; an entry that does not fit is skipped and smaller
+/// later ones may still fit. Never over `budget`.
+pub fn pack_context(records: &[ScoredMemory], budget: u32) -> (String, u32) {
+    let mut block = String::new();
+    for r in records {
+        let Some(m) = &r.memory else { continue };
+        let cite = r
+            .provenance
+            .as_ref()
+            .map(|p| p.citation.clone())
+            .unwrap_or_else(|| citation(m));
+        let entry = format!("{cite} {}\n", m.content.trim());
+        let candidate = format!("{block}{entry}");
+        if tokens(&candidate) <= budget {
+            block = candidate;
+        }
+    }
+    let t = tokens(&block);
+    (block, t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fusion::Fused;
+    use crate::search::Candidate;
+    use prost_types::Timestamp;
+
+    fn mem(id: &str, secs: i64, conf: f32) -> Memory {
+        Memory {
+            id: id.into(),
+            event_time: Some(Timestamp {
+                seconds: secs,
+                nanos: 0,
+            }),
+            source_confidence: Some(conf),
+            content: format!("content of {id}"),
+            version: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn recency_wins_when_newer_is_as_trusted() {
+        let (r, w) = resolve_pair(&mem("old", 1_000, 0.8), &mem("new", 2_000, 0.8));
+        assert_eq!(r, ConflictResolution::Recency);
+        assert_eq!(w.as_deref(), Some("new"));
+    }
+
+    #[test]
+    fn confidence_wins_on_a_tie_in_time_or_a_clear_margin() {
+        let (r, w) = resolve_pair(&mem("a", 1_000, 0.9), &mem("b", 1_000, 0.5));
+        assert_eq!(
+            (r, w.as_deref()),
+            (ConflictResolution::Confidence, Some("a"))
+        );
+        let (r, w) = resolve_pair(&mem("old", 1_000, 0.95), &mem("new", 2_000, 0.4));
+        assert_eq!(
+            (r, w.as_deref()),
+            (ConflictResolution::Confidence, Some("old"))
+        );
+    }
+
+    #[test]
+    fn unresolved_keeps_both() {
+        let (r, w) = resolve_pair(&mem("old", 1_000, 0.8), &mem("new", 2_000, 0.7));
+        assert_eq!((r, w), (ConflictResolution::Unresolved, None));
+        let checked = |m: Memory| Checked {
+            cand: Candidate {
+                fused: Fused {
+                    id: m.id.clone(),
+                    rrf: 0.1,
+                    hits: vec![],
+                },
+                memory: m,
+                via_entities: vec![],
+            },
+            temporal: 1.0,
+            confidence: 1.0,
+            relevance_opt: None,
+            checks: vec![],
+        };
+        let ranked = vec![
+            (checked(mem("old", 1_000, 0.8)), 0.2),
+            (checked(mem("new", 2_000, 0.7)), 0.1),
+        ];
+        let pairs = vec![Contradiction {
+            memory_a: "old".into(),
+            memory_b: "new".into(),
+            weight: 1.0,
+        }];
+        let (conflicts, losers) = resolve_conflicts(&ranked, &pairs);
+        assert_eq!(conflicts.len(), 1);
+        assert!(losers.is_empty());
+        let mut dropped = vec![];
+        let records = assemble(ranked, &losers, 10, &mut dropped);
+        assert_eq!(records.len(), 2);
+    }
+
+    #[test]
+    fn blend_keeps_reranked_prefix_on_top() {
+        let mk = |id: &str, rel: Option<f32>, rrf: f32| Checked {
+            cand: Candidate {
+                memory: mem(id, 0, 1.0),
+                fused: Fused {
+                    id: id.into(),
+                    rrf,
+                    hits: vec![],
+                },
+                via_entities: vec![],
+            },
+            temporal: 1.0,
+            confidence: 1.0,
+            relevance_opt: rel,
+            checks: vec![],
+        };
+        let ranked = rank(vec![
+            mk("a", Some(0.4), 0.05),
+            mk("b", Some(0.9), 0.04),
+            mk("c", None, 0.03),
+        ]);
+        let ids: Vec<_> = ranked
+            .iter()
+            .map(|(c, _)| c.cand.memory.id.as_str())
+            .collect();
+        // a: 1/6 + 1/7, b: 1/7 + 1/6 → tie keeps fused order; c last.
+        assert_eq!(ids, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn context_never_exceeds_budget() {
+        let records: Vec<ScoredMemory> = (0..50)
+            .map(|i| ScoredMemory {
+                memory: Some(Memory {
+                    id: format!("m{i}"),
+                    content: "x".repeat(10 + (i * 37) % 200),
+                    ..Default::default()
+                }),
+                score: 1.0,
+                provenance: None,
+            })
+            .collect();
+        for budget in [0, 1, 5, 17, 64, 100, 333, 1000, 100_000] {
+            let (block, t) = pack_context(&records, budget);
+            assert!(t <= budget, "budget {budget}: {t}");
+            assert_eq!(t, tokens(&block));
+        }
+        let (block, _) = pack_context(&records, 100_000);
+        assert!(block.starts_with("[memory:m0 v0]"));
+    }
+}

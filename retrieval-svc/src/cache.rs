@@ -1,0 +1,312 @@
+//! In-memory caches, all keyed by the full caller identity so one agent's
+//! results (filtered by its trust level) can never be served to another.
+//! Writes through the gateway bump a per-tenant generation, which makes every
+//! older entry of that tenant a miss without scanning the maps.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use engram_common::Identity;
+use engram_proto::RetrieveResponse;
+use parking_lot::Mutex;
+use prost::Message;
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+use crate::router::Query;
+
+const MAX_ENTRIES: usize = 10_000;
+const MAX_SEMANTIC_PER_SCOPE: usize = 16;
+const TURN_TTL: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    /// Identity + everything in the request that changes the answer.
+    pub exact: [u8; 32],
+    /// Same without the query text: the neighbourhood for cosine hits.
+    pub scope: [u8; 32],
+}
+
+impl CacheKey {
+    pub fn new(identity: &Identity, q: &Query) -> Self {
+        let mut scope = Sha256::new();
+        for part in [
+            identity.tenant.as_bytes(),
+            identity.agent_id.as_bytes(),
+            identity.trust.name().as_bytes(),
+            format!("{:?}", q.mode).as_bytes(),
+            &q.limit.to_le_bytes(),
+            &q.token_budget.to_le_bytes(),
+            &[u8::from(q.explain), u8::from(q.skip_rerank)],
+            &q.filters.encode_to_vec(),
+        ] {
+            scope.update((part.len() as u64).to_le_bytes());
+            scope.update(part);
+        }
+        for h in &q.hypotheses {
+            scope.update((h.len() as u64).to_le_bytes());
+            scope.update(h.as_bytes());
+        }
+        let scope: [u8; 32] = scope.finalize().into();
+        let norm = q
+            .text
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_lowercase();
+        let exact: [u8; 32] = Sha256::new()
+            .chain_update(scope)
+            .chain_update(norm.as_bytes())
+            .finalize()
+            .into();
+        Self { exact, scope }
+    }
+}
+
+struct Entry {
+    at: Instant,
+    generation: u64,
+    response: RetrieveResponse,
+}
+
+struct SemEntry {
+    at: Instant,
+    generation: u64,
+    embedding: Vec<f32>,
+    response: RetrieveResponse,
+}
+
+pub struct Caches {
+    ttl: Duration,
+    similarity: f32,
+    results: Mutex<HashMap<[u8; 32], Entry>>,
+    semantic: Mutex<HashMap<[u8; 32], VecDeque<SemEntry>>>,
+    turns: Mutex<HashMap<(Identity, String), (Instant, RetrieveResponse)>>,
+    generations: Mutex<HashMap<String, u64>>,
+}
+
+impl Caches {
+    pub fn new(ttl: Duration, similarity: f32) -> Self {
+        Self {
+            ttl,
+            similarity,
+            results: Mutex::default(),
+            semantic: Mutex::default(),
+            turns: Mutex::default(),
+            generations: Mutex::default(),
+        }
+    }
+
+    fn generation(&self, tenant: &str) -> u64 {
+        self.generations.lock().get(tenant).copied().unwrap_or(0)
+    }
+
+    /// A write for `tenant` went through: every cached result of it is stale.
+    pub fn invalidate_tenant(&self, tenant: &str) {
+        *self
+            .generations
+            .lock()
+            .entry(tenant.to_string())
+            .or_insert(0) += 1;
+    }
+
+    pub fn get_exact(&self, key: &CacheKey, tenant: &str) -> Option<RetrieveResponse> {
+        let generation = self.generation(tenant);
+        let map = self.results.lock();
+        let e = map.get(&key.exact)?;
+        (e.generation == generation && e.at.elapsed() < self.ttl).then(|| e.response.clone())
+    }
+
+    /// Whether a cosine lookup could hit; the caller embeds the query only then.
+    pub fn has_semantic(&self, key: &CacheKey, tenant: &str) -> bool {
+        let generation = self.generation(tenant);
+        self.semantic.lock().get(&key.scope).is_some_and(|q| {
+            q.iter()
+                .any(|e| e.generation == generation && e.at.elapsed() < self.ttl)
+        })
+    }
+
+    pub fn get_semantic(
+        &self,
+        key: &CacheKey,
+        tenant: &str,
+        embedding: &[f32],
+    ) -> Option<RetrieveResponse> {
+        let generation = self.generation(tenant);
+        let map = self.semantic.lock();
+        map.get(&key.scope)?
+            .iter()
+            .filter(|e| e.generation == generation && e.at.elapsed() < self.ttl)
+            .map(|e| (cosine(&e.embedding, embedding), e))
+            .filter(|(c, _)| *c >= self.similarity)
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, e)| e.response.clone())
+    }
+
+    pub fn put(
+        &self,
+        key: &CacheKey,
+        tenant: &str,
+        response: &RetrieveResponse,
+        embedding_opt: Option<Vec<f32>>,
+    ) {
+        let generation = self.generation(tenant);
+        let now = Instant::now();
+        {
+            let mut map = self.results.lock();
+            if map.len() >= MAX_ENTRIES {
+                map.retain(|_, e| e.at.elapsed() < self.ttl);
+                if map.len() >= MAX_ENTRIES {
+                    map.clear();
+                }
+            }
+            map.insert(
+                key.exact,
+                Entry {
+                    at: now,
+                    generation,
+                    response: response.clone(),
+                },
+            );
+        }
+        if let Some(embedding) = embedding_opt.filter(|e| !e.is_empty()) {
+            let mut map = self.semantic.lock();
+            if map.len() >= MAX_ENTRIES {
+                map.clear();
+            }
+            let q = map.entry(key.scope).or_default();
+            if q.len() >= MAX_SEMANTIC_PER_SCOPE {
+                q.pop_front();
+            }
+            q.push_back(SemEntry {
+                at: now,
+                generation,
+                embedding,
+                response: response.clone(),
+            });
+        }
+    }
+
+    pub fn get_turn(&self, identity: &Identity, turn_id: &str) -> Option<RetrieveResponse> {
+        let map = self.turns.lock();
+        let (at, r) = map.get(&(identity.clone(), turn_id.to_string()))?;
+        (at.elapsed() < TURN_TTL).then(|| r.clone())
+    }
+
+    pub fn put_turn(&self, identity: &Identity, turn_id: &str, response: &RetrieveResponse) {
+        let mut map = self.turns.lock();
+        if map.len() >= MAX_ENTRIES {
+            map.retain(|_, (at, _)| at.elapsed() < TURN_TTL);
+            if map.len() >= MAX_ENTRIES {
+                map.clear();
+            }
+        }
+        map.entry((identity.clone(), turn_id.to_string()))
+            .or_insert_with(|| (Instant::now(), response.clone()));
+    }
+}
+
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() || a.is_empty() {
+        return 0.0;
+    }
+    let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
+    for (x, y) in a.iter().zip(b) {
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na.sqrt() * nb.sqrt())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engram_common::AccessLevel;
+    use engram_proto::RetrieveRequest;
+
+    fn id(tenant: &str, agent: &str, trust: AccessLevel) -> Identity {
+        Identity {
+            tenant: tenant.into(),
+            agent_id: agent.into(),
+            trust,
+        }
+    }
+
+    fn query(text: &str) -> Query {
+        Query::try_from(RetrieveRequest {
+            text: text.into(),
+            ..Default::default()
+        })
+        .expect("valid")
+    }
+
+    fn resp(qid: &str) -> RetrieveResponse {
+        RetrieveResponse {
+            query_id: qid.into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_shared_across_identities_and_invalidated_by_writes() {
+        let c = Caches::new(Duration::from_secs(60), 0.95);
+        let alice = id("t1", "alice", AccessLevel::Sensitive);
+        let bob = id("t1", "bob", AccessLevel::Public);
+        let k_alice = CacheKey::new(&alice, &query("What  is X?"));
+        c.put(&k_alice, "t1", &resp("q1"), None);
+        // Same text, normalised whitespace/case: hit for alice only.
+        let again = CacheKey::new(&alice, &query("what is x?"));
+        assert_eq!(
+            c.get_exact(&again, "t1").map(|r| r.query_id),
+            Some("q1".into())
+        );
+        let k_bob = CacheKey::new(&bob, &query("What  is X?"));
+        assert!(c.get_exact(&k_bob, "t1").is_none());
+        // Same agent name, lower trust: still a different identity.
+        let k_low = CacheKey::new(
+            &id("t1", "alice", AccessLevel::Public),
+            &query("What is X?"),
+        );
+        assert!(c.get_exact(&k_low, "t1").is_none());
+
+        c.invalidate_tenant("t2");
+        assert!(c.get_exact(&k_alice, "t1").is_some());
+        c.invalidate_tenant("t1");
+        assert!(c.get_exact(&k_alice, "t1").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_expire_and_semantic_hits_need_similarity() {
+        let c = Caches::new(Duration::from_secs(60), 0.95);
+        let alice = id("t1", "alice", AccessLevel::Public);
+        let k = CacheKey::new(&alice, &query("where is the key"));
+        assert!(!c.has_semantic(&k, "t1"));
+        c.put(&k, "t1", &resp("q1"), Some(vec![1.0, 0.0, 0.0]));
+        let k2 = CacheKey::new(&alice, &query("where's the key"));
+        assert!(c.has_semantic(&k2, "t1"));
+        assert!(c.get_semantic(&k2, "t1", &[0.99, 0.05, 0.0]).is_some());
+        assert!(c.get_semantic(&k2, "t1", &[0.0, 1.0, 0.0]).is_none());
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(c.get_exact(&k, "t1").is_none());
+        assert!(!c.has_semantic(&k2, "t1"));
+    }
+
+    #[test]
+    fn turn_cache_is_per_identity() {
+        let c = Caches::new(Duration::from_secs(60), 0.95);
+        let a = id("t1", "a", AccessLevel::Public);
+        let b = id("t1", "b", AccessLevel::Public);
+        c.put_turn(&a, "turn-1", &resp("q1"));
+        c.put_turn(&a, "turn-1", &resp("q2"));
+        assert_eq!(
+            c.get_turn(&a, "turn-1").map(|r| r.query_id),
+            Some("q1".into())
+        );
+        assert!(c.get_turn(&b, "turn-1").is_none());
+    }
+}

@@ -1,0 +1,94 @@
+//! The gateway's one error type. Every failure path ends here so the mapping
+//! to gRPC status codes is decided in exactly one exhaustive match.
+
+use tonic::Status;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid argument {field}: {rule}")]
+    InvalidArgument { field: &'static str, rule: String },
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(&'static str),
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// Every Stage 2 strategy failed or its breaker is open.
+    #[error("retrieval circuit open")]
+    RetrievalCircuitOpen,
+    #[error("pipeline deadline exceeded before any result")]
+    DeadlineExceeded,
+    /// A pass-through call (write path) failed downstream.
+    #[error("{service} failed: {status}")]
+    Downstream {
+        service: &'static str,
+        status: Status,
+    },
+    #[error("{service} unavailable: {reason}")]
+    DownstreamUnavailable {
+        service: &'static str,
+        reason: String,
+    },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn invalid(field: &'static str, rule: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field,
+            rule: rule.into(),
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        let msg = e.to_string();
+        match e {
+            Error::InvalidArgument { .. } => Status::invalid_argument(msg),
+            Error::Unauthenticated(_) => Status::unauthenticated(msg),
+            Error::PermissionDenied(_) => Status::permission_denied(msg),
+            Error::RetrievalCircuitOpen => Status::unavailable(msg),
+            Error::DeadlineExceeded => Status::deadline_exceeded(msg),
+            // Client-side mistakes reported by the downstream keep their code;
+            // everything else is the gateway's dependency failing.
+            Error::Downstream { service, status } => match status.code() {
+                tonic::Code::InvalidArgument
+                | tonic::Code::NotFound
+                | tonic::Code::AlreadyExists
+                | tonic::Code::PermissionDenied
+                | tonic::Code::FailedPrecondition
+                | tonic::Code::OutOfRange
+                | tonic::Code::ResourceExhausted => {
+                    Status::new(status.code(), format!("{service}: {}", status.message()))
+                }
+                tonic::Code::DeadlineExceeded => Status::deadline_exceeded(msg),
+                _ => Status::unavailable(msg),
+            },
+            Error::DownstreamUnavailable { .. } => Status::unavailable(msg),
+            Error::Internal(_) => Status::internal(msg),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_mapped() {
+        let s: Status = Error::invalid("text", "must not be empty").into();
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        assert!(s.message().contains("text"));
+        let s: Status = Error::RetrievalCircuitOpen.into();
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert!(s.message().contains("retrieval circuit open"));
+        let s: Status = Error::Downstream {
+            service: "search",
+            status: Status::invalid_argument("bad id"),
+        }
+        .into();
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    }
+}

@@ -1,0 +1,137 @@
+//! Weighted reciprocal-rank fusion: score = Σ_s w_s / (k + rank_s). Ranks,
+//! not raw scores, are fused because cosine, text rank and PPR mass live on
+//! unrelated scales; weights per route let the graph dominate multi-hop
+//! questions without drowning the dense list elsewhere (notes/graph-probe.md).
+
+use std::collections::HashMap;
+
+use engram_common::settings::{FusionWeights, StrategyWeights};
+use engram_proto::StrategyHit;
+
+use crate::router::Route;
+
+/// One strategy's candidates, best first.
+#[derive(Debug, Clone)]
+pub struct StrategyList {
+    pub strategy: &'static str,
+    pub weight: f32,
+    /// (memory id, strategy score).
+    pub hits: Vec<(String, f32)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Fused {
+    pub id: String,
+    pub rrf: f32,
+    /// Per contributing list: strategy, 1-based rank, score.
+    pub hits: Vec<StrategyHit>,
+}
+
+pub fn weights_for(w: &FusionWeights, route: Route) -> &StrategyWeights {
+    match route {
+        Route::Simple => &w.simple,
+        Route::MultiHop => &w.multi_hop,
+        Route::Exploratory => &w.exploratory,
+    }
+}
+
+/// The largest score a memory can reach (rank 1 everywhere), for turning an
+/// RRF score into a 0..1 confidence.
+pub fn max_score(lists: &[StrategyList], k: f32) -> f32 {
+    lists
+        .iter()
+        .filter(|l| l.weight > 0.0)
+        .map(|l| l.weight / (k + 1.0))
+        .sum()
+}
+
+pub fn rrf(lists: &[StrategyList], k: f32) -> Vec<Fused> {
+    let mut by_id: HashMap<&str, Fused> = HashMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    for list in lists.iter().filter(|l| l.weight > 0.0) {
+        let mut seen = std::collections::HashSet::new();
+        for (i, (id, score)) in list.hits.iter().enumerate() {
+            // A duplicate inside one list counts once, at its best rank.
+            if !seen.insert(id.as_str()) {
+                continue;
+            }
+            let rank = i as u32 + 1;
+            let entry = by_id.entry(id.as_str()).or_insert_with(|| {
+                order.push(id.as_str());
+                Fused {
+                    id: id.clone(),
+                    rrf: 0.0,
+                    hits: Vec::new(),
+                }
+            });
+            entry.rrf += list.weight / (k + rank as f32);
+            entry.hits.push(StrategyHit {
+                strategy: list.strategy.to_string(),
+                rank,
+                score: *score,
+            });
+        }
+    }
+    let mut out: Vec<Fused> = order
+        .into_iter()
+        .filter_map(|id| by_id.remove(id))
+        .collect();
+    let best_rank = |f: &Fused| f.hits.iter().map(|h| h.rank).min().unwrap_or(u32::MAX);
+    out.sort_by(|a, b| {
+        b.rrf
+            .total_cmp(&a.rrf)
+            .then_with(|| best_rank(a).cmp(&best_rank(b)))
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(strategy: &'static str, weight: f32, ids: &[&str]) -> StrategyList {
+        StrategyList {
+            strategy,
+            weight,
+            hits: ids.iter().map(|i| (i.to_string(), 1.0)).collect(),
+        }
+    }
+
+    #[test]
+    fn rrf_sums_weighted_reciprocal_ranks() {
+        let fused = rrf(
+            &[
+                list("vector", 1.0, &["a", "b", "c"]),
+                list("keyword", 1.0, &["b", "a", "d"]),
+            ],
+            60.0,
+        );
+        let ids: Vec<&str> = fused.iter().map(|f| f.id.as_str()).collect();
+        // a and b tie (ranks 1+2 each) and break the tie on id.
+        assert_eq!(ids, ["a", "b", "c", "d"]);
+        let expected = 1.0 / 61.0 + 1.0 / 62.0;
+        assert!((fused[0].rrf - expected).abs() < 1e-6);
+        assert_eq!(fused[0].hits.len(), 2);
+    }
+
+    #[test]
+    fn weights_let_one_strategy_dominate() {
+        let fused = rrf(
+            &[
+                list("vector", 0.5, &["a", "b"]),
+                list("graph", 2.0, &["b", "c"]),
+            ],
+            60.0,
+        );
+        assert_eq!(fused[0].id, "b");
+        assert_eq!(fused[1].id, "c");
+        // A zero-weight list contributes nothing, not even provenance.
+        let fused = rrf(&[list("keyword", 0.0, &["z"])], 60.0);
+        assert!(fused.is_empty());
+        assert!(
+            (max_score(&[list("v", 1.0, &[]), list("g", 2.0, &[])], 60.0) - 3.0 / 61.0).abs()
+                < 1e-6
+        );
+    }
+}

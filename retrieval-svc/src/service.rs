@@ -1,0 +1,893 @@
+//! The gRPC front: authentication, boundary validation, the pipeline driver
+//! (skip checks, caches, attempts with escalation, the ceiling) and the
+//! MemoryService write path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engram_common::{AccessLevel, Identity, Settings};
+use engram_proto::memory_service_server::MemoryService;
+use engram_proto::retrieval_service_server::RetrievalService;
+use engram_proto::{
+    AddEdgesRequest, AddEdgesResponse, ContradictionsRequest, DeleteRequest, DeleteResponse,
+    DroppedCandidate, EmbedRequest, FeedbackRequest, FeedbackResponse, FeedbackSignal, Filters,
+    GetRequest, GetResponse, QueryRoute, RetrieveRequest, RetrieveResponse, SkipReason,
+    StageLatency, StoredFeedback, TimeRange, UpsertRequest, UpsertResponse,
+};
+use prost_types::Timestamp;
+use tokio::time::Instant;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+use crate::assembly;
+use crate::auth::Authenticator;
+use crate::cache::{CacheKey, Caches};
+use crate::downstream::{DownstreamError, Downstreams, call};
+use crate::error::Error;
+use crate::feedback::{FeedbackQueue, QUEUE_CAPACITY};
+use crate::fusion::weights_for;
+use crate::router::{self, Mode, Query, Raw, Route};
+use crate::search::{self, Plan};
+use crate::validation;
+
+/// Below this, an attempt's answer is "low" and the next attempt broadens.
+const LOW_CONFIDENCE: f32 = 0.05;
+/// Time kept back from Stage 2 so a partial answer can still be assembled.
+const ASSEMBLY_RESERVE: Duration = Duration::from_millis(100);
+const MAX_WRITE_BATCH: usize = 1000;
+const MAX_EDGE_BATCH: usize = 10_000;
+const MAX_FEEDBACK_ITEMS: usize = 1000;
+
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: Settings,
+    ds: Downstreams,
+    auth: Authenticator,
+    caches: Caches,
+    feedback: FeedbackQueue,
+}
+
+/// What one attempt produced.
+struct Attempt {
+    route: Route,
+    records: Vec<engram_proto::ScoredMemory>,
+    conflicts: Vec<engram_proto::ConflictPair>,
+    total: u32,
+    confidence: f32,
+    degraded: Vec<String>,
+    dropped: Vec<DroppedCandidate>,
+    query_embedding_opt: Option<Vec<f32>>,
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+fn ds_err(service: &'static str, e: DownstreamError) -> Error {
+    match e {
+        DownstreamError::Status(status) => Error::Downstream { service, status },
+        other => Error::DownstreamUnavailable {
+            service,
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// The client's `grpc-timeout` header, if any (e.g. "2500m").
+pub fn grpc_timeout(md: &MetadataMap) -> Option<Duration> {
+    let v = md.get("grpc-timeout")?.to_str().ok()?;
+    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// Retry escalation: wider time window (2×, centred), lower confidence bar,
+/// consolidated memories included.
+fn broaden(f: &Filters) -> Filters {
+    let mut f = f.clone();
+    f.min_confidence = (f.min_confidence - 0.2).max(0.0);
+    f.include_consolidated = true;
+    if let Some(TimeRange { start, end }) = &mut f.time_range {
+        let now = chrono::Utc::now().timestamp();
+        let s = start.as_ref().map(|t| t.seconds);
+        let e = end.as_ref().map(|t| t.seconds);
+        match (s, e) {
+            (Some(s), Some(e)) => {
+                let half = (e - s) / 2;
+                *start = Some(Timestamp {
+                    seconds: s - half,
+                    nanos: 0,
+                });
+                *end = Some(Timestamp {
+                    seconds: e + half,
+                    nanos: 0,
+                });
+            }
+            (Some(s), None) => {
+                *start = Some(Timestamp {
+                    seconds: s - (now - s).max(0),
+                    nanos: 0,
+                });
+            }
+            (None, Some(_)) => {
+                *end = None;
+            }
+            (None, None) => {}
+        }
+    }
+    f
+}
+
+impl Gateway {
+    pub fn new(settings: Settings) -> anyhow::Result<Self> {
+        let ds = Downstreams::connect(&settings)?;
+        Ok(Self::with_downstreams(settings, ds))
+    }
+
+    pub fn with_downstreams(settings: Settings, ds: Downstreams) -> Self {
+        let p = &settings.pipeline;
+        let caches = Caches::new(Duration::from_millis(p.cache_ttl_ms), p.cache_similarity);
+        let feedback = FeedbackQueue::spawn(ds.clone(), QUEUE_CAPACITY);
+        let auth = Authenticator::new(&settings.auth);
+        Self {
+            inner: Arc::new(Inner {
+                settings,
+                ds,
+                auth,
+                caches,
+                feedback,
+            }),
+        }
+    }
+
+    pub fn downstreams(&self) -> &Downstreams {
+        &self.inner.ds
+    }
+
+    pub fn feedback_dropped(&self) -> u64 {
+        self.inner
+            .feedback
+            .dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Prometheus text for the downstream stacks and the feedback queue.
+    /// Labels are stack names only: never query text or tenant ids.
+    pub fn metrics_text(&self) -> String {
+        use std::fmt::Write;
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut out = String::new();
+        let ds = &self.inner.ds;
+        let _ = writeln!(out, "# TYPE engram_downstream_calls_total counter");
+        for (name, m) in ds.metrics.iter() {
+            let _ = writeln!(
+                out,
+                "engram_downstream_calls_total{{stack=\"{name}\"}} {}",
+                m.calls.load(Relaxed)
+            );
+        }
+        let _ = writeln!(out, "# TYPE engram_downstream_errors_total counter");
+        for (name, m) in ds.metrics.iter() {
+            let _ = writeln!(
+                out,
+                "engram_downstream_errors_total{{stack=\"{name}\"}} {}",
+                m.errors.load(Relaxed)
+            );
+        }
+        let _ = writeln!(out, "# TYPE engram_downstream_seconds_total counter");
+        for (name, m) in ds.metrics.iter() {
+            let secs = m.total_micros.load(Relaxed) as f64 / 1e6;
+            let _ = writeln!(
+                out,
+                "engram_downstream_seconds_total{{stack=\"{name}\"}} {secs}"
+            );
+        }
+        let _ = writeln!(out, "# TYPE engram_downstream_circuit_open gauge");
+        for (name, b) in ds.breakers.iter() {
+            let open = u8::from(b.phase() == crate::downstream::BreakerPhase::Open);
+            let _ = writeln!(
+                out,
+                "engram_downstream_circuit_open{{stack=\"{name}\"}} {open}"
+            );
+        }
+        let _ = writeln!(out, "# TYPE engram_feedback_dropped_total counter");
+        let _ = writeln!(
+            out,
+            "engram_feedback_dropped_total {}",
+            self.feedback_dropped()
+        );
+        out
+    }
+
+    fn authenticate(&self, md: &MetadataMap) -> Result<Identity, Error> {
+        self.inner.auth.authenticate(md)
+    }
+
+    fn deadline(&self, md: &MetadataMap, start: Instant) -> Instant {
+        let ceiling = Duration::from_millis(self.inner.settings.pipeline.ceiling_ms);
+        let budget = grpc_timeout(md)
+            // Leave a little for the answer to travel back.
+            .map(|t| t.saturating_sub(Duration::from_millis(20)).min(ceiling))
+            .unwrap_or(ceiling);
+        start + budget
+    }
+
+    fn skipped(&self, query_id: String, reason: SkipReason, start: Instant) -> RetrieveResponse {
+        RetrieveResponse {
+            route: QueryRoute::Skip as i32,
+            skip_reason: reason as i32,
+            query_id,
+            latency_ms: ms_since(start),
+            ..Default::default()
+        }
+    }
+
+    /// The whole pipeline for an authenticated, validated query.
+    pub async fn retrieve(
+        &self,
+        identity: Identity,
+        q: Query,
+        start: Instant,
+        deadline: Instant,
+    ) -> Result<RetrieveResponse, Error> {
+        let query_id = uuid::Uuid::new_v4().to_string();
+        let caches = &self.inner.caches;
+        if let Some(turn) = &q.turn_id_opt
+            && let Some(mut r) = caches.get_turn(&identity, turn)
+        {
+            r.latency_ms = ms_since(start);
+            return Ok(r);
+        }
+        if q.context_sufficient {
+            return Ok(self.skipped(query_id, SkipReason::ContextSufficient, start));
+        }
+        if q.mode == Mode::Auto && router::no_retrieval_needed(&q.text) {
+            return Ok(self.skipped(query_id, SkipReason::NoRetrievalNeeded, start));
+        }
+        let identity = Arc::new(identity);
+        let key = CacheKey::new(&identity, &q);
+        if !q.no_cache
+            && let Some(hit) = self.cache_lookup(&identity, &q, &key, deadline).await
+        {
+            let mut r = hit;
+            r.route = QueryRoute::Skip as i32;
+            r.skip_reason = SkipReason::CacheHit as i32;
+            r.query_id = query_id;
+            r.retry_count = 0;
+            r.latency_ms = ms_since(start);
+            r.stage_latencies = vec![StageLatency {
+                stage: "cache".into(),
+                ms: ms_since(start),
+            }];
+            return Ok(r);
+        }
+
+        let outer = deadline + Duration::from_millis(50);
+        let run = self.run_attempts(&identity, &q, start, deadline);
+        let (best, retry_count, timings, ceiling_hit) =
+            match tokio::time::timeout_at(outer, run).await {
+                Ok(r) => r?,
+                Err(_) => return Err(Error::DeadlineExceeded),
+            };
+        let mut confidence = best.confidence;
+        if ceiling_hit || !best.degraded.is_empty() {
+            confidence *= 0.5;
+        }
+        let (context_block, context_tokens) = if q.token_budget > 0 {
+            assembly::pack_context(&best.records, q.token_budget)
+        } else {
+            (String::new(), 0)
+        };
+        let cacheable = best.degraded.is_empty() && !ceiling_hit;
+        let response = RetrieveResponse {
+            records: best.records,
+            route: best.route.to_proto() as i32,
+            total_candidates: best.total,
+            retrieval_confidence: confidence,
+            conflicts: best.conflicts,
+            retry_count,
+            skip_reason: SkipReason::None as i32,
+            latency_ms: ms_since(start),
+            stage_latencies: timings,
+            degraded_stages: best.degraded,
+            query_id,
+            context_block,
+            context_tokens,
+            dropped: if q.explain { best.dropped } else { Vec::new() },
+        };
+        tracing::info!(
+            tenant = %identity.tenant,
+            route = ?best.route,
+            records = response.records.len(),
+            retries = retry_count,
+            degraded = response.degraded_stages.len(),
+            latency_ms = response.latency_ms,
+            "retrieved"
+        );
+        if cacheable && !q.no_cache {
+            caches.put(&key, &identity.tenant, &response, best.query_embedding_opt);
+        }
+        if let Some(turn) = &q.turn_id_opt {
+            caches.put_turn(&identity, turn, &response);
+        }
+        Ok(response)
+    }
+
+    async fn cache_lookup(
+        &self,
+        identity: &Arc<Identity>,
+        q: &Query,
+        key: &CacheKey,
+        deadline: Instant,
+    ) -> Option<RetrieveResponse> {
+        let caches = &self.inner.caches;
+        if let Some(hit) = caches.get_exact(key, &identity.tenant) {
+            return Some(hit);
+        }
+        if !caches.has_semantic(key, &identity.tenant) {
+            return None;
+        }
+        let embed_deadline = deadline.min(
+            Instant::now() + Duration::from_millis(self.inner.settings.pipeline.vector_timeout_ms),
+        );
+        let req = EmbedRequest {
+            texts: vec![q.text.clone()],
+        };
+        match tokio::time::timeout_at(embed_deadline, call(&self.inner.ds.embed, identity, req))
+            .await
+        {
+            Ok(Ok(r)) => {
+                let e = r.embeddings.into_iter().next()?;
+                caches.get_semantic(key, &identity.tenant, &e.values)
+            }
+            _ => None,
+        }
+    }
+
+    /// Attempts with escalation; returns the best attempt, retries used,
+    /// stage timings and whether the ceiling cut the work short.
+    async fn run_attempts(
+        &self,
+        identity: &Arc<Identity>,
+        q: &Query,
+        start: Instant,
+        deadline: Instant,
+    ) -> Result<(Attempt, u32, Vec<StageLatency>, bool), Error> {
+        let p = &self.inner.settings.pipeline;
+        let mut timings = Vec::new();
+        let t = Instant::now();
+        let mut filters = q.filters.clone();
+        filters.decay_floor = self.inner.settings.search.decay_floor;
+        let (mut route, raw_opt) = match q.mode {
+            Mode::Auto => (router::classify(&q.text), None),
+            Mode::Route(r) => (r, None),
+            Mode::Raw(raw) => (Route::Simple, Some(raw)),
+        };
+        if matches!(raw_opt, Some(Raw::Graph)) {
+            route = Route::MultiHop;
+        } else if matches!(raw_opt, Some(Raw::Hybrid)) {
+            route = Route::Exploratory;
+        }
+        timings.push(StageLatency {
+            stage: "route".into(),
+            ms: ms_since(t),
+        });
+        if let Some(raw) = raw_opt {
+            let a = self
+                .raw_attempt(identity, q, raw, route, &filters, deadline, &mut timings)
+                .await?;
+            return Ok((a, 0, timings, Instant::now() >= deadline));
+        }
+        let max_attempts = p.max_attempts.max(1);
+        let mut best: Option<Attempt> = None;
+        let mut retries = 0;
+        for attempt in 0..max_attempts {
+            if attempt > 0 {
+                if Instant::now() + ASSEMBLY_RESERVE >= deadline {
+                    break;
+                }
+                retries += 1;
+                filters = broaden(&filters);
+                if attempt >= 2 {
+                    route = route.next_up();
+                }
+                tracing::debug!(attempt, route = ?route, "broadening retrieval");
+            }
+            match self
+                .attempt(identity, q, route, &filters, deadline, &mut timings)
+                .await
+            {
+                Ok(a) => {
+                    let good = !a.records.is_empty() && a.confidence >= LOW_CONFIDENCE;
+                    let better = best.as_ref().is_none_or(|b| {
+                        (b.records.is_empty() && !a.records.is_empty())
+                            || (!a.records.is_empty() && a.confidence > b.confidence)
+                    });
+                    if better {
+                        best = Some(a);
+                    }
+                    if good {
+                        break;
+                    }
+                }
+                // A later attempt failing keeps the earlier answer.
+                Err(e) if best.is_some() => {
+                    tracing::warn!(error = %e, "retry attempt failed");
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let _ = start;
+        let best = best.ok_or(Error::DeadlineExceeded)?;
+        Ok((best, retries, timings, Instant::now() >= deadline))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn raw_attempt(
+        &self,
+        identity: &Arc<Identity>,
+        q: &Query,
+        raw: Raw,
+        route: Route,
+        filters: &Filters,
+        deadline: Instant,
+        timings: &mut Vec<StageLatency>,
+    ) -> Result<Attempt, Error> {
+        let p = &self.inner.settings.pipeline;
+        let t = Instant::now();
+        let plan = Plan::raw(raw, q.limit);
+        let c = search::candidates(
+            &self.inner.ds,
+            p,
+            identity,
+            &q.text,
+            &[], // raw modes are the single strategy, without HyDE
+            filters,
+            &plan,
+            stage2_deadline(deadline),
+        )
+        .await
+        .map_err(|e| deadline_or(e, stage2_deadline(deadline)))?;
+        timings.push(StageLatency {
+            stage: "search".into(),
+            ms: ms_since(t),
+        });
+        let t = Instant::now();
+        let mut dropped = Vec::new();
+        let checked = validation::static_checks(
+            c.candidates,
+            identity,
+            filters,
+            filters.decay_floor,
+            &mut dropped,
+        );
+        // Raw modes keep the strategy's own order and scores.
+        let records: Vec<_> = checked
+            .into_iter()
+            .take(q.limit as usize)
+            .map(|c| {
+                let s = c.cand.fused.rrf;
+                assembly::to_record(c, s)
+            })
+            .collect();
+        timings.push(StageLatency {
+            stage: "validate".into(),
+            ms: ms_since(t),
+        });
+        let confidence = confidence_of(&records, c.max_rrf);
+        Ok(Attempt {
+            route,
+            records,
+            conflicts: Vec::new(),
+            total: c.total as u32,
+            confidence,
+            degraded: c.degraded.iter().map(|s| s.to_string()).collect(),
+            dropped,
+            query_embedding_opt: c.query_embedding_opt,
+        })
+    }
+
+    async fn attempt(
+        &self,
+        identity: &Arc<Identity>,
+        q: &Query,
+        route: Route,
+        filters: &Filters,
+        deadline: Instant,
+        timings: &mut Vec<StageLatency>,
+    ) -> Result<Attempt, Error> {
+        let p = &self.inner.settings.pipeline;
+        let ds = &self.inner.ds;
+        let t = Instant::now();
+        let plan = Plan::for_route(weights_for(&p.weights, route), p, q.limit);
+        let search_deadline = stage2_deadline(deadline);
+        let c = search::candidates(
+            ds,
+            p,
+            identity,
+            &q.text,
+            &q.hypotheses,
+            filters,
+            &plan,
+            search_deadline,
+        )
+        .await
+        .map_err(|e| deadline_or(e, search_deadline))?;
+        timings.push(StageLatency {
+            stage: "search".into(),
+            ms: ms_since(t),
+        });
+        let mut degraded: Vec<String> = c.degraded.iter().map(|s| s.to_string()).collect();
+
+        let t = Instant::now();
+        let mut dropped = Vec::new();
+        let mut checked = validation::static_checks(
+            c.candidates,
+            identity,
+            filters,
+            filters.decay_floor,
+            &mut dropped,
+        );
+        timings.push(StageLatency {
+            stage: "validate".into(),
+            ms: ms_since(t),
+        });
+        if !q.skip_rerank && !checked.is_empty() {
+            let t = Instant::now();
+            let rerank_deadline = (Instant::now() + Duration::from_millis(p.rerank_timeout_ms))
+                .min(
+                    deadline
+                        .checked_sub(Duration::from_millis(50))
+                        .unwrap_or(deadline),
+                );
+            let ok = validation::relevance(
+                ds,
+                identity,
+                &q.text,
+                &mut checked,
+                p.rerank_top_n,
+                p.relevance_threshold,
+                rerank_deadline,
+                &mut dropped,
+            )
+            .await;
+            if !ok {
+                degraded.push("rerank".into());
+            }
+            timings.push(StageLatency {
+                stage: "rerank".into(),
+                ms: ms_since(t),
+            });
+        }
+
+        let t = Instant::now();
+        let ranked = assembly::rank(checked);
+        let ids: Vec<String> = ranked
+            .iter()
+            .take((q.limit as usize).saturating_mul(2))
+            .map(|(c, _)| c.cand.memory.id.clone())
+            .collect();
+        let mut conflicts = Vec::new();
+        let mut losers = Default::default();
+        if degraded.iter().any(|d| d == search::GRAPH) {
+            // The graph just failed this query: asking it again would only
+            // spend another timeout.
+            degraded.push("conflicts".into());
+        } else if ids.len() >= 2 {
+            let conflicts_deadline = (Instant::now() + Duration::from_millis(p.graph_timeout_ms))
+                .min(
+                    deadline
+                        .checked_sub(Duration::from_millis(20))
+                        .unwrap_or(deadline),
+                );
+            let req = ContradictionsRequest { memory_ids: ids };
+            match tokio::time::timeout_at(
+                conflicts_deadline,
+                call(&ds.contradictions, identity, req),
+            )
+            .await
+            {
+                Ok(Ok(r)) => {
+                    (conflicts, losers) = assembly::resolve_conflicts(&ranked, &r.pairs);
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "conflict detection degraded");
+                    degraded.push("conflicts".into());
+                }
+                Err(_) => degraded.push("conflicts".into()),
+            }
+        }
+        timings.push(StageLatency {
+            stage: "conflicts".into(),
+            ms: ms_since(t),
+        });
+        let t = Instant::now();
+        let records = assembly::assemble(ranked, &losers, q.limit as usize, &mut dropped);
+        let confidence = confidence_of(&records, c.max_rrf);
+        timings.push(StageLatency {
+            stage: "assemble".into(),
+            ms: ms_since(t),
+        });
+        Ok(Attempt {
+            route,
+            records,
+            conflicts,
+            total: c.total as u32,
+            confidence,
+            degraded,
+            dropped,
+            query_embedding_opt: c.query_embedding_opt,
+        })
+    }
+
+    fn check_write_trust(
+        identity: &Identity,
+        level: i32,
+        field: &'static str,
+    ) -> Result<(), Error> {
+        let level = AccessLevel::from_proto(level)
+            .ok_or_else(|| Error::invalid(field, format!("unknown access level {level}")))?;
+        if level > identity.trust {
+            return Err(Error::PermissionDenied(format!(
+                "cannot write {} memories with trust level {}",
+                level.name(),
+                identity.trust.name()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Stage 2 stops a little before the ceiling so a partial answer can still
+/// be validated and assembled; the reserve shrinks with short client deadlines.
+fn stage2_deadline(deadline: Instant) -> Instant {
+    let left = deadline.saturating_duration_since(Instant::now());
+    deadline
+        .checked_sub(ASSEMBLY_RESERVE.min(left / 5))
+        .unwrap_or(deadline)
+}
+
+/// Strategies that all "failed" because the pipeline ran out of time are a
+/// deadline, not an open circuit.
+fn deadline_or(e: Error, stage2_deadline: Instant) -> Error {
+    if matches!(e, Error::RetrievalCircuitOpen) && Instant::now() >= stage2_deadline {
+        Error::DeadlineExceeded
+    } else {
+        e
+    }
+}
+
+/// Mean cross-encoder relevance of the top three when it ran, else the top
+/// record's fused score relative to the best reachable one.
+fn confidence_of(records: &[engram_proto::ScoredMemory], max_rrf: f32) -> f32 {
+    let rel: Vec<f32> = records
+        .iter()
+        .take(3)
+        .filter_map(|r| r.provenance.as_ref().and_then(|p| p.relevance))
+        .collect();
+    if !rel.is_empty() {
+        return (rel.iter().sum::<f32>() / rel.len() as f32).clamp(0.0, 1.0);
+    }
+    match records.first().and_then(|r| r.provenance.as_ref()) {
+        Some(p) if max_rrf > 0.0 => (p.rrf_score / max_rrf).clamp(0.0, 1.0),
+        Some(_) => 0.5,
+        None => 0.0,
+    }
+}
+
+#[tonic::async_trait]
+impl RetrievalService for Gateway {
+    async fn retrieve(
+        &self,
+        request: Request<RetrieveRequest>,
+    ) -> Result<Response<RetrieveResponse>, Status> {
+        let start = Instant::now();
+        let identity = self.authenticate(request.metadata())?;
+        let deadline = self.deadline(request.metadata(), start);
+        let q = Query::try_from(request.into_inner())?;
+        Ok(Response::new(
+            self.retrieve(identity, q, start, deadline).await?,
+        ))
+    }
+
+    async fn feedback(
+        &self,
+        request: Request<FeedbackRequest>,
+    ) -> Result<Response<FeedbackResponse>, Status> {
+        let identity = self.authenticate(request.metadata())?;
+        let FeedbackRequest { query_id, items } = request.into_inner();
+        if query_id.is_empty() || query_id.len() > 64 {
+            return Err(Error::invalid("query_id", "must be 1..=64 characters").into());
+        }
+        if items.is_empty() || items.len() > MAX_FEEDBACK_ITEMS {
+            return Err(Error::invalid(
+                "items",
+                format!("must hold 1..={MAX_FEEDBACK_ITEMS} items"),
+            )
+            .into());
+        }
+        let mut stored = Vec::with_capacity(items.len());
+        for item in items {
+            let signal = match FeedbackSignal::try_from(item.signal) {
+                Ok(FeedbackSignal::Used) => "used",
+                Ok(FeedbackSignal::Helpful) => "helpful",
+                Ok(FeedbackSignal::Sufficient) => "sufficient",
+                _ => {
+                    return Err(Error::invalid(
+                        "items.signal",
+                        "must be used, helpful or sufficient",
+                    )
+                    .into());
+                }
+            };
+            if item.memory_id.is_empty() || item.memory_id.len() > 64 {
+                return Err(Error::invalid("items.memory_id", "must be 1..=64 characters").into());
+            }
+            stored.push(StoredFeedback {
+                query_id: query_id.clone(),
+                memory_id: item.memory_id,
+                signal: signal.into(),
+                value: item.value,
+            });
+        }
+        let n = stored.len() as u32;
+        let accepted = if self.inner.feedback.submit(Arc::new(identity), stored) {
+            n
+        } else {
+            0
+        };
+        Ok(Response::new(FeedbackResponse { accepted }))
+    }
+}
+
+#[tonic::async_trait]
+impl MemoryService for Gateway {
+    async fn upsert(
+        &self,
+        request: Request<UpsertRequest>,
+    ) -> Result<Response<UpsertResponse>, Status> {
+        let identity = self.authenticate(request.metadata())?;
+        let req = request.into_inner();
+        if req.memories.is_empty() || req.memories.len() > MAX_WRITE_BATCH {
+            return Err(Error::invalid(
+                "memories",
+                format!("must hold 1..={MAX_WRITE_BATCH} memories"),
+            )
+            .into());
+        }
+        for m in &req.memories {
+            Self::check_write_trust(&identity, m.access_level, "memories.access_level")?;
+        }
+        let tenant = identity.tenant.clone();
+        let identity = Arc::new(identity);
+        let r = call(&self.inner.ds.upsert, &identity, req).await;
+        // Even a failed batch may have written part of it.
+        self.inner.caches.invalidate_tenant(&tenant);
+        let r = r.map_err(|e| ds_err("search", e))?;
+        tracing::info!(tenant = %tenant, count = r.results.len(), "upserted memories");
+        Ok(Response::new(r))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<DeleteRequest>,
+    ) -> Result<Response<DeleteResponse>, Status> {
+        let identity = self.authenticate(request.metadata())?;
+        let req = request.into_inner();
+        if req.ids.is_empty() || req.ids.len() > MAX_WRITE_BATCH {
+            return Err(
+                Error::invalid("ids", format!("must hold 1..={MAX_WRITE_BATCH} ids")).into(),
+            );
+        }
+        let tenant = identity.tenant.clone();
+        let r = call(&self.inner.ds.delete, &Arc::new(identity), req).await;
+        self.inner.caches.invalidate_tenant(&tenant);
+        let r = r.map_err(|e| ds_err("search", e))?;
+        tracing::info!(tenant = %tenant, count = r.deleted, "deleted memories");
+        Ok(Response::new(r))
+    }
+
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let identity = self.authenticate(request.metadata())?;
+        let req = request.into_inner();
+        if req.ids.is_empty() || req.ids.len() > MAX_WRITE_BATCH {
+            return Err(
+                Error::invalid("ids", format!("must hold 1..={MAX_WRITE_BATCH} ids")).into(),
+            );
+        }
+        let identity = Arc::new(identity);
+        let mut r = call(&self.inner.ds.get, &identity, req)
+            .await
+            .map_err(|e| ds_err("search", e))?;
+        r.memories.retain(|m| {
+            m.tenant_id == identity.tenant && m.access_level <= identity.trust.to_proto()
+        });
+        Ok(Response::new(r))
+    }
+
+    async fn add_edges(
+        &self,
+        request: Request<AddEdgesRequest>,
+    ) -> Result<Response<AddEdgesResponse>, Status> {
+        let identity = self.authenticate(request.metadata())?;
+        let req = request.into_inner();
+        if req.edges.is_empty() || req.edges.len() > MAX_EDGE_BATCH {
+            return Err(
+                Error::invalid("edges", format!("must hold 1..={MAX_EDGE_BATCH} edges")).into(),
+            );
+        }
+        let tenant = identity.tenant.clone();
+        let r = call(&self.inner.ds.add_edges, &Arc::new(identity), req).await;
+        self.inner.caches.invalidate_tenant(&tenant);
+        let r = r.map_err(|e| ds_err("search", e))?;
+        tracing::info!(tenant = %tenant, count = r.added, "added edges");
+        Ok(Response::new(r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn metrics_render_per_stack() {
+        let g = Gateway::new(Settings::default()).expect("gateway");
+        let t = g.metrics_text();
+        assert!(
+            t.contains("engram_downstream_calls_total{stack=\"search.vector\"} 0"),
+            "{t}"
+        );
+        assert!(
+            t.contains("engram_downstream_circuit_open{stack=\"rerank.score\"} 0"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn grpc_timeout_parses() {
+        let mut md = MetadataMap::new();
+        md.insert("grpc-timeout", "250m".parse().expect("ascii"));
+        assert_eq!(grpc_timeout(&md), Some(Duration::from_millis(250)));
+        md.insert("grpc-timeout", "2S".parse().expect("ascii"));
+        assert_eq!(grpc_timeout(&md), Some(Duration::from_secs(2)));
+        md.insert("grpc-timeout", "x".parse().expect("ascii"));
+        assert_eq!(grpc_timeout(&md), None);
+    }
+
+    #[test]
+    fn broadening_doubles_the_window_and_lowers_the_bar() {
+        let f = Filters {
+            min_confidence: 0.5,
+            time_range: Some(TimeRange {
+                start: Some(Timestamp {
+                    seconds: 1000,
+                    nanos: 0,
+                }),
+                end: Some(Timestamp {
+                    seconds: 2000,
+                    nanos: 0,
+                }),
+            }),
+            ..Default::default()
+        };
+        let b = broaden(&f);
+        assert!((b.min_confidence - 0.3).abs() < 1e-6);
+        assert!(b.include_consolidated);
+        let tr = b.time_range.expect("range");
+        assert_eq!(tr.start.map(|t| t.seconds), Some(500));
+        assert_eq!(tr.end.map(|t| t.seconds), Some(2500));
+    }
+}

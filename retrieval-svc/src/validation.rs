@@ -1,0 +1,305 @@
+//! Stage 3: validate candidates, in order: temporal, access control,
+//! filters, confidence, then cross-encoder relevance. Access control is
+//! enforced here again although every downstream filters too: the gateway is
+//! the last line before the caller, and graph hits are fetched by id.
+
+use std::sync::Arc;
+
+use engram_common::Identity;
+use engram_common::convert::{struct_to_json, ts_to_chrono};
+use engram_proto::{DroppedCandidate, Filters, Memory, ScoreRequest};
+use tokio::time::Instant;
+
+use crate::downstream::{Downstreams, call};
+use crate::search::Candidate;
+
+/// Passage characters sent to the cross-encoder (it truncates to its own
+/// token limit anyway; this bounds the request size).
+const RERANK_CHARS: usize = 2000;
+
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub cand: Candidate,
+    pub temporal: f32,
+    pub confidence: f32,
+    pub relevance_opt: Option<f32>,
+    pub checks: Vec<&'static str>,
+}
+
+fn drop_reason(
+    m: &Memory,
+    identity: &Identity,
+    filters: &Filters,
+    decay_floor: f32,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<(&'static str, String)> {
+    if !filters.include_historical {
+        if m.decay_score < decay_floor {
+            return Some((
+                "temporal",
+                format!("decay score {:.3} below floor", m.decay_score),
+            ));
+        }
+        if m.retracted_at
+            .as_ref()
+            .and_then(ts_to_chrono)
+            .is_some_and(|t| t <= now)
+        {
+            return Some(("temporal", "retracted".into()));
+        }
+        if m.valid_to
+            .as_ref()
+            .and_then(ts_to_chrono)
+            .is_some_and(|t| t <= now)
+        {
+            return Some(("temporal", "no longer valid".into()));
+        }
+    }
+    if m.tenant_id != identity.tenant {
+        return Some(("access", "other tenant".into()));
+    }
+    if m.access_level > identity.trust.to_proto() || m.access_level < 0 {
+        return Some(("access", "above caller trust level".into()));
+    }
+    if !filters.memory_types.is_empty() && !filters.memory_types.contains(&m.memory_type) {
+        return Some(("filters", "memory type".into()));
+    }
+    if !filters.agent_scope.is_empty() && !filters.agent_scope.contains(&m.agent_id) {
+        return Some(("filters", "agent scope".into()));
+    }
+    if !filters.namespace.is_empty() && filters.namespace != m.namespace {
+        return Some(("filters", "namespace".into()));
+    }
+    if !filters.include_consolidated && m.consolidated {
+        return Some(("filters", "consolidated".into()));
+    }
+    if let Some(tr) = &filters.time_range {
+        let et = m.event_time.as_ref().and_then(ts_to_chrono);
+        let start = tr.start.as_ref().and_then(ts_to_chrono);
+        let end = tr.end.as_ref().and_then(ts_to_chrono);
+        if let Some(et) = et
+            && (start.is_some_and(|s| et < s) || end.is_some_and(|e| et >= e))
+        {
+            return Some(("filters", "outside time range".into()));
+        }
+    }
+    if let Some(want) = filters.metadata.as_ref().filter(|s| !s.fields.is_empty()) {
+        let have = m
+            .metadata
+            .as_ref()
+            .map(struct_to_json)
+            .unwrap_or(serde_json::Value::Null);
+        if !json_contains(&have, &struct_to_json(want)) {
+            return Some(("filters", "metadata".into()));
+        }
+    }
+    let confidence = m.source_confidence.unwrap_or(1.0);
+    if confidence < filters.min_confidence {
+        return Some((
+            "confidence",
+            format!("confidence {confidence:.2} below minimum"),
+        ));
+    }
+    None
+}
+
+/// Postgres `@>` semantics for objects and arrays.
+fn json_contains(have: &serde_json::Value, want: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (have, want) {
+        (Value::Object(h), Value::Object(w)) => w
+            .iter()
+            .all(|(k, wv)| h.get(k).is_some_and(|hv| json_contains(hv, wv))),
+        (Value::Array(h), Value::Array(w)) => {
+            w.iter().all(|wv| h.iter().any(|hv| json_contains(hv, wv)))
+        }
+        (Value::Array(h), w) => h.iter().any(|hv| hv == w),
+        (h, w) => h == w,
+    }
+}
+
+/// The cheap, local checks. Order of the candidates is preserved.
+pub fn static_checks(
+    cands: Vec<Candidate>,
+    identity: &Identity,
+    filters: &Filters,
+    decay_floor: f32,
+    dropped: &mut Vec<DroppedCandidate>,
+) -> Vec<Checked> {
+    let now = chrono::Utc::now();
+    cands
+        .into_iter()
+        .filter_map(|cand| {
+            if let Some((stage, reason)) =
+                drop_reason(&cand.memory, identity, filters, decay_floor, now)
+            {
+                dropped.push(DroppedCandidate {
+                    memory_id: cand.memory.id.clone(),
+                    stage: stage.into(),
+                    reason,
+                });
+                return None;
+            }
+            let temporal = if filters.include_historical {
+                cand.memory.decay_score.clamp(0.05, 1.0)
+            } else {
+                cand.memory.decay_score.clamp(decay_floor.max(0.05), 1.0)
+            };
+            let confidence = cand.memory.source_confidence.unwrap_or(1.0).clamp(0.0, 1.0);
+            Some(Checked {
+                cand,
+                temporal,
+                confidence,
+                relevance_opt: None,
+                checks: vec!["temporal", "access", "filters", "confidence"],
+            })
+        })
+        .collect()
+}
+
+fn passage(m: &Memory) -> String {
+    let mut s = String::new();
+    if !m.title.is_empty() {
+        s.push_str(&m.title);
+        s.push('\n');
+    }
+    s.extend(m.content.chars().take(RERANK_CHARS));
+    s
+}
+
+/// Cross-encoder over the top `top_n` in one batch. Returns false when the
+/// reranker could not be used (down, slow, malformed answer): the caller
+/// marks the stage degraded and keeps the candidates unchecked.
+#[allow(clippy::too_many_arguments)]
+pub async fn relevance(
+    ds: &Downstreams,
+    identity: &Arc<Identity>,
+    query: &str,
+    checked: &mut Vec<Checked>,
+    top_n: usize,
+    threshold: f32,
+    deadline: Instant,
+    dropped: &mut Vec<DroppedCandidate>,
+) -> bool {
+    let n = top_n.min(checked.len());
+    if n == 0 {
+        return true;
+    }
+    let req = ScoreRequest {
+        query: query.to_string(),
+        candidates: checked[..n]
+            .iter()
+            .map(|c| passage(&c.cand.memory))
+            .collect(),
+        max_length: 0,
+    };
+    let scores = match tokio::time::timeout_at(deadline, call(&ds.score, identity, req)).await {
+        Ok(Ok(r)) if r.scores.len() == n => r.scores,
+        Ok(Ok(r)) => {
+            tracing::warn!(
+                expected = n,
+                got = r.scores.len(),
+                "rerank returned wrong count"
+            );
+            return false;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "rerank degraded");
+            return false;
+        }
+        Err(_) => {
+            tracing::warn!("rerank skipped at pipeline deadline");
+            return false;
+        }
+    };
+    let mut i = 0;
+    checked.retain_mut(|c| {
+        let keep = if i < n {
+            let s = scores[i];
+            c.relevance_opt = Some(s);
+            if s >= threshold {
+                c.checks.push("relevance");
+                true
+            } else {
+                dropped.push(DroppedCandidate {
+                    memory_id: c.cand.memory.id.clone(),
+                    stage: "relevance".into(),
+                    reason: format!("cross-encoder {s:.3} below {threshold}"),
+                });
+                false
+            }
+        } else {
+            true
+        };
+        i += 1;
+        keep
+    });
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fusion::Fused;
+    use engram_common::AccessLevel;
+
+    fn cand(id: &str, tenant: &str, level: i32, conf: f32) -> Candidate {
+        Candidate {
+            memory: Memory {
+                id: id.into(),
+                tenant_id: tenant.into(),
+                access_level: level,
+                source_confidence: Some(conf),
+                decay_score: 1.0,
+                ..Default::default()
+            },
+            fused: Fused {
+                id: id.into(),
+                rrf: 0.1,
+                hits: vec![],
+            },
+            via_entities: vec![],
+        }
+    }
+
+    #[test]
+    fn access_control_is_hard() {
+        let id = Identity {
+            tenant: "t1".into(),
+            agent_id: "a".into(),
+            trust: AccessLevel::Internal,
+        };
+        let filters = Filters {
+            min_confidence: 0.5,
+            ..Default::default()
+        };
+        let mut dropped = vec![];
+        let kept = static_checks(
+            vec![
+                cand("ok", "t1", 2, 0.9),
+                cand("other-tenant", "t2", 1, 0.9),
+                cand("too-secret", "t1", 3, 0.9),
+                cand("unsure", "t1", 1, 0.2),
+            ],
+            &id,
+            &filters,
+            0.1,
+            &mut dropped,
+        );
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].cand.memory.id, "ok");
+        let reasons: Vec<_> = dropped.iter().map(|d| d.stage.as_str()).collect();
+        assert_eq!(reasons, ["access", "access", "confidence"]);
+    }
+
+    #[test]
+    fn metadata_containment() {
+        let have = serde_json::json!({"a": 1, "tags": ["x", "y"], "n": {"b": true}});
+        assert!(json_contains(&have, &serde_json::json!({"a": 1})));
+        assert!(json_contains(
+            &have,
+            &serde_json::json!({"tags": ["y"], "n": {"b": true}})
+        ));
+        assert!(!json_contains(&have, &serde_json::json!({"a": 2})));
+    }
+}

@@ -1,0 +1,587 @@
+//! The gateway against in-test gRPC doubles of its downstreams (allowed for
+//! resilience tests: a slow graph, a dead reranker, nothing listening). The
+//! doubles check the internal token and identity like the real services.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use engram_common::settings::ApiKeySettings;
+use engram_common::{Identity, Settings};
+use engram_proto::graph_service_server::{GraphService, GraphServiceServer};
+use engram_proto::memory_service_client::MemoryServiceClient;
+use engram_proto::rerank_service_server::{RerankService, RerankServiceServer};
+use engram_proto::retrieval_service_client::RetrievalServiceClient;
+use engram_proto::search_service_server::{SearchService, SearchServiceServer};
+use engram_proto::*;
+use sha2::Digest;
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+const TOKEN: &str = "internal-test-token";
+const KEY: &str = "test-key";
+
+fn check<T>(r: &Request<T>) -> Result<Identity, Status> {
+    Ok(Identity::read_internal(r.metadata(), Some(TOKEN))?)
+}
+
+fn mem(id: &str, tenant: &str, secs: i64) -> Memory {
+    Memory {
+        id: id.into(),
+        tenant_id: tenant.into(),
+        content: format!("memory {id} about the deploy procedure"),
+        access_level: AccessLevel::Public as i32,
+        decay_score: 1.0,
+        source_confidence: Some(0.9),
+        version: 1,
+        event_time: Some(prost_types::Timestamp {
+            seconds: secs,
+            nanos: 0,
+        }),
+        ..Default::default()
+    }
+}
+
+#[derive(Default)]
+struct FakeSearch {
+    vector_calls: AtomicU32,
+}
+
+fn hits(tenant: &str, ids: &[&str]) -> SearchResponse {
+    SearchResponse {
+        hits: ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| SearchHit {
+                memory: Some(mem(id, tenant, 1000 + i as i64 * 1000)),
+                score: 1.0 - i as f32 * 0.1,
+                rank: i as u32 + 1,
+            })
+            .collect(),
+        query_embedding: vec![1.0, 0.0, 0.0],
+    }
+}
+
+#[tonic::async_trait]
+impl SearchService for FakeSearch {
+    async fn upsert(&self, r: Request<UpsertRequest>) -> Result<Response<UpsertResponse>, Status> {
+        check(&r)?;
+        Ok(Response::new(UpsertResponse {
+            results: r
+                .into_inner()
+                .memories
+                .iter()
+                .map(|m| UpsertResult {
+                    id: m.id.clone(),
+                    version: 1,
+                    created: true,
+                    embedded: true,
+                })
+                .collect(),
+        }))
+    }
+    async fn delete(&self, r: Request<DeleteRequest>) -> Result<Response<DeleteResponse>, Status> {
+        check(&r)?;
+        Ok(Response::new(DeleteResponse { deleted: 1 }))
+    }
+    async fn get(&self, r: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let id = check(&r)?;
+        Ok(Response::new(GetResponse {
+            memories: r
+                .into_inner()
+                .ids
+                .iter()
+                .map(|i| mem(i, &id.tenant, 500))
+                .collect(),
+        }))
+    }
+    async fn add_edges(
+        &self,
+        r: Request<AddEdgesRequest>,
+    ) -> Result<Response<AddEdgesResponse>, Status> {
+        check(&r)?;
+        Ok(Response::new(AddEdgesResponse { added: 1 }))
+    }
+    async fn vector_search(
+        &self,
+        r: Request<VectorSearchRequest>,
+    ) -> Result<Response<SearchResponse>, Status> {
+        let id = check(&r)?;
+        self.vector_calls.fetch_add(1, Ordering::SeqCst);
+        // One record of another tenant sneaks through: the gateway must drop it.
+        let mut resp = hits(&id.tenant, &["v1", "v2", "c1", "c2"]);
+        resp.hits.push(SearchHit {
+            memory: Some(mem("foreign", "other-tenant", 0)),
+            score: 0.1,
+            rank: 5,
+        });
+        Ok(Response::new(resp))
+    }
+    async fn keyword_search(
+        &self,
+        r: Request<KeywordSearchRequest>,
+    ) -> Result<Response<SearchResponse>, Status> {
+        let id = check(&r)?;
+        Ok(Response::new(hits(&id.tenant, &["k1", "v2"])))
+    }
+    async fn embed(&self, r: Request<EmbedRequest>) -> Result<Response<EmbedResponse>, Status> {
+        check(&r)?;
+        Ok(Response::new(EmbedResponse {
+            embeddings: vec![Embedding {
+                values: vec![1.0, 0.0, 0.0],
+            }],
+        }))
+    }
+    async fn store_feedback(
+        &self,
+        r: Request<StoreFeedbackRequest>,
+    ) -> Result<Response<StoreFeedbackResponse>, Status> {
+        check(&r)?;
+        Ok(Response::new(StoreFeedbackResponse {
+            stored: r.into_inner().items.len() as u32,
+        }))
+    }
+}
+
+struct FakeGraph {
+    delay: Duration,
+}
+
+#[tonic::async_trait]
+impl GraphService for FakeGraph {
+    async fn personalized_page_rank(
+        &self,
+        r: Request<PprRequest>,
+    ) -> Result<Response<PprResponse>, Status> {
+        check(&r)?;
+        tokio::time::sleep(self.delay).await;
+        Ok(Response::new(PprResponse {
+            hits: vec![
+                GraphHit {
+                    memory_id: "g1".into(),
+                    score: 0.5,
+                    rank: 1,
+                    via_entities: vec!["Deploy".into()],
+                },
+                GraphHit {
+                    memory_id: "v1".into(),
+                    score: 0.3,
+                    rank: 2,
+                    via_entities: vec![],
+                },
+            ],
+            linked_entities: vec![],
+            nodes_touched: 3,
+            ..Default::default()
+        }))
+    }
+    async fn neighbors(
+        &self,
+        _r: Request<NeighborsRequest>,
+    ) -> Result<Response<NeighborsResponse>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+    async fn contradictions(
+        &self,
+        r: Request<ContradictionsRequest>,
+    ) -> Result<Response<ContradictionsResponse>, Status> {
+        check(&r)?;
+        tokio::time::sleep(self.delay).await;
+        Ok(Response::new(ContradictionsResponse {
+            pairs: vec![Contradiction {
+                memory_a: "c1".into(),
+                memory_b: "c2".into(),
+                weight: 1.0,
+            }],
+        }))
+    }
+    async fn link_query(
+        &self,
+        _r: Request<LinkQueryRequest>,
+    ) -> Result<Response<LinkQueryResponse>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+    async fn stats(&self, _r: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
+        Ok(Response::new(StatsResponse::default()))
+    }
+}
+
+struct FakeRerank;
+
+#[tonic::async_trait]
+impl RerankService for FakeRerank {
+    async fn score(&self, r: Request<ScoreRequest>) -> Result<Response<ScoreResponse>, Status> {
+        check(&r)?;
+        let n = r.into_inner().candidates.len();
+        Ok(Response::new(ScoreResponse {
+            scores: (0..n).map(|i| 0.9 - i as f32 * 0.01).collect(),
+        }))
+    }
+}
+
+async fn serve<S>(svc: S) -> String
+where
+    S: tonic::codegen::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+    );
+    format!("http://{addr}")
+}
+
+/// A URI where nothing listens.
+async fn dead() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    drop(l);
+    format!("http://{addr}")
+}
+
+struct Env {
+    addr: String,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn gateway(search: String, graph: String, rerank: String) -> Env {
+    let mut s = Settings::default();
+    s.downstream.search = search;
+    s.downstream.graph = graph;
+    s.downstream.rerank = rerank;
+    s.auth.internal_token_opt = Some(TOKEN.into());
+    s.auth.api_keys = vec![ApiKeySettings {
+        sha256: hex::encode(sha2::Sha256::digest(KEY.as_bytes())),
+        tenant: "t1".into(),
+        agent_id: "agent".into(),
+        trust: "internal".into(),
+    }];
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = format!("http://{}", l.local_addr().expect("addr"));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(retrieval_svc::run(l, s, async {
+        let _ = rx.await;
+    }));
+    Env { addr, _stop: tx }
+}
+
+async fn healthy_env(graph_delay: Duration) -> (Env, Arc<FakeSearch>) {
+    let search = Arc::new(FakeSearch::default());
+    let env = gateway(
+        serve(SearchServiceServer::from_arc(search.clone())).await,
+        serve(GraphServiceServer::new(FakeGraph { delay: graph_delay })).await,
+        serve(RerankServiceServer::new(FakeRerank)).await,
+    )
+    .await;
+    (env, search)
+}
+
+fn authed<T>(msg: T) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {KEY}").parse().expect("ascii"),
+    );
+    r
+}
+
+async fn client(env: &Env) -> RetrievalServiceClient<tonic::transport::Channel> {
+    for _ in 0..50 {
+        if let Ok(c) = RetrievalServiceClient::connect(env.addr.clone()).await {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("gateway did not start");
+}
+
+fn q(text: &str) -> RetrieveRequest {
+    RetrieveRequest {
+        text: text.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn slow_graph_degrades_but_answers_within_the_ceiling() {
+    let (env, _) = healthy_env(Duration::from_secs(5)).await;
+    let mut c = client(&env).await;
+    let t = Instant::now();
+    let r = c
+        .retrieve(authed(RetrieveRequest {
+            mode: RetrievalMode::MultiHop as i32,
+            explain: true,
+            ..q("what is the relationship between Deploy and Rollback")
+        }))
+        .await
+        .expect("answer")
+        .into_inner();
+    let elapsed = t.elapsed();
+    eprintln!("slow graph: {elapsed:?}, degraded {:?}", r.degraded_stages);
+    assert!(elapsed < Duration::from_millis(3000), "{elapsed:?}");
+    assert!(
+        r.degraded_stages.iter().any(|s| s == "graph"),
+        "{:?}",
+        r.degraded_stages
+    );
+    assert!(!r.records.is_empty());
+    // The foreign-tenant record never leaves the gateway.
+    assert!(
+        r.records
+            .iter()
+            .all(|m| m.memory.as_ref().is_some_and(|m| m.tenant_id == "t1"))
+    );
+    assert!(
+        r.dropped
+            .iter()
+            .any(|d| d.memory_id == "foreign" && d.stage == "access")
+    );
+}
+
+#[tokio::test]
+async fn healthy_pipeline_fuses_reranks_and_resolves_conflicts() {
+    let (env, _) = healthy_env(Duration::ZERO).await;
+    let mut c = client(&env).await;
+    let r = c
+        .retrieve(authed(RetrieveRequest {
+            mode: RetrievalMode::Exploratory as i32,
+            token_budget: 40,
+            no_cache: true,
+            ..q("tell me about the deploy procedure")
+        }))
+        .await
+        .expect("answer")
+        .into_inner();
+    assert!(r.degraded_stages.is_empty(), "{:?}", r.degraded_stages);
+    assert_eq!(r.route, QueryRoute::Exploratory as i32);
+    let ids: Vec<_> = r
+        .records
+        .iter()
+        .filter_map(|m| m.memory.as_ref().map(|m| m.id.as_str()))
+        .collect();
+    assert!(ids.contains(&"g1"), "graph hit fetched by id: {ids:?}");
+    // c2 is newer with equal confidence: recency wins, c1 removed.
+    assert!(ids.contains(&"c2") && !ids.contains(&"c1"), "{ids:?}");
+    assert_eq!(r.conflicts.len(), 1);
+    assert_eq!(
+        r.conflicts[0].resolution,
+        ConflictResolution::Recency as i32
+    );
+    let p = r.records[0].provenance.as_ref().expect("provenance");
+    assert!(p.relevance.is_some());
+    assert!(p.checks_passed.iter().any(|c| c == "relevance"));
+    assert!(r.context_tokens <= 40 && r.context_tokens > 0);
+    assert!(r.retrieval_confidence > 0.5);
+
+    let hyde = c
+        .retrieve(authed(RetrieveRequest {
+            hypotheses: vec!["deploys run on fridays".into()],
+            skip_rerank: true,
+            ..q("when do deploys run")
+        }))
+        .await
+        .expect("hyde")
+        .into_inner();
+    let strategies: Vec<_> = hyde
+        .records
+        .iter()
+        .flat_map(|r| r.provenance.iter().flat_map(|p| p.strategies.iter()))
+        .map(|h| h.strategy.as_str())
+        .collect();
+    assert!(strategies.contains(&"hyde"), "{strategies:?}");
+
+    let fb = c
+        .feedback(authed(FeedbackRequest {
+            query_id: r.query_id.clone(),
+            items: vec![FeedbackItem {
+                memory_id: "g1".into(),
+                signal: FeedbackSignal::Helpful as i32,
+                value: true,
+            }],
+        }))
+        .await
+        .expect("feedback")
+        .into_inner();
+    assert_eq!(fb.accepted, 1);
+}
+
+#[tokio::test]
+async fn a_short_client_deadline_bounds_the_pipeline() {
+    let (env, _) = healthy_env(Duration::from_secs(5)).await;
+    let mut c = client(&env).await;
+    let mut req = authed(RetrieveRequest {
+        mode: RetrievalMode::MultiHop as i32,
+        ..q("how is Deploy related to Rollback")
+    });
+    req.set_timeout(Duration::from_millis(400));
+    let t = Instant::now();
+    let r = c.retrieve(req).await;
+    let elapsed = t.elapsed();
+    eprintln!(
+        "short deadline: {elapsed:?} -> {:?}",
+        r.as_ref().map(|r| r.get_ref().degraded_stages.clone())
+    );
+    assert!(elapsed < Duration::from_millis(600), "{elapsed:?}");
+    let r = r.expect("partial answer").into_inner();
+    assert!(r.degraded_stages.iter().any(|s| s == "graph"));
+    assert!(!r.records.is_empty());
+}
+
+#[tokio::test]
+async fn raw_modes_keep_the_strategy_order() {
+    let (env, _) = healthy_env(Duration::ZERO).await;
+    let mut c = client(&env).await;
+    let r = c
+        .retrieve(authed(RetrieveRequest {
+            mode: RetrievalMode::Vector as i32,
+            limit: Some(3),
+            ..q("deploy")
+        }))
+        .await
+        .expect("answer")
+        .into_inner();
+    let ids: Vec<_> = r
+        .records
+        .iter()
+        .filter_map(|m| m.memory.as_ref().map(|m| m.id.clone()))
+        .collect();
+    assert_eq!(ids, ["v1", "v2", "c1"]);
+    assert!(
+        r.records[0]
+            .provenance
+            .as_ref()
+            .is_some_and(|p| p.relevance.is_none())
+    );
+}
+
+#[tokio::test]
+async fn cache_hits_and_writes_invalidate() {
+    let (env, search) = healthy_env(Duration::ZERO).await;
+    let mut c = client(&env).await;
+    let first = c
+        .retrieve(authed(q("what is the deploy procedure")))
+        .await
+        .expect("first")
+        .into_inner();
+    assert_eq!(first.skip_reason, SkipReason::None as i32);
+    let second = c
+        .retrieve(authed(q("What is the  deploy procedure")))
+        .await
+        .expect("second")
+        .into_inner();
+    assert_eq!(second.skip_reason, SkipReason::CacheHit as i32);
+    let calls = search.vector_calls.load(Ordering::SeqCst);
+    // A near-duplicate hits by cosine (the fake embeds everything alike).
+    let third = c
+        .retrieve(authed(q("deploy procedure, what is it")))
+        .await
+        .expect("third")
+        .into_inner();
+    assert_eq!(third.skip_reason, SkipReason::CacheHit as i32);
+    assert_eq!(search.vector_calls.load(Ordering::SeqCst), calls);
+
+    let mut m = MemoryServiceClient::connect(env.addr.clone())
+        .await
+        .expect("connect");
+    m.upsert(authed(UpsertRequest {
+        memories: vec![Memory {
+            content: "new".into(),
+            ..Default::default()
+        }],
+    }))
+    .await
+    .expect("upsert");
+    let after = c
+        .retrieve(authed(q("what is the deploy procedure")))
+        .await
+        .expect("after write")
+        .into_inner();
+    assert_eq!(after.skip_reason, SkipReason::None as i32);
+
+    // Writing above the caller's trust level is refused.
+    let err = m
+        .upsert(authed(UpsertRequest {
+            memories: vec![Memory {
+                content: "secret".into(),
+                access_level: AccessLevel::Sensitive as i32,
+                ..Default::default()
+            }],
+        }))
+        .await
+        .expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+}
+
+#[tokio::test]
+async fn dead_reranker_is_skipped_and_marked() {
+    let search = Arc::new(FakeSearch::default());
+    let env = gateway(
+        serve(SearchServiceServer::from_arc(search)).await,
+        serve(GraphServiceServer::new(FakeGraph {
+            delay: Duration::ZERO,
+        }))
+        .await,
+        dead().await,
+    )
+    .await;
+    let mut c = client(&env).await;
+    let r = c
+        .retrieve(authed(q("what is the deploy procedure")))
+        .await
+        .expect("answer")
+        .into_inner();
+    assert!(
+        r.degraded_stages.iter().any(|s| s == "rerank"),
+        "{:?}",
+        r.degraded_stages
+    );
+    assert!(!r.records.is_empty());
+}
+
+#[tokio::test]
+async fn everything_down_is_unavailable_and_auth_is_required() {
+    let env = gateway(dead().await, dead().await, dead().await).await;
+    let mut c = client(&env).await;
+    let err = c
+        .retrieve(Request::new(q("anything")))
+        .await
+        .expect_err("no credentials");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    let err = c
+        .retrieve(authed(q("what is the deploy procedure")))
+        .await
+        .expect_err("all down");
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(
+        err.message().contains("retrieval circuit open"),
+        "{}",
+        err.message()
+    );
+    let err = c
+        .retrieve(authed(RetrieveRequest {
+            limit: Some(500),
+            ..q("x")
+        }))
+        .await
+        .expect_err("invalid");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("limit"));
+    // Greetings skip retrieval entirely, even with everything down.
+    let r = c
+        .retrieve(authed(q("hello!")))
+        .await
+        .expect("skip")
+        .into_inner();
+    assert_eq!(r.skip_reason, SkipReason::NoRetrievalNeeded as i32);
+}
