@@ -16,6 +16,9 @@ CREATE TABLE IF NOT EXISTS memories (
     tsv               tsvector GENERATED ALWAYS AS (
                           setweight(to_tsvector('english'::regconfig, coalesce(title, '')), 'A') ||
                           setweight(to_tsvector('english'::regconfig, content), 'B')) STORED,
+    -- token count of tsv (lexeme positions), written by search-svc: the
+    -- document length of BM25 keyword scoring.
+    tsv_len           integer     NOT NULL DEFAULT 0,
     -- 1 public < 2 internal < 3 confidential < 4 sensitive
     access_level      smallint    NOT NULL DEFAULT 1 CHECK (access_level BETWEEN 1 AND 4),
     source_confidence real        NOT NULL DEFAULT 1 CHECK (source_confidence BETWEEN 0 AND 1),

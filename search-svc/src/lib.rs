@@ -1,1 +1,258 @@
-//! stub
+//! search-svc: the Postgres side of engram. Memory writes (idempotent
+//! upserts, version chains, entities, edges, feedback), embeddings, dense
+//! search (pgvector HNSW) and keyword search (full-text, OR semantics).
+//! Internal: every call must carry the internal token and the caller's
+//! identity, and every read predicate carries tenant and trust level.
+
+pub mod dense;
+pub mod embed;
+pub mod error;
+pub mod filters;
+pub mod get;
+pub mod keyword;
+pub mod rows;
+pub mod validate;
+pub mod writes;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use engram_common::server::{ServingStatus, health, serve};
+use engram_common::{Identity, Settings};
+use engram_proto as pb;
+use engram_proto::search_service_server::{SearchService, SearchServiceServer};
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tonic::service::Routes;
+use tonic::{Request, Response, Status};
+
+pub use embed::Embeddings;
+pub use error::Error;
+pub use keyword::Scoring;
+
+use validate::{
+    DeleteIds, EdgeBatch, EmbedTexts, FeedbackBatch, GetQuery, KeywordQuery, UpsertBatch,
+    VectorQuery,
+};
+
+pub const SERVICE_NAME: &str = "engram.v1.SearchService";
+
+/// The gRPC service; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct SearchSvc {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: PgPool,
+    embeddings: Embeddings,
+    internal_token_opt: Option<String>,
+    ef_search: u32,
+    scoring: Scoring,
+    decay_floor: f32,
+}
+
+impl SearchSvc {
+    pub fn new(settings: &Settings, pool: PgPool, embeddings: Embeddings) -> anyhow::Result<Self> {
+        let scoring = Scoring::parse(&settings.search.keyword_scoring).ok_or_else(|| {
+            anyhow::anyhow!(
+                "search.keyword_scoring must be ts_rank_cd or bm25, got {:?}",
+                settings.search.keyword_scoring
+            )
+        })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                embeddings,
+                internal_token_opt: settings.auth.internal_token_opt.clone(),
+                ef_search: settings.search.hnsw_ef_search,
+                scoring,
+                decay_floor: settings.search.decay_floor,
+            }),
+        })
+    }
+
+    pub fn embeddings(&self) -> &Embeddings {
+        &self.inner.embeddings
+    }
+
+    fn identity<T>(&self, req: &Request<T>) -> Result<Identity, Status> {
+        Ok(Identity::read_internal(
+            req.metadata(),
+            self.inner.internal_token_opt.as_deref(),
+        )?)
+    }
+
+    /// Keyword search with an explicit scoring (the eval compares both).
+    pub async fn keyword_search_with(
+        &self,
+        identity: &Identity,
+        q: KeywordQuery,
+        scoring: Scoring,
+    ) -> Result<Vec<pb::SearchHit>, Error> {
+        let rows = keyword::search(
+            &self.inner.pool,
+            identity,
+            &q.text,
+            &q.filters,
+            q.k,
+            scoring,
+            self.inner.decay_floor,
+        )
+        .await?;
+        Ok(rows::hits(rows))
+    }
+}
+
+fn into_pb<T, U>(req: Request<T>, f: impl FnOnce(T) -> Result<U, Error>) -> Result<U, Status> {
+    f(req.into_inner()).map_err(Status::from)
+}
+
+#[tonic::async_trait]
+impl SearchService for SearchSvc {
+    async fn upsert(
+        &self,
+        req: Request<pb::UpsertRequest>,
+    ) -> Result<Response<pb::UpsertResponse>, Status> {
+        let identity = self.identity(&req)?;
+        let batch = into_pb(req, UpsertBatch::try_from)?;
+        let results =
+            writes::upsert(&self.inner.pool, &self.inner.embeddings, &identity, batch).await?;
+        Ok(Response::new(pb::UpsertResponse { results }))
+    }
+
+    async fn delete(
+        &self,
+        req: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
+        let identity = self.identity(&req)?;
+        let ids = into_pb(req, DeleteIds::try_from)?;
+        let deleted = writes::delete(&self.inner.pool, &identity, ids).await?;
+        Ok(Response::new(pb::DeleteResponse { deleted }))
+    }
+
+    async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
+        let identity = self.identity(&req)?;
+        let q = into_pb(req, GetQuery::try_from)?;
+        let memories = get::get(&self.inner.pool, &identity, q).await?;
+        Ok(Response::new(pb::GetResponse { memories }))
+    }
+
+    async fn add_edges(
+        &self,
+        req: Request<pb::AddEdgesRequest>,
+    ) -> Result<Response<pb::AddEdgesResponse>, Status> {
+        let identity = self.identity(&req)?;
+        let batch = into_pb(req, EdgeBatch::try_from)?;
+        let added = writes::add_edges(&self.inner.pool, &identity, batch).await?;
+        Ok(Response::new(pb::AddEdgesResponse { added }))
+    }
+
+    async fn vector_search(
+        &self,
+        req: Request<pb::VectorSearchRequest>,
+    ) -> Result<Response<pb::SearchResponse>, Status> {
+        let identity = self.identity(&req)?;
+        let q = into_pb(req, VectorQuery::try_from)?;
+        let (embedding, query_embedding) = match q.embedding_opt {
+            Some(v) => (v, Vec::new()),
+            None => {
+                let mut v = self.inner.embeddings.embed(vec![q.text]).await?;
+                let e = v
+                    .pop()
+                    .ok_or_else(|| Error::Internal("embedder returned no vector".into()))?;
+                (e.clone(), e)
+            }
+        };
+        let rows = dense::search(
+            &self.inner.pool,
+            &identity,
+            &embedding,
+            &q.filters,
+            q.k,
+            self.inner.ef_search,
+            self.inner.decay_floor,
+        )
+        .await
+        .map_err(Status::from)?;
+        Ok(Response::new(pb::SearchResponse {
+            hits: rows::hits(rows),
+            query_embedding,
+        }))
+    }
+
+    async fn keyword_search(
+        &self,
+        req: Request<pb::KeywordSearchRequest>,
+    ) -> Result<Response<pb::SearchResponse>, Status> {
+        let identity = self.identity(&req)?;
+        let q = into_pb(req, KeywordQuery::try_from)?;
+        let hits = self
+            .keyword_search_with(&identity, q, self.inner.scoring)
+            .await?;
+        Ok(Response::new(pb::SearchResponse {
+            hits,
+            query_embedding: Vec::new(),
+        }))
+    }
+
+    async fn embed(
+        &self,
+        req: Request<pb::EmbedRequest>,
+    ) -> Result<Response<pb::EmbedResponse>, Status> {
+        self.identity(&req)?;
+        let texts = into_pb(req, EmbedTexts::try_from)?;
+        let vecs = self.inner.embeddings.embed(texts.0).await?;
+        Ok(Response::new(pb::EmbedResponse {
+            embeddings: vecs
+                .into_iter()
+                .map(|values| pb::Embedding { values })
+                .collect(),
+        }))
+    }
+
+    async fn store_feedback(
+        &self,
+        req: Request<pb::StoreFeedbackRequest>,
+    ) -> Result<Response<pb::StoreFeedbackResponse>, Status> {
+        let identity = self.identity(&req)?;
+        let batch = into_pb(req, FeedbackBatch::try_from)?;
+        let stored = writes::store_feedback(&self.inner.pool, &identity, batch).await?;
+        Ok(Response::new(pb::StoreFeedbackResponse { stored }))
+    }
+}
+
+/// Serves `svc` (plus health and reflection) on `listener` until `shutdown`.
+/// Health reports NOT_SERVING for the service while the model is missing.
+pub async fn serve_svc(
+    listener: TcpListener,
+    svc: SearchSvc,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (reporter, health_svc) = health();
+    let status = if svc.embeddings().is_ready() {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    reporter.set_service_status(SERVICE_NAME, status).await;
+    let routes = Routes::new(SearchServiceServer::new(svc));
+    serve(listener, routes, health_svc, shutdown).await?;
+    Ok(())
+}
+
+/// Loads the embedding model (a failure leaves the service up but
+/// NOT_SERVING) and serves search-svc until `shutdown`.
+pub async fn run(
+    listener: TcpListener,
+    settings: Settings,
+    pool: PgPool,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let s = settings.clone();
+    let embeddings = tokio::task::spawn_blocking(move || Embeddings::load_blocking(&s)).await?;
+    let svc = SearchSvc::new(&settings, pool, embeddings)?;
+    tracing::info!(addr = ?listener.local_addr().ok(), "search-svc listening");
+    serve_svc(listener, svc, shutdown).await
+}

@@ -1,0 +1,55 @@
+//! Dense search: pgvector HNSW over cosine distance with every filter inside
+//! the SQL. Iterative index scans (relaxed order) keep filtered queries from
+//! coming back short, so the rows are re-sorted by distance afterwards.
+
+use engram_common::Identity;
+use pgvector::Vector;
+use sqlx::{PgPool, Postgres, QueryBuilder};
+
+use crate::error::Result;
+use crate::filters::push_where;
+use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow};
+use crate::validate::SearchFilters;
+
+pub async fn search(
+    pool: &PgPool,
+    identity: &Identity,
+    embedding: &[f32],
+    filters: &SearchFilters,
+    k: u32,
+    ef_search: u32,
+    default_decay_floor: f32,
+) -> Result<Vec<(MemoryRow, f32)>> {
+    let q = Vector::from(embedding.to_vec());
+    let mut qb = QueryBuilder::<Postgres>::new("SELECT ");
+    qb.push(MEMORY_COLUMNS)
+        .push(", (m.embedding <=> ")
+        .push_bind(q.clone())
+        .push(")::float8 AS score FROM memories m WHERE m.embedding IS NOT NULL AND ");
+    push_where(&mut qb, identity, filters, default_decay_floor);
+    qb.push(" ORDER BY m.embedding <=> ")
+        .push_bind(q)
+        .push(" LIMIT ")
+        .push_bind(i64::from(k));
+
+    let mut tx = pool.begin().await?;
+    // SET cannot take bind parameters; the value is an integer from settings.
+    let ef = ef_search.clamp(1, 1000);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SET LOCAL hnsw.ef_search = {ef}"
+    )))
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("SET LOCAL hnsw.iterative_scan = relaxed_order")
+        .execute(&mut *tx)
+        .await?;
+    let rows: Vec<ScoredRow> = qb.build_query_as().fetch_all(&mut *tx).await?;
+    tx.commit().await?;
+
+    let mut rows: Vec<(MemoryRow, f32)> = rows
+        .into_iter()
+        .map(|r| (r.memory, (1.0 - r.score) as f32))
+        .collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(rows)
+}

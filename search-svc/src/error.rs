@@ -1,0 +1,78 @@
+//! The one error type of search-svc and its single mapping to gRPC status
+//! codes, so every handler reports the same failure the same way.
+
+use engram_common::identity::IdentityError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad input, already phrased as `field: rule`.
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// The embedding model is not loaded and the call needs it.
+    #[error("{0}")]
+    ModelUnavailable(String),
+    /// Concurrent writers kept changing the same rows; the client may retry.
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("embedding failed: {0}")]
+    Embedding(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn invalid(field: impl std::fmt::Display, rule: impl std::fmt::Display) -> Self {
+        Self::InvalidArgument(format!("{field}: {rule}"))
+    }
+
+    /// Deadlocks and serialization failures are worth one more attempt.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Database(sqlx::Error::Database(db)) => {
+                matches!(db.code().as_deref(), Some("40P01" | "40001"))
+            }
+            Self::Conflict(_) => true,
+            _ => false,
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::InvalidArgument(m) => tonic::Status::invalid_argument(m),
+            Error::PermissionDenied(m) => tonic::Status::permission_denied(m),
+            Error::NotFound(m) => tonic::Status::not_found(m),
+            Error::ModelUnavailable(m) => tonic::Status::failed_precondition(m),
+            Error::Conflict(m) => tonic::Status::aborted(m),
+            Error::Identity(e) => e.into(),
+            Error::Database(e) => {
+                tracing::error!(error = %e, "database error");
+                match e {
+                    sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => {
+                        tonic::Status::unavailable("database unavailable")
+                    }
+                    _ => tonic::Status::internal("database error"),
+                }
+            }
+            Error::Embedding(m) => {
+                tracing::error!(error = %m, "embedding failed");
+                tonic::Status::internal(format!("embedding failed: {m}"))
+            }
+            Error::Internal(m) => {
+                tracing::error!(error = %m, "internal error");
+                tonic::Status::internal(m)
+            }
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

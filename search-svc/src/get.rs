@@ -1,0 +1,51 @@
+//! Get by id: only the caller's tenant and trust level, with entity names
+//! (and the embedding on request).
+
+use engram_common::Identity;
+use engram_proto as pb;
+use pgvector::Vector;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::rows::{MEMORY_COLUMNS, MemoryRow};
+use crate::validate::GetQuery;
+
+#[derive(sqlx::FromRow)]
+struct GetRow {
+    #[sqlx(flatten)]
+    memory: MemoryRow,
+    entities: Vec<String>,
+    embedding: Option<Vector>,
+}
+
+pub async fn get(pool: &PgPool, identity: &Identity, q: GetQuery) -> Result<Vec<pb::Memory>> {
+    let sql = format!(
+        "SELECT {MEMORY_COLUMNS}, \
+           ARRAY(SELECT e.display FROM memory_entities me JOIN entities e ON e.id = me.entity_id \
+                 WHERE me.memory_id = m.id ORDER BY me.is_home DESC, e.name) AS entities, \
+           CASE WHEN $4 THEN m.embedding END AS embedding \
+         FROM memories m WHERE m.tenant_id = $1 AND m.access_level <= $2 AND m.id = ANY($3)"
+    );
+    let rows: Vec<GetRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(&identity.tenant)
+        .bind(identity.trust.as_i16())
+        .bind(&q.ids)
+        .bind(q.include_embedding)
+        .fetch_all(pool)
+        .await?;
+    let mut by_id: std::collections::HashMap<Uuid, pb::Memory> = rows
+        .into_iter()
+        .map(|r| {
+            let id = r.memory.id;
+            let mut m = r.memory.into_proto();
+            m.entities = r.entities;
+            if let Some(v) = r.embedding {
+                m.embedding = v.to_vec();
+            }
+            (id, m)
+        })
+        .collect();
+    // Request order; ids the caller cannot see are simply absent.
+    Ok(q.ids.iter().filter_map(|id| by_id.remove(id)).collect())
+}

@@ -1,0 +1,111 @@
+//! Mapping between `memories` rows and the proto `Memory`.
+
+use chrono::{DateTime, Utc};
+use engram_common::convert::{chrono_to_ts, json_to_struct};
+use engram_proto as pb;
+use uuid::Uuid;
+
+/// Columns of [`MemoryRow`], qualified with the alias `m`.
+pub const MEMORY_COLUMNS: &str = "m.id, m.tenant_id, m.namespace, m.agent_id, m.memory_type, \
+     m.title, m.content, m.access_level, m.source_confidence, m.decay_score, m.event_time, \
+     m.ingestion_time, m.valid_from, m.valid_to, m.recorded_at, m.retracted_at, m.version, \
+     m.supersedes, m.consolidated, m.metadata, m.source";
+
+#[derive(Debug, sqlx::FromRow)]
+pub struct MemoryRow {
+    pub id: Uuid,
+    pub tenant_id: String,
+    pub namespace: String,
+    pub agent_id: String,
+    pub memory_type: String,
+    pub title: String,
+    pub content: String,
+    pub access_level: i16,
+    pub source_confidence: f32,
+    pub decay_score: f32,
+    pub event_time: DateTime<Utc>,
+    pub ingestion_time: DateTime<Utc>,
+    pub valid_from: DateTime<Utc>,
+    pub valid_to: Option<DateTime<Utc>>,
+    pub recorded_at: DateTime<Utc>,
+    pub retracted_at: Option<DateTime<Utc>>,
+    pub version: i32,
+    pub supersedes: Option<Uuid>,
+    pub consolidated: bool,
+    pub metadata: serde_json::Value,
+    pub source: String,
+}
+
+/// A search hit: the memory plus the raw score column computed in SQL.
+#[derive(Debug, sqlx::FromRow)]
+pub struct ScoredRow {
+    #[sqlx(flatten)]
+    pub memory: MemoryRow,
+    pub score: f64,
+}
+
+impl MemoryRow {
+    pub fn into_proto(self) -> pb::Memory {
+        let MemoryRow {
+            id,
+            tenant_id,
+            namespace,
+            agent_id,
+            memory_type,
+            title,
+            content,
+            access_level,
+            source_confidence,
+            decay_score,
+            event_time,
+            ingestion_time,
+            valid_from,
+            valid_to,
+            recorded_at,
+            retracted_at,
+            version,
+            supersedes,
+            consolidated,
+            metadata,
+            source,
+        } = self;
+        pb::Memory {
+            id: id.to_string(),
+            namespace,
+            agent_id,
+            memory_type,
+            content,
+            title,
+            access_level: i32::from(access_level),
+            source_confidence: Some(source_confidence),
+            decay_score,
+            event_time: Some(chrono_to_ts(event_time)),
+            ingestion_time: Some(chrono_to_ts(ingestion_time)),
+            valid_from: Some(chrono_to_ts(valid_from)),
+            valid_to: valid_to.map(chrono_to_ts),
+            recorded_at: Some(chrono_to_ts(recorded_at)),
+            retracted_at: retracted_at.map(chrono_to_ts),
+            version,
+            supersedes: supersedes.map(|u| u.to_string()).unwrap_or_default(),
+            consolidated,
+            metadata: Some(json_to_struct(&metadata)),
+            source,
+            entities: Vec::new(),
+            triples: Vec::new(),
+            embedding: Vec::new(),
+            tenant_id,
+        }
+    }
+}
+
+/// Hits in rank order (1-based).
+pub fn hits(rows: Vec<(MemoryRow, f32)>) -> Vec<pb::SearchHit> {
+    rows.into_iter()
+        .enumerate()
+        .map(|(i, (m, score))| pb::SearchHit {
+            memory: Some(m.into_proto()),
+            score,
+            rank: u32::try_from(i + 1).unwrap_or(u32::MAX),
+        })
+        .collect()
+}

@@ -1,0 +1,623 @@
+//! Writes: upsert (idempotent by id, version chains), delete, typed edges and
+//! feedback. Every committed write emits one change event inside its
+//! transaction, so listeners see it exactly when the data is visible:
+//!
+//! ```text
+//! pg_notify('engram_changes', '{"tenant": "<tenant id>", "op": "upsert" | "delete" | "edges", "ids": ["<uuid>", ...]}')
+//! ```
+//!
+//! `ids` are the memories written, deleted, or at either end of the new
+//! edges. When the payload would exceed ~7,000 bytes (Postgres caps a
+//! notification at 8,000), `ids` is `[]`, meaning "reload the whole tenant".
+//! graph-svc consumes exactly this format.
+//!
+//! Concurrency: the embedding is computed before the transaction (never
+//! holding row locks over inference); inside it the existing rows are locked
+//! in id order and re-checked, and if another writer changed the content in
+//! between, the batch is retried from the start. Deadlocks and serialization
+//! failures are retried too.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use chrono::{DateTime, Utc};
+use engram_common::Identity;
+use engram_common::entities::{ExtractedEntity, extract, normalize};
+use engram_proto as pb;
+use pgvector::Vector;
+use sqlx::{PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::embed::Embeddings;
+use crate::error::{Error, Result};
+use crate::validate::{DeleteIds, EdgeBatch, FeedbackBatch, NewMemory, UpsertBatch};
+
+pub const CHANNEL: &str = "engram_changes";
+const MAX_NOTIFY_BYTES: usize = 7000;
+const MAX_ATTEMPTS: usize = 4;
+
+/// Builds the change-event payload (see the module doc).
+pub fn change_payload(tenant: &str, op: &str, ids: &[Uuid]) -> String {
+    let full = serde_json::json!({"tenant": tenant, "op": op, "ids": ids}).to_string();
+    if full.len() <= MAX_NOTIFY_BYTES {
+        full
+    } else {
+        serde_json::json!({"tenant": tenant, "op": op, "ids": []}).to_string()
+    }
+}
+
+async fn notify(
+    tx: &mut Transaction<'_, Postgres>,
+    tenant: &str,
+    op: &str,
+    ids: &[Uuid],
+) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(change_payload(tenant, op, ids))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct Existing {
+    id: Uuid,
+    tenant_id: String,
+    content_hash: Vec<u8>,
+    access_level: i16,
+    has_embedding: bool,
+}
+
+const EXISTING_SQL: &str = "SELECT id, tenant_id, content_hash, access_level, \
+     (embedding IS NOT NULL) AS has_embedding FROM memories WHERE id = ANY($1) ORDER BY id";
+const EXISTING_LOCK_SQL: &str = "SELECT id, tenant_id, content_hash, access_level, \
+     (embedding IS NOT NULL) AS has_embedding FROM memories WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+
+/// Refuses rows owned by another tenant or above the caller's trust level.
+fn check_ownership(
+    identity: &Identity,
+    existing: &HashMap<Uuid, Existing>,
+    batch: &[(usize, NewMemory)],
+) -> Result<()> {
+    for (idx, m) in batch {
+        if let Some(e) = existing.get(&m.id) {
+            if e.tenant_id != identity.tenant {
+                return Err(Error::PermissionDenied(format!(
+                    "memories[{idx}].id: {} belongs to another tenant",
+                    m.id
+                )));
+            }
+            if e.access_level > identity.trust.as_i16() {
+                return Err(Error::PermissionDenied(format!(
+                    "memories[{idx}].id: {} is above the caller's trust level",
+                    m.id
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// True when the stored row can keep its embedding for `m`.
+fn keeps_embedding(existing: &HashMap<Uuid, Existing>, m: &NewMemory) -> bool {
+    existing
+        .get(&m.id)
+        .is_some_and(|e| e.has_embedding && e.content_hash == m.content_hash)
+}
+
+pub async fn upsert(
+    pool: &PgPool,
+    embeddings: &Embeddings,
+    identity: &Identity,
+    batch: UpsertBatch,
+) -> Result<Vec<pb::UpsertResult>> {
+    for (idx, m) in batch.0.iter().enumerate() {
+        if m.access_level > identity.trust {
+            return Err(Error::PermissionDenied(format!(
+                "memories[{idx}].access_level: {} is above the caller's trust level {}",
+                m.access_level.name(),
+                identity.trust.name()
+            )));
+        }
+    }
+    // Id order everywhere: concurrent batches lock rows in the same order.
+    let mut sorted: Vec<(usize, NewMemory)> = batch.0.into_iter().enumerate().collect();
+    sorted.sort_by_key(|(_, m)| m.id);
+    let ids: Vec<Uuid> = sorted.iter().map(|(_, m)| m.id).collect();
+    let entity_plans: Vec<Vec<ExtractedEntity>> =
+        sorted.iter().map(|(_, m)| entities_for(m)).collect();
+
+    let mut last_err = None;
+    for attempt in 0..MAX_ATTEMPTS {
+        let existing: HashMap<Uuid, Existing> = sqlx::query_as::<_, Existing>(EXISTING_SQL)
+            .bind(&ids)
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(|e| (e.id, e))
+            .collect();
+        check_ownership(identity, &existing, &sorted)?;
+        let to_embed: Vec<usize> = sorted
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, m))| m.embedding_opt.is_none() && !keeps_embedding(&existing, m))
+            .map(|(i, _)| i)
+            .collect();
+        let vectors = embeddings
+            .embed(
+                to_embed
+                    .iter()
+                    .map(|&i| sorted[i].1.embedding_text())
+                    .collect(),
+            )
+            .await?;
+        let mut computed: HashMap<usize, Vec<f32>> = to_embed.into_iter().zip(vectors).collect();
+        match write_batch(pool, identity, &sorted, &entity_plans, &mut computed).await {
+            Ok(results) => {
+                tracing::info!(tenant = %identity.tenant, count = results.len(), attempt, "upserted memories");
+                return Ok(results);
+            }
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(tenant = %identity.tenant, attempt, error = %e, "upsert conflict, retrying");
+                last_err = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| Error::Conflict("upsert kept conflicting; retry".into())))
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct Written {
+    version: i32,
+    created: bool,
+    has_embedding: bool,
+}
+
+const UPSERT_SQL: &str = r#"
+INSERT INTO memories AS m (id, tenant_id, namespace, agent_id, memory_type, title, content,
+    content_hash, embedding, tsv_len, access_level, source_confidence, event_time, valid_from,
+    valid_to, version, supersedes, consolidated, metadata, source)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
+    (SELECT coalesce(sum(coalesce(array_length(positions, 1), 1)), 0)::int
+       FROM unnest(to_tsvector('english'::regconfig, $6 || ' ' || $7))),
+    $10, $11, coalesce($12, now()), coalesce($13, $12, now()), $14,
+    coalesce((SELECT s.version + 1 FROM memories s WHERE s.id = $15 AND s.tenant_id = $2), 1),
+    $15, $16, $17, $18)
+ON CONFLICT (id) DO UPDATE SET
+    namespace = excluded.namespace,
+    memory_type = excluded.memory_type,
+    title = excluded.title,
+    content = excluded.content,
+    content_hash = excluded.content_hash,
+    embedding = CASE WHEN $9::vector IS NOT NULL THEN excluded.embedding
+                     WHEN m.content_hash = excluded.content_hash THEN m.embedding
+                     ELSE NULL END,
+    tsv_len = excluded.tsv_len,
+    access_level = excluded.access_level,
+    source_confidence = excluded.source_confidence,
+    event_time = CASE WHEN $12::timestamptz IS NULL THEN m.event_time ELSE excluded.event_time END,
+    valid_from = CASE WHEN $13::timestamptz IS NULL AND $12::timestamptz IS NULL THEN m.valid_from
+                      ELSE excluded.valid_from END,
+    valid_to = coalesce(excluded.valid_to, m.valid_to),
+    version = CASE WHEN m.content_hash = excluded.content_hash THEN m.version ELSE m.version + 1 END,
+    supersedes = coalesce(excluded.supersedes, m.supersedes),
+    consolidated = excluded.consolidated,
+    metadata = excluded.metadata,
+    source = excluded.source
+WHERE m.tenant_id = excluded.tenant_id AND m.access_level <= $19
+RETURNING m.version, (m.xmax = 0) AS created, (m.embedding IS NOT NULL) AS has_embedding
+"#;
+
+async fn write_batch(
+    pool: &PgPool,
+    identity: &Identity,
+    sorted: &[(usize, NewMemory)],
+    entity_plans: &[Vec<ExtractedEntity>],
+    computed: &mut HashMap<usize, Vec<f32>>,
+) -> Result<Vec<pb::UpsertResult>> {
+    let ids: Vec<Uuid> = sorted.iter().map(|(_, m)| m.id).collect();
+    let mut tx = pool.begin().await?;
+    let locked: HashMap<Uuid, Existing> = sqlx::query_as::<_, Existing>(EXISTING_LOCK_SQL)
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|e| (e.id, e))
+        .collect();
+    check_ownership(identity, &locked, sorted)?;
+
+    // Supersede targets must be visible to the caller in its tenant.
+    let targets: Vec<Uuid> = sorted
+        .iter()
+        .filter_map(|(_, m)| m.supersedes_opt)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let visible_targets: BTreeSet<Uuid> = if targets.is_empty() {
+        BTreeSet::new()
+    } else {
+        sqlx::query_scalar::<_, Uuid>(
+            "SELECT id FROM memories WHERE id = ANY($1) AND tenant_id = $2 AND access_level <= $3 ORDER BY id FOR UPDATE",
+        )
+        .bind(&targets)
+        .bind(&identity.tenant)
+        .bind(identity.trust.as_i16())
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect()
+    };
+
+    let mut results: Vec<(usize, pb::UpsertResult)> = Vec::with_capacity(sorted.len());
+    let mut rewrite_entities: Vec<usize> = Vec::new();
+    for (pos, (idx, m)) in sorted.iter().enumerate() {
+        if let Some(t) = m.supersedes_opt
+            && !visible_targets.contains(&t)
+        {
+            return Err(Error::NotFound(format!(
+                "memories[{idx}].supersedes: memory {t} not found"
+            )));
+        }
+        let embedding_opt: Option<Vec<f32>> = match &m.embedding_opt {
+            Some(v) => Some(v.clone()),
+            None => computed.get(&pos).cloned(),
+        };
+        if embedding_opt.is_none() && !keeps_embedding(&locked, m) {
+            // Content changed under us since the embedding decision.
+            return Err(Error::Conflict(format!(
+                "memories[{idx}]: changed concurrently; retry"
+            )));
+        }
+        let embedded = m.embedding_opt.is_none() && embedding_opt.is_some();
+        let w: Option<Written> = sqlx::query_as::<_, Written>(UPSERT_SQL)
+            .bind(m.id)
+            .bind(&identity.tenant)
+            .bind(&m.namespace)
+            .bind(&identity.agent_id)
+            .bind(&m.memory_type)
+            .bind(&m.title)
+            .bind(&m.content)
+            .bind(&m.content_hash)
+            .bind(embedding_opt.map(Vector::from))
+            .bind(m.access_level.as_i16())
+            .bind(m.source_confidence)
+            .bind(m.event_time_opt)
+            .bind(m.valid_from_opt)
+            .bind(m.valid_to_opt)
+            .bind(m.supersedes_opt)
+            .bind(m.consolidated)
+            .bind(&m.metadata)
+            .bind(&m.source)
+            .bind(identity.trust.as_i16())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(w) = w else {
+            // The conflicting row appeared after the lock: another tenant's,
+            // or one the caller may not see.
+            return Err(Error::PermissionDenied(format!(
+                "memories[{idx}].id: {} belongs to another tenant or is above the caller's trust level",
+                m.id
+            )));
+        };
+        if !w.has_embedding {
+            return Err(Error::Conflict(format!(
+                "memories[{idx}]: changed concurrently; retry"
+            )));
+        }
+        let changed = match locked.get(&m.id) {
+            Some(e) => e.content_hash != m.content_hash,
+            None => true,
+        };
+        if changed || !m.entities.is_empty() || !m.triples.is_empty() {
+            rewrite_entities.push(pos);
+        }
+        if let Some(t) = m.supersedes_opt {
+            close_superseded(&mut tx, identity, m, t).await?;
+        }
+        results.push((
+            *idx,
+            pb::UpsertResult {
+                id: m.id.to_string(),
+                version: w.version,
+                created: w.created,
+                embedded,
+            },
+        ));
+    }
+    write_entities(&mut tx, identity, sorted, entity_plans, &rewrite_entities).await?;
+    notify(&mut tx, &identity.tenant, "upsert", &ids).await?;
+    tx.commit().await?;
+    results.sort_by_key(|(idx, _)| *idx);
+    Ok(results.into_iter().map(|(_, r)| r).collect())
+}
+
+/// Closes the superseded memory's validity instead of deleting it, so
+/// as-of queries still find it, and records the chain as an edge.
+async fn close_superseded(
+    tx: &mut Transaction<'_, Postgres>,
+    identity: &Identity,
+    m: &NewMemory,
+    target: Uuid,
+) -> Result<()> {
+    let new_from: Option<DateTime<Utc>> = m.valid_from_opt.or(m.event_time_opt);
+    sqlx::query(
+        "UPDATE memories SET \
+           valid_to = coalesce(valid_to, greatest(valid_from, coalesce($3, now()))), \
+           retracted_at = coalesce(retracted_at, now()) \
+         WHERE id = $1 AND tenant_id = $2",
+    )
+    .bind(target)
+    .bind(&identity.tenant)
+    .bind(new_from)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO edges (tenant_id, src_id, dst_id, edge_type) VALUES ($1, $2, $3, 'supersedes') \
+         ON CONFLICT (src_id, dst_id, edge_type) DO NOTHING",
+    )
+    .bind(&identity.tenant)
+    .bind(m.id)
+    .bind(target)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Entities of one memory: the caller's when given (plus triple ends and the
+/// title as home), else the built-in extractor's.
+fn entities_for(m: &NewMemory) -> Vec<ExtractedEntity> {
+    if m.entities.is_empty() && m.triples.is_empty() {
+        return extract(&m.title, &m.content);
+    }
+    let home = normalize(&m.title);
+    let mut out: BTreeMap<String, ExtractedEntity> = BTreeMap::new();
+    let mut add = |display: &str, is_home: bool| {
+        let name = normalize(display);
+        if name.is_empty() {
+            return;
+        }
+        let is_home = is_home || name == home;
+        out.entry(name.clone())
+            .and_modify(|e| e.is_home |= is_home)
+            .or_insert(ExtractedEntity {
+                name,
+                display: display.trim().to_string(),
+                is_home,
+            });
+    };
+    if !m.title.trim().is_empty() {
+        add(&m.title, true);
+    }
+    for e in &m.entities {
+        add(e, false);
+    }
+    for (s, _, o) in &m.triples {
+        add(s, false);
+        add(o, false);
+    }
+    out.into_values().collect()
+}
+
+async fn write_entities(
+    tx: &mut Transaction<'_, Postgres>,
+    identity: &Identity,
+    sorted: &[(usize, NewMemory)],
+    plans: &[Vec<ExtractedEntity>],
+    rewrite: &[usize],
+) -> Result<()> {
+    if rewrite.is_empty() {
+        return Ok(());
+    }
+    let memory_ids: Vec<Uuid> = rewrite.iter().map(|&p| sorted[p].1.id).collect();
+    sqlx::query("DELETE FROM memory_entities WHERE memory_id = ANY($1)")
+        .bind(&memory_ids)
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query("DELETE FROM triples WHERE memory_id = ANY($1)")
+        .bind(&memory_ids)
+        .execute(&mut **tx)
+        .await?;
+
+    // Sorted names: concurrent batches take entity locks in the same order.
+    let mut names: BTreeMap<String, String> = BTreeMap::new();
+    for &p in rewrite {
+        for e in &plans[p] {
+            names
+                .entry(e.name.clone())
+                .or_insert_with(|| e.display.clone());
+        }
+    }
+    if names.is_empty() {
+        return Ok(());
+    }
+    let (n, d): (Vec<String>, Vec<String>) = names.into_iter().unzip();
+    sqlx::query(
+        "INSERT INTO entities (tenant_id, name, display) \
+         SELECT $1, t.n, t.d FROM unnest($2::text[], $3::text[]) AS t(n, d) ORDER BY t.n \
+         ON CONFLICT (tenant_id, name) DO NOTHING",
+    )
+    .bind(&identity.tenant)
+    .bind(&n)
+    .bind(&d)
+    .execute(&mut **tx)
+    .await?;
+    let ids: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+        "SELECT name, id FROM entities WHERE tenant_id = $1 AND name = ANY($2)",
+    )
+    .bind(&identity.tenant)
+    .bind(&n)
+    .fetch_all(&mut **tx)
+    .await?
+    .into_iter()
+    .collect();
+
+    let mut links: BTreeMap<(Uuid, i64), bool> = BTreeMap::new();
+    let (mut t_mem, mut t_sub, mut t_rel, mut t_obj) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for &p in rewrite {
+        let m = &sorted[p].1;
+        for e in &plans[p] {
+            if let Some(&eid) = ids.get(&e.name) {
+                *links.entry((m.id, eid)).or_insert(false) |= e.is_home;
+            }
+        }
+        for (s, r, o) in &m.triples {
+            if let (Some(&sid), Some(&oid)) = (ids.get(&normalize(s)), ids.get(&normalize(o))) {
+                t_mem.push(m.id);
+                t_sub.push(sid);
+                t_rel.push(r.trim().to_string());
+                t_obj.push(oid);
+            }
+        }
+    }
+    let (mut l_mem, mut l_ent, mut l_home) = (Vec::new(), Vec::new(), Vec::new());
+    for ((mid, eid), home) in links {
+        l_mem.push(mid);
+        l_ent.push(eid);
+        l_home.push(home);
+    }
+    sqlx::query(
+        "INSERT INTO memory_entities (memory_id, entity_id, is_home) \
+         SELECT * FROM unnest($1::uuid[], $2::int8[], $3::bool[])",
+    )
+    .bind(&l_mem)
+    .bind(&l_ent)
+    .bind(&l_home)
+    .execute(&mut **tx)
+    .await?;
+    if !t_mem.is_empty() {
+        sqlx::query(
+            "INSERT INTO triples (tenant_id, memory_id, subject_id, relation, object_id) \
+             SELECT $1, t.m, t.s, t.r, t.o FROM unnest($2::uuid[], $3::int8[], $4::text[], $5::int8[]) AS t(m, s, r, o)",
+        )
+        .bind(&identity.tenant)
+        .bind(&t_mem)
+        .bind(&t_sub)
+        .bind(&t_rel)
+        .bind(&t_obj)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Hard delete; entity links, triples and edges go with the rows (FK cascade).
+/// Ids the caller cannot see are skipped, not reported, so deletes never
+/// reveal what exists.
+pub async fn delete(pool: &PgPool, identity: &Identity, ids: DeleteIds) -> Result<u32> {
+    let mut tx = pool.begin().await?;
+    let deleted: Vec<Uuid> = sqlx::query_scalar(
+        "DELETE FROM memories WHERE tenant_id = $1 AND access_level <= $2 AND id = ANY($3) RETURNING id",
+    )
+    .bind(&identity.tenant)
+    .bind(identity.trust.as_i16())
+    .bind(&ids.0)
+    .fetch_all(&mut *tx)
+    .await?;
+    if !deleted.is_empty() {
+        notify(&mut tx, &identity.tenant, "delete", &deleted).await?;
+    }
+    tx.commit().await?;
+    tracing::info!(tenant = %identity.tenant, count = deleted.len(), "deleted memories");
+    Ok(u32::try_from(deleted.len()).unwrap_or(u32::MAX))
+}
+
+pub async fn add_edges(pool: &PgPool, identity: &Identity, batch: EdgeBatch) -> Result<u32> {
+    // Last one wins for a repeated (src, dst, type); sorted for lock order.
+    let mut edges: BTreeMap<(Uuid, Uuid, String), f32> = BTreeMap::new();
+    for e in batch.0 {
+        edges.insert((e.src, e.dst, e.edge_type), e.weight);
+    }
+    let ends: Vec<Uuid> = edges
+        .keys()
+        .flat_map(|(s, d, _)| [*s, *d])
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut tx = pool.begin().await?;
+    let visible: BTreeSet<Uuid> = sqlx::query_scalar::<_, Uuid>(
+        "SELECT id FROM memories WHERE tenant_id = $1 AND access_level <= $2 AND id = ANY($3) ORDER BY id FOR KEY SHARE",
+    )
+    .bind(&identity.tenant)
+    .bind(identity.trust.as_i16())
+    .bind(&ends)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .collect();
+    if let Some(missing) = ends.iter().find(|id| !visible.contains(id)) {
+        return Err(Error::NotFound(format!(
+            "edges: memory {missing} not found"
+        )));
+    }
+    let (mut src, mut dst, mut ty, mut w) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for ((s, d, t), weight) in edges {
+        src.push(s);
+        dst.push(d);
+        ty.push(t);
+        w.push(weight);
+    }
+    let added = sqlx::query(
+        "INSERT INTO edges (tenant_id, src_id, dst_id, edge_type, weight) \
+         SELECT $1, t.s, t.d, t.t, t.w FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::real[]) AS t(s, d, t, w) \
+         ON CONFLICT (src_id, dst_id, edge_type) DO UPDATE SET weight = excluded.weight",
+    )
+    .bind(&identity.tenant)
+    .bind(&src)
+    .bind(&dst)
+    .bind(&ty)
+    .bind(&w)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    notify(&mut tx, &identity.tenant, "edges", &ends).await?;
+    tx.commit().await?;
+    tracing::info!(tenant = %identity.tenant, count = added, "added edges");
+    Ok(u32::try_from(added).unwrap_or(u32::MAX))
+}
+
+pub async fn store_feedback(
+    pool: &PgPool,
+    identity: &Identity,
+    batch: FeedbackBatch,
+) -> Result<u32> {
+    let (mut q, mut m, mut s, mut v) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for it in batch.0 {
+        q.push(it.query_id);
+        m.push(it.memory_id);
+        s.push(it.signal);
+        v.push(it.value);
+    }
+    let stored = sqlx::query(
+        "INSERT INTO feedback (tenant_id, agent_id, query_id, memory_id, signal, value) \
+         SELECT $1, $2, t.q, t.m, t.s, t.v FROM unnest($3::text[], $4::uuid[], $5::text[], $6::bool[]) AS t(q, m, s, v)",
+    )
+    .bind(&identity.tenant)
+    .bind(&identity.agent_id)
+    .bind(&q)
+    .bind(&m)
+    .bind(&s)
+    .bind(&v)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(u32::try_from(stored).unwrap_or(u32::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_payload_means_reload_tenant() {
+        let few = change_payload("t", "upsert", &[Uuid::nil()]);
+        assert!(
+            few.contains("00000000-0000-0000-0000-000000000000"),
+            "{few}"
+        );
+        let many: Vec<Uuid> = (0..500).map(|_| Uuid::new_v4()).collect();
+        let p = change_payload("t", "upsert", &many);
+        assert_eq!(p, r#"{"ids":[],"op":"upsert","tenant":"t"}"#);
+    }
+}

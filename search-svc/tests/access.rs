@@ -1,0 +1,91 @@
+//! Property: no search result is ever above the caller's trust level or from
+//! another tenant, for random memories and callers, dense and keyword.
+
+mod common;
+
+use common::*;
+use engram_common::AccessLevel;
+use engram_proto as pb;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+const WORDS: &[&str] = &["apple", "river", "stone", "cloud", "tiger"];
+
+fn level(i: u8) -> AccessLevel {
+    AccessLevel::from_i16(i16::from(i)).unwrap_or(AccessLevel::Public)
+}
+
+#[test]
+fn results_never_exceed_trust_or_cross_tenants() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut h = rt.block_on(start());
+    let tenants = [tenant(), tenant()];
+    // (tenant index, access level, word index, axis)
+    let memories =
+        prop::collection::vec((0usize..2, 1u8..=4, 0usize..WORDS.len(), 0usize..4), 1..12);
+    let caller = (0usize..2, 1u8..=4, 0usize..WORDS.len(), 0usize..4);
+    let mut runner = TestRunner::new(Config {
+        cases: 12,
+        ..Config::default()
+    });
+    let result = runner.run(&(memories, caller), |(mems, (ct, cl, word, ax))| {
+        let mut client = h.client.clone();
+        rt.block_on(async {
+            for (t, l, w, a) in &mems {
+                let who = ident(&tenants[*t], "writer", AccessLevel::Sensitive);
+                upsert(
+                    &mut client,
+                    &who,
+                    vec![pb::Memory {
+                        access_level: level(*l).to_proto(),
+                        embedding: axis(*a),
+                        ..mem(
+                            "",
+                            "",
+                            &format!("{} note {}", WORDS[*w], WORDS[(*w + 1) % WORDS.len()]),
+                        )
+                    }],
+                )
+                .await;
+            }
+            let me = ident(&tenants[ct], "reader", level(cl));
+            let check = |hits: &[pb::SearchHit]| {
+                for hit in hits {
+                    let m = hit.memory.as_ref().expect("memory");
+                    assert_eq!(m.tenant_id, tenants[ct], "foreign tenant leaked");
+                    assert!(
+                        m.access_level <= level(cl).to_proto(),
+                        "level {} above trust {cl}",
+                        m.access_level
+                    );
+                }
+            };
+            check(&keyword(&mut client, &me, WORDS[word], None, 200).await);
+            check(&dense(&mut client, &me, axis(ax), None, 200).await);
+            check(
+                &keyword(
+                    &mut client,
+                    &me,
+                    &format!("{} note", WORDS[word]),
+                    None,
+                    200,
+                )
+                .await,
+            );
+        });
+        Ok(())
+    });
+    result.expect("property holds");
+    // The property is not vacuous: the highest-trust caller sees everything
+    // of its tenant.
+    rt.block_on(async {
+        let top = ident(&tenants[0], "r", AccessLevel::Sensitive);
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM memories WHERE tenant_id = $1")
+            .bind(&tenants[0])
+            .fetch_one(&h.pool)
+            .await
+            .expect("count");
+        let hits = keyword(&mut h.client, &top, "note", None, 200).await;
+        assert_eq!(hits.len() as i64, n);
+    });
+}

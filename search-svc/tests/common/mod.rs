@@ -1,0 +1,168 @@
+//! Test harness: the real service on port 0 against the shared test Postgres.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use engram_common::db::{test_database, test_settings};
+use engram_common::{AccessLevel, Identity};
+use engram_proto as pb;
+use engram_proto::search_service_client::SearchServiceClient;
+use search_svc::{Embeddings, SearchSvc, serve_svc};
+use sqlx::PgPool;
+use tonic::transport::Channel;
+
+pub const TOKEN: &str = "test-internal-token";
+
+pub type Client = SearchServiceClient<Channel>;
+
+/// One model load per test binary.
+pub fn embeddings() -> Embeddings {
+    static E: OnceLock<Embeddings> = OnceLock::new();
+    E.get_or_init(|| Embeddings::load_blocking(&test_settings()))
+        .clone()
+}
+
+pub struct Harness {
+    pub client: Client,
+    pub pool: PgPool,
+    pub addr: std::net::SocketAddr,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+pub async fn start_with(embeddings: Embeddings, scoring: &str) -> Harness {
+    let pool = test_database().await.expect("test database");
+    let mut settings = test_settings();
+    settings.auth.internal_token_opt = Some(TOKEN.into());
+    settings.search.keyword_scoring = scoring.into();
+    let svc = SearchSvc::new(&settings, pool.clone(), embeddings).expect("svc");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _ = serve_svc(listener, svc, async move {
+            let _ = rx.await;
+        })
+        .await;
+    });
+    let client = connect(addr).await;
+    Harness {
+        client,
+        pool,
+        addr,
+        _stop: tx,
+    }
+}
+
+pub async fn connect(addr: std::net::SocketAddr) -> Client {
+    for _ in 0..50 {
+        if let Ok(c) = SearchServiceClient::connect(format!("http://{addr}")).await {
+            return c.max_decoding_message_size(64 << 20);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("server did not come up");
+}
+
+pub async fn start() -> Harness {
+    start_with(embeddings(), "bm25").await
+}
+
+pub fn tenant() -> String {
+    format!("t-{}", uuid::Uuid::new_v4())
+}
+
+pub fn ident(tenant: &str, agent: &str, trust: AccessLevel) -> Identity {
+    Identity {
+        tenant: tenant.into(),
+        agent_id: agent.into(),
+        trust,
+    }
+}
+
+pub fn req<T>(msg: T, id: &Identity) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    id.write_internal(r.metadata_mut(), TOKEN);
+    r
+}
+
+pub fn mem(id: &str, title: &str, content: &str) -> pb::Memory {
+    pb::Memory {
+        id: id.into(),
+        title: title.into(),
+        content: content.into(),
+        ..Default::default()
+    }
+}
+
+/// A unit vector along axis `i` (plus a shared component so cosine ties
+/// are avoided), for client-supplied embeddings.
+pub fn axis(i: usize) -> Vec<f32> {
+    let mut v = vec![0.01f32; 384];
+    v[i % 384] = 1.0;
+    v
+}
+
+pub async fn upsert(
+    c: &mut Client,
+    id: &Identity,
+    memories: Vec<pb::Memory>,
+) -> pb::UpsertResponse {
+    c.upsert(req(pb::UpsertRequest { memories }, id))
+        .await
+        .expect("upsert")
+        .into_inner()
+}
+
+pub async fn keyword(
+    c: &mut Client,
+    id: &Identity,
+    text: &str,
+    filters: Option<pb::Filters>,
+    k: u32,
+) -> Vec<pb::SearchHit> {
+    c.keyword_search(req(
+        pb::KeywordSearchRequest {
+            text: text.into(),
+            filters,
+            k,
+        },
+        id,
+    ))
+    .await
+    .expect("keyword search")
+    .into_inner()
+    .hits
+}
+
+pub async fn dense(
+    c: &mut Client,
+    id: &Identity,
+    embedding: Vec<f32>,
+    filters: Option<pb::Filters>,
+    k: u32,
+) -> Vec<pb::SearchHit> {
+    c.vector_search(req(
+        pb::VectorSearchRequest {
+            text: String::new(),
+            embedding,
+            filters,
+            k,
+        },
+        id,
+    ))
+    .await
+    .expect("vector search")
+    .into_inner()
+    .hits
+}
+
+pub fn ids(hits: &[pb::SearchHit]) -> Vec<String> {
+    let mut v: Vec<String> = hits
+        .iter()
+        .filter_map(|h| h.memory.as_ref().map(|m| m.id.clone()))
+        .collect();
+    v.sort();
+    v
+}
