@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "engram/v1/search.proto",
         "engram/v1/graph.proto",
         "engram/v1/rerank.proto",
+        "engram/v1/foundry.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

@@ -2,12 +2,14 @@
 //! embedded Postgres, the project-local installs, conversions and the server
 //! scaffolding (health + reflection + graceful shutdown).
 
+pub mod admin;
 pub mod bootstrap;
 pub mod convert;
 pub mod db;
 pub mod entities;
 pub mod identity;
 pub mod pg;
+pub mod scrub;
 pub mod server;
 pub mod settings;
 pub mod telemetry;

@@ -204,22 +204,60 @@ pub fn tokens(s: &str) -> u32 {
     (s.chars().count() as u32).div_ceil(4)
 }
 
+pub const CONTEXT_HEADER: &str = "## Relevant Long-Term Memories\n";
+
+/// `metadata.scope` when the writer set one, else the namespace.
+fn scope(m: &Memory) -> String {
+    let from_meta = m
+        .metadata
+        .as_ref()
+        .and_then(|s| s.fields.get("scope"))
+        .and_then(|v| match &v.kind {
+            Some(prost_types::value::Kind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
+            _ => None,
+        });
+    from_meta.unwrap_or_else(|| {
+        if m.namespace.is_empty() {
+            "default".into()
+        } else {
+            m.namespace.clone()
+        }
+    })
+}
+
+/// One memory of the context block: `**[type | scope | vN]**`, the note
+/// when it replaces another memory, then the content.
+pub fn context_entry(m: &Memory) -> String {
+    let kind = if m.memory_type.is_empty() {
+        "episodic"
+    } else {
+        m.memory_type.as_str()
+    };
+    let mut e = format!("\n**[{kind} | {} | v{}]**\n", scope(m), m.version);
+    if !m.supersedes.is_empty() {
+        e.push_str(&format!("_Supersedes memory {}._\n", m.supersedes));
+    }
+    e.push_str(m.content.trim());
+    e.push('\n');
+    e
+}
+
 /// Most relevant first; an entry that does not fit is skipped and smaller
-/// later ones may still fit. Never over `budget`.
+/// later ones may still fit. Never over `budget`, header included; no
+/// entry fits = no block at all (a bare header would only cost tokens).
 pub fn pack_context(records: &[ScoredMemory], budget: u32) -> (String, u32) {
-    let mut block = String::new();
+    let mut block = String::from(CONTEXT_HEADER);
+    let mut entries = 0;
     for r in records {
         let Some(m) = &r.memory else { continue };
-        let cite = r
-            .provenance
-            .as_ref()
-            .map(|p| p.citation.clone())
-            .unwrap_or_else(|| citation(m));
-        let entry = format!("{cite} {}\n", m.content.trim());
-        let candidate = format!("{block}{entry}");
+        let candidate = format!("{block}{}", context_entry(m));
         if tokens(&candidate) <= budget {
             block = candidate;
+            entries += 1;
         }
+    }
+    if entries == 0 {
+        return (String::new(), 0);
     }
     let t = tokens(&block);
     (block, t)
@@ -352,6 +390,35 @@ mod tests {
             assert_eq!(t, tokens(&block));
         }
         let (block, _) = pack_context(&records, 100_000);
-        assert!(block.starts_with("[memory:m0 v0]"));
+        assert!(block.starts_with("## Relevant Long-Term Memories\n\n**[episodic | default | v0]**\nxxxxxxxxxx"));
+        assert_eq!(pack_context(&records, 8), (String::new(), 0));
+    }
+
+    #[test]
+    fn context_entries_name_type_scope_version_and_supersedes() {
+        let mut newer = mem("new", 2_000, 0.9);
+        newer.memory_type = "semantic".into();
+        newer.namespace = "kb-1".into();
+        newer.version = 3;
+        newer.supersedes = "old".into();
+        newer.content = "Alice now leads billing.".into();
+        let mut scoped = mem("s", 1_000, 0.9);
+        scoped.metadata = Some(engram_common::convert::json_to_struct(
+            &serde_json::json!({"scope": "user"}),
+        ));
+        let records: Vec<ScoredMemory> = [newer, scoped]
+            .into_iter()
+            .map(|m| ScoredMemory {
+                memory: Some(m),
+                score: 1.0,
+                provenance: None,
+            })
+            .collect();
+        let (block, t) = pack_context(&records, 1000);
+        assert_eq!(
+            block,
+            "## Relevant Long-Term Memories\n\n**[semantic | kb-1 | v3]**\n_Supersedes memory old._\nAlice now leads billing.\n\n**[episodic | user | v1]**\ncontent of s\n"
+        );
+        assert_eq!(t, tokens(&block));
     }
 }

@@ -14,7 +14,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -36,6 +35,9 @@ use tonic::transport::{Channel, Endpoint};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+
+pub use crate::metrics::StackMetrics;
+use crate::metrics::{CallOutcome, Metrics};
 
 /// A downstream request with the caller identity that travels in metadata.
 #[derive(Debug, Clone)]
@@ -128,13 +130,6 @@ pub struct StackSpec {
     pub breaker: BreakerConfig,
 }
 
-#[derive(Debug, Default)]
-pub struct StackMetrics {
-    pub calls: AtomicU64,
-    pub errors: AtomicU64,
-    pub total_micros: AtomicU64,
-}
-
 /// Builds the resilience stack around `inner` (a tonic call in production,
 /// a `tower_test` mock in tests).
 pub fn layered<S, T, R>(
@@ -158,12 +153,15 @@ where
             let start = Instant::now();
             async move {
                 let r: Result<R, DownstreamError> = fut.await;
-                metrics.calls.fetch_add(1, Ordering::Relaxed);
-                metrics
-                    .total_micros
-                    .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
+                let outcome = match &r {
+                    Ok(_) => CallOutcome::Ok,
+                    Err(DownstreamError::Timeout) => CallOutcome::Timeout,
+                    Err(DownstreamError::CircuitOpen) => CallOutcome::CircuitOpen,
+                    Err(DownstreamError::Overloaded) => CallOutcome::Overloaded,
+                    Err(_) => CallOutcome::Error,
+                };
+                metrics.record(outcome, start.elapsed());
                 if let Err(e) = &r {
-                    metrics.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(downstream = name, error = %e, "downstream call failed");
                 }
                 r
@@ -470,7 +468,8 @@ pub struct Downstreams {
     pub ppr: Down<PprRequest, PprResponse>,
     pub contradictions: Down<ContradictionsRequest, ContradictionsResponse>,
     pub score: Down<ScoreRequest, ScoreResponse>,
-    pub metrics: Arc<Vec<(&'static str, Arc<StackMetrics>)>>,
+    /// The gateway's registry: downstream families and the pipeline's.
+    pub metrics: Arc<Metrics>,
     pub breakers: Arc<Vec<(&'static str, BreakerHandle)>>,
 }
 
@@ -500,7 +499,7 @@ impl Downstreams {
             budget_search: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
             budget_graph: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
             budget_rerank: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
-            metrics: Vec::new(),
+            metrics: Arc::new(Metrics::new()?),
             breakers: Vec::new(),
         };
         let breaker = BreakerConfig {
@@ -626,7 +625,7 @@ impl Downstreams {
                     Box::pin(async move { c.score(r).await })
                 }),
             ),
-            metrics: Arc::new(b.metrics),
+            metrics: b.metrics,
             breakers: Arc::new(b.breakers),
         })
     }
@@ -636,7 +635,7 @@ struct Builder {
     budget_search: Arc<TpsBudget>,
     budget_graph: Arc<TpsBudget>,
     budget_rerank: Arc<TpsBudget>,
-    metrics: Vec<(&'static str, Arc<StackMetrics>)>,
+    metrics: Arc<Metrics>,
     breakers: Vec<(&'static str, BreakerHandle)>,
 }
 
@@ -648,9 +647,8 @@ impl Builder {
         T: Clone + Send + Sync + 'static,
         R: Send + 'static,
     {
-        let m = Arc::new(StackMetrics::default());
-        let (svc, handle) = layered(spec, budget.clone(), m.clone(), inner);
-        self.metrics.push((spec.name, m));
+        let m = Arc::new(self.metrics.stack(spec.name));
+        let (svc, handle) = layered(spec, budget.clone(), m, inner);
         self.breakers.push((spec.name, handle));
         svc
     }

@@ -5,10 +5,15 @@
 pub mod assembly;
 pub mod auth;
 pub mod cache;
+pub mod conversation;
+pub mod decompose;
 pub mod downstream;
 pub mod error;
 pub mod feedback;
+pub mod foundry;
 pub mod fusion;
+pub mod http;
+pub mod metrics;
 pub mod router;
 pub mod search;
 pub mod service;
@@ -17,6 +22,7 @@ pub mod validation;
 use std::future::Future;
 
 use engram_common::Settings;
+use engram_proto::knowledge_foundry_service_server::KnowledgeFoundryServiceServer;
 use engram_proto::memory_service_server::MemoryServiceServer;
 use engram_proto::retrieval_service_server::RetrievalServiceServer;
 use tokio::net::TcpListener;
@@ -51,11 +57,19 @@ pub async fn serve_gateway(
 ) -> anyhow::Result<()> {
     let (reporter, health) = engram_common::server::health();
     reporter
-        .set_serving::<RetrievalServiceServer<Gateway>>()
+        .set_serving::<RetrievalServiceServer<conversation::FailOpen>>()
         .await;
     reporter.set_serving::<MemoryServiceServer<Gateway>>().await;
-    let routes = Routes::new(RetrievalServiceServer::new(gateway.clone()))
-        .add_service(MemoryServiceServer::new(gateway));
+    reporter
+        .set_serving::<KnowledgeFoundryServiceServer<foundry::Foundry>>()
+        .await;
+    let routes = Routes::new(RetrievalServiceServer::new(conversation::FailOpen(
+        gateway.clone(),
+    )))
+    .add_service(KnowledgeFoundryServiceServer::new(foundry::Foundry(
+        gateway.clone(),
+    )))
+    .add_service(MemoryServiceServer::new(gateway));
     tracing::info!(addr = ?listener.local_addr().ok(), "retrieval gateway listening");
     engram_common::server::serve(listener, routes, health, shutdown).await?;
     Ok(())

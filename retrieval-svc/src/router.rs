@@ -69,6 +69,7 @@ pub struct Query {
     pub context_sufficient: bool,
     pub skip_rerank: bool,
     pub no_cache: bool,
+    pub fail_open: bool,
 }
 
 impl TryFrom<RetrieveRequest> for Query {
@@ -96,7 +97,14 @@ impl TryFrom<RetrieveRequest> for Query {
             context_sufficient,
             skip_rerank,
             no_cache,
+            conversation,
+            fail_open,
         } = r;
+        let text = if text.trim().is_empty() && !conversation.is_empty() {
+            crate::conversation::query_text(&conversation)?
+        } else {
+            text
+        };
         if text.trim().is_empty() {
             return Err(Error::invalid("text", "must not be empty"));
         }
@@ -190,6 +198,7 @@ impl TryFrom<RetrieveRequest> for Query {
             context_sufficient,
             skip_rerank,
             no_cache,
+            fail_open,
         })
     }
 }

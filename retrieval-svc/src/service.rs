@@ -61,6 +61,29 @@ struct Attempt {
     degraded: Vec<String>,
     dropped: Vec<DroppedCandidate>,
     query_embedding_opt: Option<Vec<f32>>,
+    /// Per stage/strategy counts, for the retrieval log event.
+    candidate_counts: Vec<(&'static str, usize)>,
+}
+
+/// Candidates per strategy after Stage 2 plus the fused total, observed in
+/// `engram_retrieval_candidates{stage="search"}`.
+fn search_counts(
+    m: &crate::metrics::Metrics,
+    c: &search::Candidates,
+) -> Vec<(&'static str, usize)> {
+    let mut counts: Vec<(&'static str, usize)> = Vec::new();
+    for cand in &c.candidates {
+        for hit in &cand.fused.hits {
+            let s = crate::metrics::strategy_label(&hit.strategy);
+            match counts.iter_mut().find(|(k, _)| *k == s) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((s, 1)),
+            }
+        }
+    }
+    counts.push(("fused", c.candidates.len()));
+    m.observe_candidates("search", &counts);
+    counts
 }
 
 fn ms_since(t: Instant) -> f64 {
@@ -163,59 +186,25 @@ impl Gateway {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Prometheus text for the downstream stacks and the feedback queue.
-    /// Labels are stack names only: never query text or tenant ids.
+    /// Prometheus text for the pipeline, the downstream stacks and the
+    /// feedback queue. Labels come from closed sets: never query text or ids.
     pub fn metrics_text(&self) -> String {
-        use std::fmt::Write;
-        use std::sync::atomic::Ordering::Relaxed;
-        let mut out = String::new();
         let ds = &self.inner.ds;
-        let _ = writeln!(out, "# TYPE engram_downstream_calls_total counter");
-        for (name, m) in ds.metrics.iter() {
-            let _ = writeln!(
-                out,
-                "engram_downstream_calls_total{{stack=\"{name}\"}} {}",
-                m.calls.load(Relaxed)
-            );
-        }
-        let _ = writeln!(out, "# TYPE engram_downstream_errors_total counter");
-        for (name, m) in ds.metrics.iter() {
-            let _ = writeln!(
-                out,
-                "engram_downstream_errors_total{{stack=\"{name}\"}} {}",
-                m.errors.load(Relaxed)
-            );
-        }
-        let _ = writeln!(out, "# TYPE engram_downstream_seconds_total counter");
-        for (name, m) in ds.metrics.iter() {
-            let secs = m.total_micros.load(Relaxed) as f64 / 1e6;
-            let _ = writeln!(
-                out,
-                "engram_downstream_seconds_total{{stack=\"{name}\"}} {secs}"
-            );
-        }
-        let _ = writeln!(out, "# TYPE engram_downstream_circuit_open gauge");
-        for (name, b) in ds.breakers.iter() {
-            let open = u8::from(b.phase() == crate::downstream::BreakerPhase::Open);
-            let _ = writeln!(
-                out,
-                "engram_downstream_circuit_open{{stack=\"{name}\"}} {open}"
-            );
-        }
-        let _ = writeln!(out, "# TYPE engram_feedback_dropped_total counter");
-        let _ = writeln!(
-            out,
-            "engram_feedback_dropped_total {}",
-            self.feedback_dropped()
-        );
-        out
+        let phases: Vec<_> = ds.breakers.iter().map(|(n, b)| (*n, b.phase())).collect();
+        ds.metrics.render(&phases, self.feedback_dropped())
     }
 
-    fn authenticate(&self, md: &MetadataMap) -> Result<Identity, Error> {
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// Shared with the Knowledge Foundry and HTTP fronts so every surface
+    /// accepts exactly the same credentials.
+    pub fn authenticate(&self, md: &MetadataMap) -> Result<Identity, Error> {
         self.inner.auth.authenticate(md)
     }
 
-    fn deadline(&self, md: &MetadataMap, start: Instant) -> Instant {
+    pub fn deadline(&self, md: &MetadataMap, start: Instant) -> Instant {
         let ceiling = Duration::from_millis(self.inner.settings.pipeline.ceiling_ms);
         let budget = grpc_timeout(md)
             // Leave a little for the answer to travel back.
@@ -234,13 +223,49 @@ impl Gateway {
         }
     }
 
-    /// The whole pipeline for an authenticated, validated query.
+    /// The whole pipeline for an authenticated, validated query; every
+    /// outcome is counted and logged once.
     pub async fn retrieve(
         &self,
         identity: Identity,
         q: Query,
         start: Instant,
         deadline: Instant,
+    ) -> Result<RetrieveResponse, Error> {
+        let query_log_opt =
+            engram_common::scrub::query_for_log(&q.text, self.inner.settings.log.query_text);
+        let who = identity.clone();
+        let mut candidate_counts = Vec::new();
+        let r = self
+            .run_retrieve(identity, q, start, deadline, &mut candidate_counts)
+            .await;
+        let err_opt = r.as_ref().err().map(ToString::to_string);
+        let result = match (&r, &err_opt) {
+            (Ok(resp), _) => Ok(resp),
+            (Err(_), Some(e)) => Err(e),
+            (Err(_), None) => return r,
+        };
+        self.inner
+            .ds
+            .metrics
+            .observe_retrieval(&crate::metrics::RetrievalOutcome {
+                identity: &who,
+                result,
+                query_id_opt: None,
+                elapsed: start.elapsed(),
+                candidate_counts: &candidate_counts,
+                query_log_opt,
+            });
+        r
+    }
+
+    async fn run_retrieve(
+        &self,
+        identity: Identity,
+        q: Query,
+        start: Instant,
+        deadline: Instant,
+        candidate_counts: &mut Vec<(&'static str, usize)>,
     ) -> Result<RetrieveResponse, Error> {
         let query_id = uuid::Uuid::new_v4().to_string();
         let caches = &self.inner.caches;
@@ -291,6 +316,7 @@ impl Gateway {
             (String::new(), 0)
         };
         let cacheable = best.degraded.is_empty() && !ceiling_hit;
+        *candidate_counts = best.candidate_counts;
         let response = RetrieveResponse {
             records: best.records,
             route: best.route.to_proto() as i32,
@@ -307,15 +333,6 @@ impl Gateway {
             context_tokens,
             dropped: if q.explain { best.dropped } else { Vec::new() },
         };
-        tracing::info!(
-            tenant = %identity.tenant,
-            route = ?best.route,
-            records = response.records.len(),
-            retries = retry_count,
-            degraded = response.degraded_stages.len(),
-            latency_ms = response.latency_ms,
-            "retrieved"
-        );
         if cacheable && !q.no_cache {
             caches.put(&key, &identity.tenant, &response, best.query_embedding_opt);
         }
@@ -399,6 +416,7 @@ impl Gateway {
                     break;
                 }
                 retries += 1;
+                self.inner.ds.metrics.observe_retry(attempt);
                 filters = broaden(&filters);
                 if attempt >= 2 {
                     route = route.next_up();
@@ -465,6 +483,7 @@ impl Gateway {
             stage: "search".into(),
             ms: ms_since(t),
         });
+        let mut candidate_counts = search_counts(&self.inner.ds.metrics, &c);
         let t = Instant::now();
         let mut dropped = Vec::new();
         let checked = validation::static_checks(
@@ -488,7 +507,13 @@ impl Gateway {
             ms: ms_since(t),
         });
         let confidence = confidence_of(&records, c.max_rrf);
+        self.inner
+            .ds
+            .metrics
+            .observe_candidates("assemble", &[("fused", records.len())]);
+        candidate_counts.push(("returned", records.len()));
         Ok(Attempt {
+            candidate_counts,
             route,
             records,
             conflicts: Vec::new(),
@@ -530,6 +555,8 @@ impl Gateway {
             stage: "search".into(),
             ms: ms_since(t),
         });
+        let metrics = &self.inner.ds.metrics;
+        let mut candidate_counts = search_counts(metrics, &c);
         let mut degraded: Vec<String> = c.degraded.iter().map(|s| s.to_string()).collect();
 
         let t = Instant::now();
@@ -545,6 +572,8 @@ impl Gateway {
             stage: "validate".into(),
             ms: ms_since(t),
         });
+        metrics.observe_candidates("validate", &[("fused", checked.len())]);
+        candidate_counts.push(("validated", checked.len()));
         if !q.skip_rerank && !checked.is_empty() {
             let t = Instant::now();
             let rerank_deadline = (Instant::now() + Duration::from_millis(p.rerank_timeout_ms))
@@ -567,6 +596,8 @@ impl Gateway {
             if !ok {
                 degraded.push("rerank".into());
             }
+            metrics.observe_candidates("rerank", &[("fused", checked.len())]);
+            candidate_counts.push(("reranked", checked.len()));
             timings.push(StageLatency {
                 stage: "rerank".into(),
                 ms: ms_since(t),
@@ -621,7 +652,10 @@ impl Gateway {
             stage: "assemble".into(),
             ms: ms_since(t),
         });
+        metrics.observe_candidates("assemble", &[("fused", records.len())]);
+        candidate_counts.push(("returned", records.len()));
         Ok(Attempt {
+            candidate_counts,
             route,
             records,
             conflicts,
@@ -743,6 +777,15 @@ impl RetrievalService for Gateway {
                 value: item.value,
             });
         }
+        let signals: Vec<(&'static str, bool)> = stored
+            .iter()
+            .map(|f| match f.signal.as_str() {
+                "used" => ("used", f.value),
+                "helpful" => ("helpful", f.value),
+                _ => ("sufficient", f.value),
+            })
+            .collect();
+        self.inner.ds.metrics.observe_feedback(&signals);
         let n = stored.len() as u32;
         let accepted = if self.inner.feedback.submit(Arc::new(identity), stored) {
             n
@@ -847,13 +890,14 @@ mod tests {
         let g = Gateway::new(Settings::default()).expect("gateway");
         let t = g.metrics_text();
         assert!(
-            t.contains("engram_downstream_calls_total{stack=\"search.vector\"} 0"),
+            t.contains("engram_retrieval_circuit_state{stage=\"search.vector\"} 0"),
             "{t}"
         );
         assert!(
-            t.contains("engram_downstream_circuit_open{stack=\"rerank.score\"} 0"),
+            t.contains("# TYPE engram_downstream_latency_seconds histogram"),
             "{t}"
         );
+        assert!(t.contains("engram_feedback_dropped_total 0"), "{t}");
     }
 
     #[test]

@@ -1,0 +1,919 @@
+//! Knowledge Foundry retrieval: the gateway's pipeline behind the Foundry
+//! contract. A knowledge base is a namespace; basic retrieval is one raw
+//! strategy pass with a similarity floor; agentic retrieval decomposes the
+//! question by rule (no LLM), runs the sub-queries under a token and a
+//! latency budget, and packs a `[Source N]` context for the caller's model.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use engram_common::Identity;
+use engram_proto::knowledge_foundry_service_server::KnowledgeFoundryService;
+use engram_proto::{
+    AgenticRetrieveRequest, BasicRetrieveRequest, Filters, FoundryResponse, FoundryResult,
+    FoundryStep, ScoredMemory,
+};
+use prost_types::Struct;
+use tokio::time::Instant;
+use tonic::{Request, Response, Status};
+
+use crate::assembly::tokens;
+use crate::decompose::{self, Plan, SLOT};
+use crate::error::Error;
+use crate::router::{MAX_TEXT_CHARS, Mode, Query, Raw};
+use crate::search;
+use crate::service::Gateway;
+
+pub const DEFAULT_TOP_K: u32 = 10;
+pub const MAX_TOP_K: u32 = 100;
+pub const DEFAULT_SIMILARITY: f32 = 0.65;
+pub const DEFAULT_MAX_STEPS: u32 = 5;
+pub const MAX_STEPS: u32 = 20;
+pub const DEFAULT_TOP_K_PER_STEP: u32 = 5;
+pub const MAX_TOP_K_PER_STEP: u32 = 50;
+pub const DEFAULT_TOKEN_BUDGET: u32 = 8_000;
+pub const TOKEN_BUDGET_RANGE: std::ops::RangeInclusive<u32> = 100..=100_000;
+pub const DEFAULT_MAX_LATENCY_MS: u32 = 30_000;
+pub const LATENCY_RANGE: std::ops::RangeInclusive<u32> = 1_000..=120_000;
+pub const MAX_KB_IDS: usize = 32;
+/// Share of the token budget the packed context may fill; the rest is left
+/// for the caller's prompt and answer.
+pub const CONTEXT_SHARE: f32 = 0.7;
+/// How close to the latency deadline a failed step counts as cut by it.
+const LATENCY_SLACK: Duration = Duration::from_millis(150);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effort {
+    Low,
+    Medium,
+    High,
+}
+
+impl Effort {
+    /// Sub-queries a decomposition may produce.
+    fn max_parts(self) -> usize {
+        match self {
+            Self::Low => 1,
+            Self::Medium => 2,
+            Self::High => 4,
+        }
+    }
+}
+
+fn parse_mode(mode: &str, default: Raw) -> Result<Raw, Error> {
+    match mode {
+        "" => Ok(default),
+        "keyword" => Ok(Raw::Keyword),
+        "vector" => Ok(Raw::Vector),
+        "hybrid" => Ok(Raw::Hybrid),
+        _ => Err(Error::invalid("mode", "must be keyword, vector or hybrid")),
+    }
+}
+
+fn check_query(query: &str) -> Result<(), Error> {
+    if query.trim().is_empty() {
+        return Err(Error::invalid("query", "is required"));
+    }
+    if query.chars().count() > MAX_TEXT_CHARS {
+        return Err(Error::invalid(
+            "query",
+            format!("must be at most {MAX_TEXT_CHARS} characters"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_tenant(tenant_id: &str) -> Result<(), Error> {
+    if tenant_id.is_empty() {
+        return Err(Error::invalid("tenant_id", "is required"));
+    }
+    Ok(())
+}
+
+fn parse_kb(field: &'static str, kb: &str) -> Result<String, Error> {
+    uuid::Uuid::parse_str(kb)
+        .map(|u| u.hyphenated().to_string())
+        .map_err(|_| Error::invalid(field, "must be a UUID"))
+}
+
+fn in_range(
+    field: &'static str,
+    v_opt: Option<u32>,
+    default: u32,
+    range: std::ops::RangeInclusive<u32>,
+) -> Result<u32, Error> {
+    let v = v_opt.unwrap_or(default);
+    if range.contains(&v) {
+        Ok(v)
+    } else {
+        Err(Error::invalid(
+            field,
+            format!("must be in {}..={}", range.start(), range.end()),
+        ))
+    }
+}
+
+/// A `BasicRetrieveRequest` that passed boundary validation.
+#[derive(Debug, Clone)]
+pub struct Basic {
+    pub namespace: String,
+    pub query: String,
+    pub tenant_id: String,
+    pub top_k: u32,
+    pub mode: Raw,
+    pub filters_opt: Option<Struct>,
+    pub similarity_threshold: f32,
+}
+
+impl TryFrom<BasicRetrieveRequest> for Basic {
+    type Error = Error;
+
+    fn try_from(r: BasicRetrieveRequest) -> Result<Self, Error> {
+        let BasicRetrieveRequest {
+            kb_id,
+            query,
+            tenant_id,
+            top_k,
+            mode,
+            filters,
+            similarity_threshold,
+        } = r;
+        if kb_id.is_empty() {
+            return Err(Error::invalid("kb_id", "is required"));
+        }
+        let namespace = parse_kb("kb_id", &kb_id)?;
+        check_query(&query)?;
+        check_tenant(&tenant_id)?;
+        let top_k = in_range("top_k", top_k, DEFAULT_TOP_K, 1..=MAX_TOP_K)?;
+        let mode = parse_mode(&mode, Raw::Vector)?;
+        let similarity_threshold = similarity_threshold.unwrap_or(DEFAULT_SIMILARITY);
+        if !(0.0..=1.0).contains(&similarity_threshold) {
+            return Err(Error::invalid("similarity_threshold", "must be in 0..=1"));
+        }
+        Ok(Self {
+            namespace,
+            query,
+            tenant_id,
+            top_k,
+            mode,
+            filters_opt: filters.filter(|f| !f.fields.is_empty()),
+            similarity_threshold,
+        })
+    }
+}
+
+/// An `AgenticRetrieveRequest` that passed boundary validation.
+#[derive(Debug, Clone)]
+pub struct Agentic {
+    pub query: String,
+    pub tenant_id: String,
+    /// Empty = every namespace.
+    pub namespaces: Vec<String>,
+    pub max_steps: u32,
+    pub effort: Effort,
+    pub top_k_per_step: u32,
+    pub token_budget: u32,
+    pub max_latency: Duration,
+    pub mode: Raw,
+    pub filters_opt: Option<Struct>,
+}
+
+impl TryFrom<AgenticRetrieveRequest> for Agentic {
+    type Error = Error;
+
+    fn try_from(r: AgenticRetrieveRequest) -> Result<Self, Error> {
+        let AgenticRetrieveRequest {
+            query,
+            tenant_id,
+            kb_ids,
+            max_steps,
+            reasoning_effort,
+            top_k_per_step,
+            token_budget,
+            max_latency_ms,
+            mode,
+            filters,
+        } = r;
+        check_query(&query)?;
+        check_tenant(&tenant_id)?;
+        if kb_ids.len() > MAX_KB_IDS {
+            return Err(Error::invalid(
+                "kb_ids",
+                format!("at most {MAX_KB_IDS} knowledge bases"),
+            ));
+        }
+        let mut namespaces = Vec::with_capacity(kb_ids.len());
+        for kb in &kb_ids {
+            let ns = parse_kb("kb_ids", kb)?;
+            if !namespaces.contains(&ns) {
+                namespaces.push(ns);
+            }
+        }
+        let effort = match reasoning_effort.as_str() {
+            "low" => Effort::Low,
+            "" | "medium" => Effort::Medium,
+            "high" => Effort::High,
+            _ => {
+                return Err(Error::invalid(
+                    "reasoning_effort",
+                    "must be low, medium or high",
+                ));
+            }
+        };
+        Ok(Self {
+            query,
+            tenant_id,
+            namespaces,
+            max_steps: in_range("max_steps", max_steps, DEFAULT_MAX_STEPS, 1..=MAX_STEPS)?,
+            effort,
+            top_k_per_step: in_range(
+                "top_k_per_step",
+                top_k_per_step,
+                DEFAULT_TOP_K_PER_STEP,
+                1..=MAX_TOP_K_PER_STEP,
+            )?,
+            token_budget: in_range(
+                "token_budget",
+                token_budget,
+                DEFAULT_TOKEN_BUDGET,
+                TOKEN_BUDGET_RANGE,
+            )?,
+            max_latency: Duration::from_millis(u64::from(in_range(
+                "max_latency_ms",
+                max_latency_ms,
+                DEFAULT_MAX_LATENCY_MS,
+                LATENCY_RANGE,
+            )?)),
+            mode: parse_mode(&mode, Raw::Hybrid)?,
+            filters_opt: filters.filter(|f| !f.fields.is_empty()),
+        })
+    }
+}
+
+fn authorize(identity: &Identity, tenant_id: &str) -> Result<(), Error> {
+    if identity.tenant != tenant_id {
+        return Err(Error::PermissionDenied(
+            "tenant_id does not match the caller's tenant".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn raw_query(
+    text: String,
+    namespace: String,
+    filters_opt: Option<Struct>,
+    k: u32,
+    raw: Raw,
+) -> Query {
+    Query {
+        text,
+        filters: Filters {
+            namespace,
+            metadata: filters_opt,
+            ..Default::default()
+        },
+        limit: k,
+        mode: Mode::Raw(raw),
+        hypotheses: Vec::new(),
+        turn_id_opt: None,
+        token_budget: 0,
+        explain: false,
+        context_sufficient: false,
+        skip_rerank: true,
+        no_cache: false,
+        fail_open: false,
+    }
+}
+
+fn strategy_score(r: &ScoredMemory, strategy: &str) -> Option<f32> {
+    r.provenance
+        .as_ref()?
+        .strategies
+        .iter()
+        .find(|h| h.strategy == strategy)
+        .map(|h| h.score)
+}
+
+fn document_id(m: &engram_proto::Memory) -> String {
+    let from_meta = m
+        .metadata
+        .as_ref()
+        .and_then(|s| s.fields.get("document_id"))
+        .map(|v| match struct_value_json(v) {
+            serde_json::Value::String(s) => s,
+            other => other.to_string(),
+        })
+        .filter(|s| !s.is_empty());
+    from_meta.unwrap_or_else(|| {
+        if m.source.is_empty() {
+            m.id.clone()
+        } else {
+            m.source.clone()
+        }
+    })
+}
+
+fn struct_value_json(v: &prost_types::Value) -> serde_json::Value {
+    engram_common::convert::value_to_json(v)
+}
+
+fn to_result(r: ScoredMemory, score: f32) -> Option<FoundryResult> {
+    let m = r.memory?;
+    Some(FoundryResult {
+        chunk_id: m.id.clone(),
+        document_id: document_id(&m),
+        text: m.content.clone(),
+        score,
+        metadata: m.metadata.clone(),
+    })
+}
+
+/// Basic retrieval: one strategy pass over one knowledge base. Scores are
+/// the strategy's own (cosine similarity for vector, ts_rank for keyword),
+/// the fused score for hybrid.
+pub async fn basic(
+    gw: &Gateway,
+    identity: Identity,
+    b: Basic,
+    start: Instant,
+    deadline: Instant,
+) -> Result<FoundryResponse, Error> {
+    authorize(&identity, &b.tenant_id)?;
+    let t = Instant::now();
+    let q = raw_query(b.query.clone(), b.namespace, b.filters_opt, b.top_k, b.mode);
+    let r = gw.retrieve(identity, q, start, deadline).await?;
+    let threshold = b.similarity_threshold;
+    let results: Vec<FoundryResult> =
+        r.records
+            .into_iter()
+            .filter_map(|rec| {
+                let sim_opt = strategy_score(&rec, search::VECTOR);
+                let score = match b.mode {
+                    Raw::Vector => {
+                        let sim = sim_opt.unwrap_or(0.0);
+                        if sim < threshold {
+                            return None;
+                        }
+                        sim
+                    }
+                    Raw::Keyword => strategy_score(&rec, search::KEYWORD).unwrap_or(rec.score),
+                    Raw::Hybrid | Raw::Graph => {
+                        // Only a hit whose sole evidence is a weak vector match
+                        // is dropped: keyword and graph hits have no similarity.
+                        let other = rec.provenance.as_ref().is_some_and(|p| {
+                            p.strategies.iter().any(|h| h.strategy != search::VECTOR)
+                        });
+                        if !other && sim_opt.is_some_and(|s| s < threshold) {
+                            return None;
+                        }
+                        rec.score
+                    }
+                };
+                to_result(rec, score)
+            })
+            .collect();
+    let tokens_used: u32 = results.iter().map(|r| tokens(&r.text)).sum();
+    let step = FoundryStep {
+        step_number: 1,
+        action: "retrieve".into(),
+        input: b.query,
+        result_count: results.len() as u32,
+        tokens: tokens_used,
+        latency_ms: ms(t.elapsed()),
+        detail: format!("mode={:?}", b.mode).to_lowercase(),
+    };
+    tracing::info!(
+        tenant = %b.tenant_id,
+        results = results.len(),
+        "foundry basic retrieved"
+    );
+    Ok(FoundryResponse {
+        request_id: r.query_id,
+        answer: String::new(),
+        results,
+        steps: vec![step],
+        total_tokens_used: tokens_used,
+        total_latency_ms: ms(start.elapsed()),
+        truncated: false,
+        truncated_reason: String::new(),
+        context: String::new(),
+    })
+}
+
+/// Why the agent must stop before its next step, if it must.
+pub fn stop_reason(
+    elapsed: Duration,
+    max_latency: Duration,
+    tokens_used: u32,
+    token_budget: u32,
+    retrieves_done: u32,
+    max_steps: u32,
+) -> Option<&'static str> {
+    if tokens_used >= token_budget {
+        Some("budget")
+    } else if elapsed >= max_latency {
+        Some("latency")
+    } else if retrieves_done >= max_steps {
+        Some("max_steps")
+    } else {
+        None
+    }
+}
+
+/// The running state of one agentic request.
+struct Run<'a> {
+    gw: &'a Gateway,
+    identity: Identity,
+    a: &'a Agentic,
+    start: Instant,
+    deadline: Instant,
+    steps: Vec<FoundryStep>,
+    tokens_used: u32,
+    retrieves: u32,
+    truncated_opt: Option<&'static str>,
+    /// Best score per chunk, in first-seen order.
+    results: Vec<FoundryResult>,
+    index: HashMap<String, usize>,
+    /// The latest retrieve's best hit, for a bridge follow-up.
+    best_hit_opt: Option<BestHit>,
+}
+
+/// Content and stored entities of a step's best hit.
+struct BestHit {
+    content: String,
+    entities: Vec<String>,
+}
+
+/// What one sub-query returned.
+struct StepOutcome {
+    input: String,
+    results: Vec<FoundryResult>,
+    best_hit_opt: Option<BestHit>,
+    latency: Duration,
+    error_opt: Option<Error>,
+    /// The request's latency budget, not the pipeline ceiling, ended it.
+    cut_by_latency: bool,
+}
+
+impl Run<'_> {
+    fn check(&mut self) -> bool {
+        if self.truncated_opt.is_some() {
+            return false;
+        }
+        self.truncated_opt = stop_reason(
+            self.start.elapsed(),
+            self.a.max_latency,
+            self.tokens_used,
+            self.a.token_budget,
+            self.retrieves,
+            self.a.max_steps,
+        );
+        self.truncated_opt.is_none()
+    }
+
+    fn push_step(
+        &mut self,
+        action: &str,
+        input: String,
+        count: usize,
+        tokens: u32,
+        latency: Duration,
+        detail: String,
+    ) {
+        self.steps.push(FoundryStep {
+            step_number: self.steps.len() as u32 + 1,
+            action: action.into(),
+            input,
+            result_count: count as u32,
+            tokens,
+            latency_ms: ms(latency),
+            detail,
+        });
+    }
+
+    /// One sub-query across the requested knowledge bases, in parallel.
+    async fn retrieve_one(&self, text: String) -> StepOutcome {
+        let t = Instant::now();
+        let namespaces = if self.a.namespaces.is_empty() {
+            vec![String::new()]
+        } else {
+            self.a.namespaces.clone()
+        };
+        let ceiling =
+            Instant::now() + Duration::from_millis(self.gw.settings().pipeline.ceiling_ms);
+        let latency_bound = self.deadline <= ceiling;
+        let step_deadline = self.deadline.min(ceiling);
+        let calls = namespaces.into_iter().map(|ns| {
+            let mut q = raw_query(
+                text.clone(),
+                ns,
+                self.a.filters_opt.clone(),
+                self.a.top_k_per_step,
+                self.a.mode,
+            );
+            // Sub-queries differ by one entity ("..., Alan Turing?" vs
+            // "..., John von Neumann?"): the semantic cache would match one
+            // to the other.
+            q.no_cache = true;
+            self.gw
+                .retrieve(self.identity.clone(), q, Instant::now(), step_deadline)
+        });
+        let mut records: Vec<ScoredMemory> = Vec::new();
+        let mut error_opt = None;
+        let mut any_ok = false;
+        for r in futures::future::join_all(calls).await {
+            match r {
+                Ok(r) => {
+                    any_ok = true;
+                    records.extend(r.records);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "knowledge base retrieval failed");
+                    error_opt = Some(e);
+                }
+            }
+        }
+        // The pipeline stops its strategies a little before the deadline
+        // it was given, so "near the deadline" counts as reaching it.
+        let cut_by_latency = latency_bound && Instant::now() + LATENCY_SLACK >= self.deadline;
+        // One knowledge base failing degrades the step; all failing fails it.
+        if any_ok {
+            error_opt = None;
+        }
+        records.sort_by(|a, b| b.score.total_cmp(&a.score));
+        records.truncate(self.a.top_k_per_step as usize);
+        let best_hit_opt = records
+            .first()
+            .and_then(|r| r.memory.as_ref())
+            .map(|m| BestHit {
+                content: m.content.clone(),
+                entities: m.entities.clone(),
+            });
+        let results = records
+            .into_iter()
+            .filter_map(|r| {
+                let s = r.score;
+                to_result(r, s)
+            })
+            .collect();
+        StepOutcome {
+            input: text,
+            error_opt,
+            results,
+            best_hit_opt,
+            latency: t.elapsed(),
+            cut_by_latency,
+        }
+    }
+
+    /// Records a finished retrieve; a failure after the latency budget is a
+    /// truncation, any other failure the request's error.
+    fn absorb(&mut self, o: StepOutcome) -> Result<(), Error> {
+        self.retrieves += 1;
+        if let Some(e) = o.error_opt {
+            if o.cut_by_latency || self.start.elapsed() >= self.a.max_latency {
+                self.push_step(
+                    "retrieve",
+                    o.input,
+                    0,
+                    0,
+                    o.latency,
+                    "stopped: latency".into(),
+                );
+                self.truncated_opt.get_or_insert("latency");
+                return Ok(());
+            }
+            return Err(e);
+        }
+        let tokens: u32 = o.results.iter().map(|r| tokens(&r.text)).sum();
+        self.tokens_used = self.tokens_used.saturating_add(tokens);
+        let count = o.results.len();
+        for r in o.results {
+            match self.index.get(&r.chunk_id) {
+                Some(&i) => {
+                    if r.score > self.results[i].score {
+                        self.results[i].score = r.score;
+                    }
+                }
+                None => {
+                    self.index.insert(r.chunk_id.clone(), self.results.len());
+                    self.results.push(r);
+                }
+            }
+        }
+        self.best_hit_opt = o.best_hit_opt;
+        self.push_step("retrieve", o.input, count, tokens, o.latency, String::new());
+        Ok(())
+    }
+
+    async fn parallel(&mut self, queries: Vec<String>) -> Result<(), Error> {
+        if !self.check() {
+            return Ok(());
+        }
+        let room = self.a.max_steps.saturating_sub(self.retrieves) as usize;
+        if queries.len() > room {
+            self.truncated_opt = Some("max_steps");
+        }
+        let outcomes =
+            futures::future::join_all(queries.into_iter().take(room).map(|q| self.retrieve_one(q)))
+                .await;
+        for o in outcomes {
+            self.absorb(o)?;
+        }
+        Ok(())
+    }
+
+    async fn bridge(&mut self, first: String, follow_up: String) -> Result<(), Error> {
+        if !self.check() {
+            return Ok(());
+        }
+        let o = self.retrieve_one(first.clone()).await;
+        self.absorb(o)?;
+        let mut follow_up = follow_up;
+        let mut asked = first;
+        // Nested bridges ("the spouse of the founder of X") take one more
+        // hop per level while the budget allows.
+        loop {
+            let entity_opt = self
+                .best_hit_opt
+                .as_ref()
+                .and_then(|h| decompose::bridge_entity(&h.content, &h.entities, &asked));
+            let next = match &entity_opt {
+                Some(e) => follow_up.replace(SLOT, e),
+                // No bridge entity: ask the whole question instead.
+                None => self.a.query.clone(),
+            };
+            if !self.check() {
+                break;
+            }
+            let o = self.retrieve_one(next.clone()).await;
+            self.absorb(o)?;
+            if let Some(last) = self.steps.last_mut() {
+                last.detail = match &entity_opt {
+                    Some(e) => format!("bridge entity: {e}"),
+                    None => "no bridge entity: whole question".into(),
+                };
+            }
+            match (
+                entity_opt,
+                decompose::decompose(&next, self.a.effort.max_parts()),
+            ) {
+                (
+                    Some(_),
+                    Plan::Bridge {
+                        first,
+                        follow_up: f,
+                    },
+                ) if self.a.effort == Effort::High => {
+                    if !self.check() {
+                        break;
+                    }
+                    let o = self.retrieve_one(first.clone()).await;
+                    self.absorb(o)?;
+                    asked = first;
+                    follow_up = f;
+                }
+                _ => break,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Packs results, best first, as `[Source N]` entries until `limit` tokens.
+pub fn pack_sources(results: &[FoundryResult], limit: u32) -> String {
+    let mut out = String::new();
+    let mut n = 0;
+    for r in results {
+        let entry = format!("[Source {}] {}\n\n", n + 1, r.text.trim());
+        if tokens(&out) + tokens(&entry) <= limit {
+            out.push_str(&entry);
+            n += 1;
+        }
+    }
+    out
+}
+
+pub async fn agentic(
+    gw: &Gateway,
+    identity: Identity,
+    a: Agentic,
+    start: Instant,
+) -> Result<FoundryResponse, Error> {
+    authorize(&identity, &a.tenant_id)?;
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let mut run = Run {
+        gw,
+        identity,
+        a: &a,
+        start,
+        deadline: start + a.max_latency,
+        steps: Vec::new(),
+        tokens_used: 0,
+        retrieves: 0,
+        truncated_opt: None,
+        results: Vec::new(),
+        index: HashMap::new(),
+        best_hit_opt: None,
+    };
+    let plan = if a.effort == Effort::Low {
+        Plan::Single(a.query.clone())
+    } else {
+        let t = Instant::now();
+        let plan = decompose::decompose(&a.query, a.effort.max_parts());
+        let subs = plan.sub_queries();
+        let kind = match &plan {
+            Plan::Single(_) => "single",
+            Plan::Parallel(_) => "parallel",
+            Plan::Bridge { .. } => "bridge",
+        };
+        run.push_step(
+            "decompose",
+            a.query.clone(),
+            subs.len(),
+            0,
+            t.elapsed(),
+            format!("{kind}: {}", subs.join(" | ")),
+        );
+        plan
+    };
+    match plan {
+        Plan::Single(q) => run.parallel(vec![q]).await?,
+        Plan::Parallel(qs) => run.parallel(qs).await?,
+        Plan::Bridge { first, follow_up } => run.bridge(first, follow_up).await?,
+    }
+    let Run {
+        mut results,
+        mut steps,
+        tokens_used,
+        truncated_opt,
+        ..
+    } = run;
+    results.sort_by(|x, y| y.score.total_cmp(&x.score));
+    let t = Instant::now();
+    let limit = (a.token_budget as f32 * CONTEXT_SHARE) as u32;
+    let context = pack_sources(&results, limit);
+    let context_tokens = tokens(&context);
+    steps.push(FoundryStep {
+        step_number: steps.len() as u32 + 1,
+        action: "synthesize".into(),
+        input: a.query.clone(),
+        result_count: context.matches("[Source ").count() as u32,
+        tokens: context_tokens,
+        latency_ms: ms(t.elapsed()),
+        detail: "no llm configured: context only".into(),
+    });
+    tracing::info!(
+        tenant = %a.tenant_id,
+        steps = steps.len(),
+        results = results.len(),
+        tokens = tokens_used,
+        truncated = truncated_opt.unwrap_or(""),
+        "foundry agentic retrieved"
+    );
+    Ok(FoundryResponse {
+        request_id,
+        answer: String::new(),
+        results,
+        steps,
+        total_tokens_used: tokens_used,
+        total_latency_ms: ms(start.elapsed()),
+        truncated: truncated_opt.is_some(),
+        truncated_reason: truncated_opt.unwrap_or_default().to_string(),
+        context,
+    })
+}
+
+/// The gRPC `KnowledgeFoundryService` over a shared [`Gateway`].
+#[derive(Clone)]
+pub struct Foundry(pub Gateway);
+
+#[tonic::async_trait]
+impl KnowledgeFoundryService for Foundry {
+    async fn retrieve_basic(
+        &self,
+        request: Request<BasicRetrieveRequest>,
+    ) -> Result<Response<FoundryResponse>, Status> {
+        let start = Instant::now();
+        let identity = self.0.authenticate(request.metadata())?;
+        let deadline = self.0.deadline(request.metadata(), start);
+        let b = Basic::try_from(request.into_inner())?;
+        Ok(Response::new(
+            basic(&self.0, identity, b, start, deadline).await?,
+        ))
+    }
+
+    async fn retrieve_agentic(
+        &self,
+        request: Request<AgenticRetrieveRequest>,
+    ) -> Result<Response<FoundryResponse>, Status> {
+        let start = Instant::now();
+        let identity = self.0.authenticate(request.metadata())?;
+        let a = Agentic::try_from(request.into_inner())?;
+        Ok(Response::new(agentic(&self.0, identity, a, start).await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field<T: std::fmt::Debug>(r: Result<T, Error>) -> &'static str {
+        match r {
+            Err(Error::InvalidArgument { field, .. }) => field,
+            other => panic!("expected invalid argument, got {other:?}"),
+        }
+    }
+
+    fn basic_req() -> BasicRetrieveRequest {
+        BasicRetrieveRequest {
+            kb_id: "0B7C3F0E-8A51-4C53-9A43-6B8F7E3C1D20".into(),
+            query: "q".into(),
+            tenant_id: "t".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn basic_defaults_and_ranges() {
+        let b = Basic::try_from(basic_req()).expect("valid");
+        assert_eq!(b.namespace, "0b7c3f0e-8a51-4c53-9a43-6b8f7e3c1d20");
+        assert_eq!(
+            (b.top_k, b.mode, b.similarity_threshold),
+            (10, Raw::Vector, 0.65)
+        );
+        let bad = |f: fn(&mut BasicRetrieveRequest)| {
+            let mut r = basic_req();
+            f(&mut r);
+            field(Basic::try_from(r))
+        };
+        assert_eq!(bad(|r| r.kb_id.clear()), "kb_id");
+        assert_eq!(bad(|r| r.kb_id = "kb".into()), "kb_id");
+        assert_eq!(bad(|r| r.query = " ".into()), "query");
+        assert_eq!(bad(|r| r.tenant_id.clear()), "tenant_id");
+        assert_eq!(bad(|r| r.top_k = Some(0)), "top_k");
+        assert_eq!(bad(|r| r.top_k = Some(101)), "top_k");
+        assert_eq!(bad(|r| r.mode = "graph".into()), "mode");
+        assert_eq!(
+            bad(|r| r.similarity_threshold = Some(-0.1)),
+            "similarity_threshold"
+        );
+    }
+
+    #[test]
+    fn agentic_defaults_and_ranges() {
+        let req = || AgenticRetrieveRequest {
+            query: "q".into(),
+            tenant_id: "t".into(),
+            ..Default::default()
+        };
+        let a = Agentic::try_from(req()).expect("valid");
+        assert_eq!(
+            (a.max_steps, a.effort, a.top_k_per_step, a.token_budget),
+            (5, Effort::Medium, 5, 8_000)
+        );
+        assert_eq!(a.max_latency, Duration::from_secs(30));
+        assert_eq!(a.mode, Raw::Hybrid);
+        assert!(a.namespaces.is_empty());
+        let bad = |f: fn(&mut AgenticRetrieveRequest)| {
+            let mut r = req();
+            f(&mut r);
+            field(Agentic::try_from(r))
+        };
+        assert_eq!(bad(|r| r.max_steps = Some(0)), "max_steps");
+        assert_eq!(bad(|r| r.top_k_per_step = Some(51)), "top_k_per_step");
+        assert_eq!(bad(|r| r.token_budget = Some(100_001)), "token_budget");
+        assert_eq!(bad(|r| r.max_latency_ms = Some(120_001)), "max_latency_ms");
+        assert_eq!(bad(|r| r.reasoning_effort = "x".into()), "reasoning_effort");
+        assert_eq!(bad(|r| r.kb_ids = vec!["nope".into()]), "kb_ids");
+    }
+
+    #[test]
+    fn stops_on_budget_then_latency_then_steps() {
+        let s = Duration::from_secs(1);
+        assert_eq!(stop_reason(s / 2, s, 10, 100, 0, 5), None);
+        assert_eq!(stop_reason(s / 2, s, 100, 100, 0, 5), Some("budget"));
+        assert_eq!(stop_reason(s, s, 10, 100, 0, 5), Some("latency"));
+        assert_eq!(stop_reason(s / 2, s, 10, 100, 5, 5), Some("max_steps"));
+    }
+
+    #[test]
+    fn sources_pack_within_the_limit() {
+        let r = |t: &str| FoundryResult {
+            text: t.into(),
+            ..Default::default()
+        };
+        let results = [r(&"a".repeat(100)), r(&"b".repeat(400)), r("short")];
+        let c = pack_sources(&results, 40);
+        assert_eq!(
+            c,
+            format!("[Source 1] {}\n\n[Source 2] short\n\n", "a".repeat(100))
+        );
+        assert!(tokens(&c) <= 40);
+    }
+}

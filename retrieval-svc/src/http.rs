@@ -1,0 +1,301 @@
+//! The gateway's HTTP JSON API for Knowledge Foundry clients that do not
+//! speak gRPC. Same credentials, same validation and the same error
+//! mapping as gRPC (through `tonic::Status`), so the two surfaces cannot
+//! drift apart.
+
+use std::future::Future;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use engram_common::convert::{json_to_struct, struct_to_json};
+use engram_proto::{AgenticRetrieveRequest, BasicRetrieveRequest, FoundryResponse};
+use serde_json::{Map, Value, json};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tonic::metadata::MetadataMap;
+
+use crate::error::Error;
+use crate::foundry::{self, Agentic, Basic};
+use crate::service::Gateway;
+
+pub const BASIC_PATH: &str = "/api/v1/retrieve/basic";
+pub const AGENTIC_PATH: &str = "/api/v1/retrieve/agentic";
+
+/// Serves the HTTP API on `listener` until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Gateway,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    tracing::info!(addr = ?listener.local_addr().ok(), "http api listening");
+    axum::serve(listener, router(gateway))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+pub fn router(gateway: Gateway) -> Router {
+    Router::new()
+        .route(BASIC_PATH, post(basic))
+        .route(AGENTIC_PATH, post(agentic))
+        .with_state(gateway)
+}
+
+fn http_code(code: tonic::Code) -> StatusCode {
+    use tonic::Code;
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::Cancelled => StatusCode::REQUEST_TIMEOUT,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn error_response(e: Error) -> Response {
+    let status = tonic::Status::from(e);
+    let body = json!({
+        "error": {
+            "code": format!("{:?}", status.code()),
+            "message": status.message(),
+        }
+    });
+    (http_code(status.code()), axum::Json(body)).into_response()
+}
+
+fn object(body: &[u8]) -> Result<Map<String, Value>, Error> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(Error::invalid("body", "must be a JSON object")),
+        Err(_) => Err(Error::invalid("body", "must be valid JSON")),
+    }
+}
+
+/// Typed field readers: a wrong type is a 400 naming the field, like a
+/// missing or out-of-range one.
+fn string(m: &Map<String, Value>, field: &'static str) -> Result<String, Error> {
+    match m.get(field) {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(Error::invalid(field, "must be a string")),
+    }
+}
+
+fn uint_opt(m: &Map<String, Value>, field: &'static str) -> Result<Option<u32>, Error> {
+    match m.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(v) => Ok(Some(u32::try_from(v).unwrap_or(u32::MAX))),
+            // Negative values are out of range rather than mistyped.
+            None if n.as_i64().is_some() => Ok(Some(0)),
+            None => Err(Error::invalid(field, "must be an integer")),
+        },
+        Some(_) => Err(Error::invalid(field, "must be an integer")),
+    }
+}
+
+fn float_opt(m: &Map<String, Value>, field: &'static str) -> Result<Option<f32>, Error> {
+    match m.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64().map(|v| v as f32)),
+        Some(_) => Err(Error::invalid(field, "must be a number")),
+    }
+}
+
+fn filters_opt(m: &Map<String, Value>) -> Result<Option<prost_types::Struct>, Error> {
+    match m.get("filters") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v @ Value::Object(_)) => Ok(Some(json_to_struct(v))),
+        Some(_) => Err(Error::invalid("filters", "must be an object")),
+    }
+}
+
+fn strings(m: &Map<String, Value>, field: &'static str) -> Result<Vec<String>, Error> {
+    match m.get(field) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s.clone()),
+                _ => Err(Error::invalid(field, "must be an array of strings")),
+            })
+            .collect(),
+        Some(_) => Err(Error::invalid(field, "must be an array of strings")),
+    }
+}
+
+fn basic_request(body: &[u8]) -> Result<BasicRetrieveRequest, Error> {
+    let m = object(body)?;
+    Ok(BasicRetrieveRequest {
+        kb_id: string(&m, "kb_id")?,
+        query: string(&m, "query")?,
+        tenant_id: string(&m, "tenant_id")?,
+        top_k: uint_opt(&m, "top_k")?,
+        mode: string(&m, "mode")?,
+        filters: filters_opt(&m)?,
+        similarity_threshold: float_opt(&m, "similarity_threshold")?,
+    })
+}
+
+fn agentic_request(body: &[u8]) -> Result<AgenticRetrieveRequest, Error> {
+    let m = object(body)?;
+    Ok(AgenticRetrieveRequest {
+        query: string(&m, "query")?,
+        tenant_id: string(&m, "tenant_id")?,
+        kb_ids: strings(&m, "kb_ids")?,
+        max_steps: uint_opt(&m, "max_steps")?,
+        reasoning_effort: string(&m, "reasoning_effort")?,
+        top_k_per_step: uint_opt(&m, "top_k_per_step")?,
+        token_budget: uint_opt(&m, "token_budget")?,
+        max_latency_ms: uint_opt(&m, "max_latency_ms")?,
+        mode: string(&m, "mode")?,
+        filters: filters_opt(&m)?,
+    })
+}
+
+pub fn response_json(r: FoundryResponse) -> Value {
+    let FoundryResponse {
+        request_id,
+        answer,
+        results,
+        steps,
+        total_tokens_used,
+        total_latency_ms,
+        truncated,
+        truncated_reason,
+        context,
+    } = r;
+    json!({
+        "request_id": request_id,
+        "answer": answer,
+        "results": results.into_iter().map(|x| json!({
+            "chunk_id": x.chunk_id,
+            "document_id": x.document_id,
+            "text": x.text,
+            "score": x.score,
+            "metadata": x.metadata.as_ref().map(struct_to_json).unwrap_or_else(|| json!({})),
+        })).collect::<Vec<_>>(),
+        "steps": steps.into_iter().map(|s| json!({
+            "step_number": s.step_number,
+            "action": s.action,
+            "input": s.input,
+            "result_count": s.result_count,
+            "tokens": s.tokens,
+            "latency_ms": s.latency_ms,
+            "detail": s.detail,
+        })).collect::<Vec<_>>(),
+        "total_tokens_used": total_tokens_used,
+        "total_latency_ms": total_latency_ms,
+        "truncated": truncated,
+        "truncated_reason": if truncated_reason.is_empty() { Value::Null } else { Value::String(truncated_reason) },
+        "context": context,
+    })
+}
+
+fn reply(r: Result<FoundryResponse, Error>) -> Response {
+    match r {
+        Ok(r) => (StatusCode::OK, axum::Json(response_json(r))).into_response(),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn basic(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> Response {
+    let start = Instant::now();
+    let md = MetadataMap::from_headers(headers);
+    let run = async {
+        let identity = gw.authenticate(&md)?;
+        let b = Basic::try_from(basic_request(&body)?)?;
+        let deadline = gw.deadline(&md, start);
+        foundry::basic(&gw, identity, b, start, deadline).await
+    };
+    reply(run.await)
+}
+
+async fn agentic(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> Response {
+    let start = Instant::now();
+    let md = MetadataMap::from_headers(headers);
+    let run = async {
+        let identity = gw.authenticate(&md)?;
+        let a = Agentic::try_from(agentic_request(&body)?)?;
+        foundry::agentic(&gw, identity, a, start).await
+    };
+    reply(run.await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(r: Result<BasicRetrieveRequest, Error>) -> &'static str {
+        match r.and_then(Basic::try_from) {
+            Err(Error::InvalidArgument { field, .. }) => field,
+            other => panic!("expected invalid argument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn json_fields_are_typed_and_named() {
+        let kb = "0b7c3f0e-8a51-4c53-9a43-6b8f7e3c1d20";
+        assert_eq!(field(basic_request(b"[]")), "body");
+        assert_eq!(field(basic_request(b"{nope")), "body");
+        assert_eq!(
+            field(basic_request(
+                br#"{"kb_id": 5, "query": "q", "tenant_id": "t"}"#
+            )),
+            "kb_id"
+        );
+        let with =
+            |extra: &str| format!(r#"{{"kb_id": "{kb}", "query": "q", "tenant_id": "t"{extra}}}"#);
+        assert_eq!(
+            field(basic_request(with(r#", "top_k": -1"#).as_bytes())),
+            "top_k"
+        );
+        assert_eq!(
+            field(basic_request(with(r#", "top_k": "ten""#).as_bytes())),
+            "top_k"
+        );
+        assert_eq!(
+            field(basic_request(with(r#", "filters": [1]"#).as_bytes())),
+            "filters"
+        );
+        let b = Basic::try_from(
+            basic_request(with(r#", "filters": {"lang": "en"}"#).as_bytes()).expect("json"),
+        )
+        .expect("valid");
+        assert_eq!(b.top_k, 10);
+        assert!(b.filters_opt.is_some());
+    }
+
+    #[test]
+    fn status_codes_map_to_http() {
+        assert_eq!(
+            http_code(tonic::Code::InvalidArgument),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            http_code(tonic::Code::PermissionDenied),
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            http_code(tonic::Code::Unauthenticated),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            http_code(tonic::Code::Unavailable),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+}

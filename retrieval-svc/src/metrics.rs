@@ -1,0 +1,503 @@
+//! The gateway's Prometheus metrics and its one structured log event per
+//! retrieval. One registry per [`crate::Gateway`] (not the process-global
+//! one) so several gateways in one test process never collide.
+//!
+//! Label values come from closed sets (stage, route, strategy, stack names,
+//! signal, resolution): never query text, tenant or agent ids, so the series
+//! count stays bounded whatever the traffic.
+
+use std::time::Duration;
+
+use engram_common::Identity;
+use engram_proto::{ConflictResolution, QueryRoute, RetrieveResponse, SkipReason};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::downstream::BreakerPhase;
+
+/// Latency buckets (seconds) from a cache hit (~1 ms) to the 3 s ceiling.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+const SCORE_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+const COUNT_BUCKETS: &[f64] = &[0.0, 1.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0];
+
+pub struct Metrics {
+    registry: Registry,
+    pub stage_latency: HistogramVec,
+    pub e2e_latency: Histogram,
+    pub hit_rate: IntCounterVec,
+    pub precision_at_k: Histogram,
+    pub route: IntCounterVec,
+    pub retry: IntCounterVec,
+    pub candidates: HistogramVec,
+    pub conflicts: IntCounterVec,
+    pub selfrag_score: Histogram,
+    pub feedback: IntCounterVec,
+    pub circuit_state: IntGaugeVec,
+    pub downstream_requests: IntCounterVec,
+    pub downstream_latency: HistogramVec,
+    pub feedback_dropped: IntGauge,
+}
+
+fn histogram(name: &str, help: &str, buckets: &[f64]) -> prometheus::Result<Histogram> {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+}
+
+fn histogram_vec(
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+    labels: &[&str],
+) -> prometheus::Result<HistogramVec> {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+    IntCounterVec::new(Opts::new(name, help), labels)
+}
+
+impl Metrics {
+    pub fn new() -> prometheus::Result<Self> {
+        let m = Self {
+            registry: Registry::new(),
+            stage_latency: histogram_vec(
+                "engram_retrieval_latency_seconds",
+                "Time spent per pipeline stage (route, search, validate, rerank, conflicts, assemble, cache).",
+                LATENCY_BUCKETS,
+                &["stage"],
+            )?,
+            e2e_latency: histogram(
+                "engram_retrieval_e2e_latency_seconds",
+                "Retrieve latency as the gateway saw it, every outcome included.",
+                LATENCY_BUCKETS,
+            )?,
+            hit_rate: counter_vec(
+                "engram_retrieval_hit_rate",
+                "Retrievals by result: hit (records returned), empty, cache_hit, skip, error; rate() of each over the sum is the hit rate.",
+                &["result"],
+            )?,
+            precision_at_k: histogram(
+                "engram_retrieval_precision_at_k",
+                "Per feedback call: share of the reported records the agent marked used or helpful.",
+                SCORE_BUCKETS,
+            )?,
+            route: counter_vec(
+                "engram_retrieval_route_total",
+                "Retrievals by final route (simple, multi_hop, exploratory, skip).",
+                &["route"],
+            )?,
+            retry: counter_vec(
+                "engram_retrieval_retry_total",
+                "Retry attempts by escalation level (broaden: wider filters; escalate: next route up).",
+                &["level"],
+            )?,
+            candidates: histogram_vec(
+                "engram_retrieval_candidates",
+                "Candidates per attempt after each stage, per strategy (fused = all strategies merged).",
+                COUNT_BUCKETS,
+                &["stage", "strategy"],
+            )?,
+            conflicts: counter_vec(
+                "engram_retrieval_conflict_total",
+                "Contradictions found among the top records, by resolution.",
+                &["resolution"],
+            )?,
+            selfrag_score: histogram(
+                "engram_retrieval_selfrag_score",
+                "Retrieval confidence reported to the caller (self-RAG style score).",
+                SCORE_BUCKETS,
+            )?,
+            feedback: counter_vec(
+                "engram_retrieval_feedback_total",
+                "Feedback items accepted, by signal.",
+                &["signal"],
+            )?,
+            circuit_state: IntGaugeVec::new(
+                Opts::new(
+                    "engram_retrieval_circuit_state",
+                    "Circuit breaker per downstream stack: 0 closed, 1 half-open, 2 open.",
+                ),
+                &["stage"],
+            )?,
+            downstream_requests: counter_vec(
+                "engram_downstream_requests_total",
+                "Downstream calls per stack and outcome (ok, error, timeout, circuit_open, overloaded); retries count once.",
+                &["stack", "outcome"],
+            )?,
+            downstream_latency: histogram_vec(
+                "engram_downstream_latency_seconds",
+                "Downstream call latency per stack, retries included.",
+                LATENCY_BUCKETS,
+                &["stack"],
+            )?,
+            feedback_dropped: IntGauge::new(
+                "engram_feedback_dropped_total",
+                "Feedback batches dropped (queue full or store failed) since start.",
+            )?,
+        };
+        let r = &m.registry;
+        r.register(Box::new(m.stage_latency.clone()))?;
+        r.register(Box::new(m.e2e_latency.clone()))?;
+        r.register(Box::new(m.hit_rate.clone()))?;
+        r.register(Box::new(m.precision_at_k.clone()))?;
+        r.register(Box::new(m.route.clone()))?;
+        r.register(Box::new(m.retry.clone()))?;
+        r.register(Box::new(m.candidates.clone()))?;
+        r.register(Box::new(m.conflicts.clone()))?;
+        r.register(Box::new(m.selfrag_score.clone()))?;
+        r.register(Box::new(m.feedback.clone()))?;
+        r.register(Box::new(m.circuit_state.clone()))?;
+        r.register(Box::new(m.downstream_requests.clone()))?;
+        r.register(Box::new(m.downstream_latency.clone()))?;
+        r.register(Box::new(m.feedback_dropped.clone()))?;
+        Ok(m)
+    }
+
+    /// Handles for one downstream stack, resolved once at start-up.
+    pub fn stack(&self, name: &'static str) -> StackMetrics {
+        let outcome = |o: &str| self.downstream_requests.with_label_values(&[name, o]);
+        StackMetrics {
+            inner_opt: Some(StackHandles {
+                ok: outcome("ok"),
+                error: outcome("error"),
+                timeout: outcome("timeout"),
+                circuit_open: outcome("circuit_open"),
+                overloaded: outcome("overloaded"),
+                latency: self.downstream_latency.with_label_values(&[name]),
+            }),
+        }
+    }
+
+    /// Prometheus text of the registry after refreshing scrape-time gauges.
+    pub fn render(
+        &self,
+        breakers: &[(&'static str, BreakerPhase)],
+        feedback_dropped: u64,
+    ) -> String {
+        for (name, phase) in breakers {
+            let v = match phase {
+                BreakerPhase::Closed => 0,
+                BreakerPhase::HalfOpen => 1,
+                BreakerPhase::Open => 2,
+            };
+            self.circuit_state.with_label_values(&[name]).set(v);
+        }
+        self.feedback_dropped
+            .set(i64::try_from(feedback_dropped).unwrap_or(i64::MAX));
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!(error = %e, "metrics encoding failed");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Candidate counts per strategy after Stage 2 (a memory found by two
+    /// strategies counts for both) and the fused total.
+    pub fn observe_candidates(&self, stage: &'static str, counts: &[(&'static str, usize)]) {
+        for (strategy, n) in counts {
+            self.candidates
+                .with_label_values(&[stage, strategy])
+                .observe(*n as f64);
+        }
+    }
+
+    pub fn observe_retry(&self, attempt: u32) {
+        let level = if attempt >= 2 { "escalate" } else { "broaden" };
+        self.retry.with_label_values(&[level]).inc();
+    }
+
+    pub fn observe_feedback(&self, signals: &[(&'static str, bool)]) {
+        if signals.is_empty() {
+            return;
+        }
+        let mut useful = 0usize;
+        for (signal, value) in signals {
+            self.feedback.with_label_values(&[signal]).inc();
+            if matches!(*signal, "used" | "helpful") && *value {
+                useful += 1;
+            }
+        }
+        self.precision_at_k
+            .observe(useful as f64 / signals.len() as f64);
+    }
+
+    /// Records one finished retrieval (any outcome) and emits its log event.
+    pub fn observe_retrieval(&self, r: &RetrievalOutcome<'_>) {
+        self.e2e_latency.observe(r.elapsed.as_secs_f64());
+        let Ok(resp) = r.result else {
+            self.hit_rate.with_label_values(&["error"]).inc();
+            tracing::warn!(
+                query_id = r.query_id_opt.unwrap_or_default(),
+                tenant = %r.identity.tenant,
+                agent_id = %r.identity.agent_id,
+                latency_ms = r.elapsed.as_secs_f64() * 1000.0,
+                query = r.query_log_opt.as_deref(),
+                error = r.result.err().map(String::as_str).unwrap_or_default(),
+                "retrieval failed"
+            );
+            return;
+        };
+        let route = route_label(resp.route);
+        self.route.with_label_values(&[route]).inc();
+        let skip = SkipReason::try_from(resp.skip_reason).unwrap_or(SkipReason::None);
+        let result = match skip {
+            SkipReason::CacheHit => "cache_hit",
+            SkipReason::None if resp.records.is_empty() => "empty",
+            SkipReason::None => "hit",
+            _ => "skip",
+        };
+        self.hit_rate.with_label_values(&[result]).inc();
+        for s in &resp.stage_latencies {
+            self.stage_latency
+                .with_label_values(&[stage_label(&s.stage)])
+                .observe(s.ms / 1000.0);
+        }
+        for c in &resp.conflicts {
+            self.conflicts
+                .with_label_values(&[resolution_label(c.resolution)])
+                .inc();
+        }
+        if skip == SkipReason::None {
+            self.selfrag_score
+                .observe(f64::from(resp.retrieval_confidence));
+        }
+        let stage_latencies: serde_json::Map<String, serde_json::Value> = resp
+            .stage_latencies
+            .iter()
+            .map(|s| {
+                (
+                    s.stage.clone(),
+                    serde_json::json!((s.ms * 1000.0).round() / 1000.0),
+                )
+            })
+            .collect();
+        let candidate_counts: serde_json::Map<String, serde_json::Value> = r
+            .candidate_counts
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), serde_json::json!(v)))
+            .collect();
+        tracing::info!(
+            query_id = %resp.query_id,
+            tenant = %r.identity.tenant,
+            agent_id = %r.identity.agent_id,
+            route,
+            skip_reason = skip_label(skip),
+            stage_latencies = %serde_json::Value::Object(stage_latencies),
+            candidate_counts = %serde_json::Value::Object(candidate_counts),
+            total_candidates = resp.total_candidates,
+            result_count = resp.records.len(),
+            retry_count = resp.retry_count,
+            retrieval_confidence = resp.retrieval_confidence,
+            conflicts_detected = resp.conflicts.len(),
+            degraded = %resp.degraded_stages.join(","),
+            latency_ms = resp.latency_ms,
+            query = r.query_log_opt.as_deref(),
+            "retrieval"
+        );
+    }
+}
+
+/// Downstream stack handles; the default records nothing (unit tests of the
+/// resilience stack need no registry).
+#[derive(Clone, Default)]
+pub struct StackMetrics {
+    inner_opt: Option<StackHandles>,
+}
+
+#[derive(Clone)]
+struct StackHandles {
+    ok: IntCounter,
+    error: IntCounter,
+    timeout: IntCounter,
+    circuit_open: IntCounter,
+    overloaded: IntCounter,
+    latency: Histogram,
+}
+
+/// How a downstream call ended, for the outcome label.
+#[derive(Debug, Clone, Copy)]
+pub enum CallOutcome {
+    Ok,
+    Error,
+    Timeout,
+    CircuitOpen,
+    Overloaded,
+}
+
+impl StackMetrics {
+    pub fn record(&self, outcome: CallOutcome, elapsed: Duration) {
+        let Some(h) = &self.inner_opt else {
+            return;
+        };
+        h.latency.observe(elapsed.as_secs_f64());
+        match outcome {
+            CallOutcome::Ok => h.ok.inc(),
+            CallOutcome::Error => h.error.inc(),
+            CallOutcome::Timeout => h.timeout.inc(),
+            CallOutcome::CircuitOpen => h.circuit_open.inc(),
+            CallOutcome::Overloaded => h.overloaded.inc(),
+        }
+    }
+}
+
+/// Everything [`Metrics::observe_retrieval`] needs about one call.
+pub struct RetrievalOutcome<'a> {
+    pub identity: &'a Identity,
+    pub result: Result<&'a RetrieveResponse, &'a String>,
+    pub query_id_opt: Option<&'a str>,
+    pub elapsed: Duration,
+    pub candidate_counts: &'a [(&'static str, usize)],
+    /// Already scrubbed (or None when `log.query_text` is off).
+    pub query_log_opt: Option<String>,
+}
+
+fn route_label(route: i32) -> &'static str {
+    match QueryRoute::try_from(route) {
+        Ok(QueryRoute::Simple) => "simple",
+        Ok(QueryRoute::MultiHop) => "multi_hop",
+        Ok(QueryRoute::Exploratory) => "exploratory",
+        Ok(QueryRoute::Skip) => "skip",
+        _ => "unspecified",
+    }
+}
+
+fn resolution_label(r: i32) -> &'static str {
+    match ConflictResolution::try_from(r) {
+        Ok(ConflictResolution::Recency) => "recency",
+        Ok(ConflictResolution::Confidence) => "confidence",
+        Ok(ConflictResolution::Unresolved) => "unresolved",
+        _ => "unspecified",
+    }
+}
+
+fn skip_label(s: SkipReason) -> &'static str {
+    match s {
+        SkipReason::None => "none",
+        SkipReason::CacheHit => "cache_hit",
+        SkipReason::ContextSufficient => "context_sufficient",
+        SkipReason::NoRetrievalNeeded => "no_retrieval_needed",
+    }
+}
+
+/// Stage names are produced by the pipeline itself; anything unexpected is
+/// folded so a future stage cannot add unbounded series.
+fn stage_label(stage: &str) -> &'static str {
+    match stage {
+        "route" => "route",
+        "search" => "search",
+        "validate" => "validate",
+        "rerank" => "rerank",
+        "conflicts" => "conflicts",
+        "assemble" => "assemble",
+        "cache" => "cache",
+        _ => "other",
+    }
+}
+
+/// Bounded strategy label for a fusion hit.
+pub fn strategy_label(s: &str) -> &'static str {
+    match s {
+        "vector" => "vector",
+        "keyword" => "keyword",
+        "graph" => "graph",
+        "hyde" => "hyde",
+        _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use engram_common::AccessLevel;
+    use engram_proto::{ScoredMemory, StageLatency};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("buf").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn one_retrieval_is_one_json_event_and_counted() {
+        let m = Metrics::new().expect("metrics");
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        let identity = Identity {
+            tenant: "t1".into(),
+            agent_id: "agent-7".into(),
+            trust: AccessLevel::Public,
+        };
+        let resp = RetrieveResponse {
+            query_id: "q-1".into(),
+            route: QueryRoute::MultiHop as i32,
+            records: vec![ScoredMemory::default()],
+            retrieval_confidence: 0.7,
+            retry_count: 1,
+            stage_latencies: vec![StageLatency {
+                stage: "search".into(),
+                ms: 12.5,
+            }],
+            ..Default::default()
+        };
+        let query = "email bob@example.com about 123456789";
+        tracing::subscriber::with_default(sub, || {
+            m.observe_retrieval(&RetrievalOutcome {
+                identity: &identity,
+                result: Ok(&resp),
+                query_id_opt: None,
+                elapsed: Duration::from_millis(20),
+                candidate_counts: &[("vector", 4), ("fused", 5)],
+                query_log_opt: engram_common::scrub::query_for_log(query, true),
+            });
+        });
+        let text = String::from_utf8(buf.0.lock().expect("buf").clone()).expect("utf8");
+        assert!(
+            !text.contains("bob@") && !text.contains("123456789"),
+            "{text}"
+        );
+        let line: serde_json::Value = serde_json::from_str(text.trim()).expect("one json line");
+        assert_eq!(line["message"], "retrieval");
+        assert_eq!(line["route"], "multi_hop");
+        assert_eq!(line["result_count"], 1);
+        assert_eq!(line["retry_count"], 1);
+        let r = m.render(&[("graph.ppr", BreakerPhase::Open)], 2);
+        assert!(
+            r.contains("engram_retrieval_route_total{route=\"multi_hop\"} 1"),
+            "{r}"
+        );
+        assert!(
+            r.contains("engram_retrieval_hit_rate{result=\"hit\"} 1"),
+            "{r}"
+        );
+        assert!(
+            r.contains("engram_retrieval_circuit_state{stage=\"graph.ppr\"} 2"),
+            "{r}"
+        );
+        assert!(
+            r.contains("engram_retrieval_latency_seconds_count{stage=\"search\"} 1"),
+            "{r}"
+        );
+        assert!(!r.contains("bob"), "{r}");
+    }
+}

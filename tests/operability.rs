@@ -1,0 +1,479 @@
+//! Operability on the real stack: reflection and health through real
+//! clients, the admin `/health` `/ready` `/metrics`, the retrieval log event
+//! (JSON, every field, no raw query text) and that the deploy manifests parse.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use engram::stack::{Service, Stack, StackOptions, random_token, sha256_hex};
+use engram_common::admin::AdminState;
+use engram_common::settings::ApiKeySettings;
+use engram_proto::{FeedbackItem, FeedbackRequest, FeedbackSignal, RetrieveRequest};
+use engram_tests::{TestStack, settings};
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+/// Every log line of this test binary (one global subscriber: the gateway
+/// logs from tokio worker threads, which a thread-local one would miss).
+fn captured_logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static BUF: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    BUF.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = Capture(buf.clone());
+        let sub = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _ = tracing::subscriber::set_global_default(sub);
+        buf
+    })
+}
+
+#[derive(Clone)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut v) = self.0.lock() {
+            v.extend_from_slice(b);
+        }
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A minimal HTTP/1.1 GET: status code and body.
+async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await?;
+    let code = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status line in {raw:?}"))?;
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    Ok((code, body.to_string()))
+}
+
+async fn channel(addr: SocketAddr) -> anyhow::Result<Channel> {
+    Ok(
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect()
+            .await?,
+    )
+}
+
+/// The admin server over `stack`, as the lead wires it in `engram up`.
+async fn start_admin(
+    stack: &Stack,
+    stop: CancellationToken,
+) -> anyhow::Result<(AdminState, SocketAddr)> {
+    let state = AdminState::new();
+    for svc in Service::ALL {
+        if let Some(addr) = stack.addr(svc) {
+            // The cross-encoder is optional: without it the gateway skips the
+            // relevance check, so rerank must not hold readiness hostage.
+            let required = svc != Service::Rerank;
+            state.add_grpc_health(svc.name(), addr, &["", svc.grpc_name()], required)?;
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(engram_common::admin::serve(
+        listener,
+        state.clone(),
+        stop.cancelled_owned(),
+    ));
+    Ok((state, addr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reflection_and_health_through_real_clients() -> anyhow::Result<()> {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let ts = TestStack::start("sensitive").await?;
+    let gw = ts
+        .stack
+        .addr(Service::Retrieval)
+        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
+    let mut refl = ServerReflectionClient::new(channel(gw).await?);
+    let reqs = vec![
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        },
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::FileContainingSymbol(
+                "engram.v1.RetrievalService".into(),
+            )),
+        },
+    ];
+    let mut stream = refl
+        .server_reflection_info(tokio_stream::iter(reqs))
+        .await?
+        .into_inner();
+    let listed = match stream.message().await?.and_then(|r| r.message_response) {
+        Some(MessageResponse::ListServicesResponse(l)) => {
+            l.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
+        }
+        other => anyhow::bail!("expected a service list, got {other:?}"),
+    };
+    for name in [
+        "engram.v1.RetrievalService",
+        "engram.v1.MemoryService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(listed.iter().any(|s| s == name), "{name} not in {listed:?}");
+    }
+    let files = match stream.message().await?.and_then(|r| r.message_response) {
+        Some(MessageResponse::FileDescriptorResponse(f)) => f.file_descriptor_proto,
+        other => anyhow::bail!("expected file descriptors, got {other:?}"),
+    };
+    let has_service = files.iter().any(|bytes| {
+        prost_types::FileDescriptorProto::decode(bytes.as_slice()).is_ok_and(|fd| {
+            fd.service
+                .iter()
+                .any(|s| s.name.as_deref() == Some("RetrievalService"))
+        })
+    });
+    assert!(has_service, "no file describes RetrievalService");
+
+    // grpcurl 1.8 and older clients speak v1alpha.
+    {
+        use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient as AlphaClient;
+        use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest as AlphaReq;
+        use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse as AlphaResp;
+        let mut alpha = AlphaClient::new(channel(gw).await?);
+        let req = tonic_reflection::pb::v1alpha::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(AlphaReq::ListServices(String::new())),
+        };
+        let mut s = alpha
+            .server_reflection_info(tokio_stream::iter(vec![req]))
+            .await?
+            .into_inner();
+        match s.message().await?.and_then(|r| r.message_response) {
+            Some(AlphaResp::ListServicesResponse(l)) => assert!(
+                l.service
+                    .iter()
+                    .any(|x| x.name == "engram.v1.RetrievalService"),
+                "{l:?}"
+            ),
+            other => anyhow::bail!("v1alpha: expected a service list, got {other:?}"),
+        }
+    }
+
+    // Standard health on every service, under its own gRPC name.
+    for svc in Service::ALL {
+        let addr = ts
+            .stack
+            .addr(svc)
+            .ok_or_else(|| anyhow::anyhow!("{} missing", svc.name()))?;
+        let mut h = tonic_health::pb::health_client::HealthClient::new(channel(addr).await?);
+        let status = h
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: svc.grpc_name().into(),
+            })
+            .await?
+            .into_inner()
+            .status;
+        if svc == Service::Rerank {
+            assert!(status == 1 || status == 2, "rerank status {status}");
+        } else {
+            assert_eq!(status, 1, "{} is not SERVING", svc.name());
+        }
+    }
+
+    // The admin HTTP view of the same thing.
+    let stop = CancellationToken::new();
+    let (state, admin) = start_admin(&ts.stack, stop.clone()).await?;
+    let (code, body) = http_get(admin, "/health").await?;
+    assert_eq!(code, 200, "{body}");
+    let health: serde_json::Value = serde_json::from_str(&body)?;
+    for svc in [Service::Retrieval, Service::Search, Service::Graph] {
+        assert_eq!(
+            health["services"][svc.name()]["components"][svc.grpc_name()]["status"],
+            "SERVING",
+            "{body}"
+        );
+    }
+    let (code, body) = http_get(admin, "/ready").await?;
+    assert_eq!(code, 200, "{body}");
+    // Draining flips readiness before anything stops.
+    state.start_draining();
+    let (code, _) = http_get(admin, "/ready").await?;
+    assert_eq!(code, 503);
+    // A stopped service shows as unreachable and keeps readiness down.
+    let r = state.health().await;
+    assert!(!r.ready);
+    stop.cancel();
+    ts.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_move_and_retrieval_logs_are_scrubbed() -> anyhow::Result<()> {
+    let logs = captured_logs();
+    // Downstreams from the stack; the gateway built here so its registry is
+    // reachable (as `engram up` does for the admin port).
+    let mut s = settings().await?;
+    s.auth.internal_token_opt = Some(random_token());
+    let tenant = format!("t-{}", uuid::Uuid::new_v4().simple());
+    let key = format!("k-{}", uuid::Uuid::new_v4().simple());
+    s.auth.api_keys.push(ApiKeySettings {
+        sha256: sha256_hex(&key),
+        tenant: tenant.clone(),
+        agent_id: "agent-ops".into(),
+        trust: "sensitive".into(),
+    });
+    let stack = Stack::start(
+        s,
+        StackOptions {
+            services: [Service::Search, Service::Graph, Service::Rerank]
+                .into_iter()
+                .collect(),
+            ephemeral_ports: true,
+            dev_api_key: false,
+            extra_keys: Vec::new(),
+        },
+    )
+    .await?;
+    let gateway = retrieval_svc::Gateway::new(stack.settings.clone())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let gw_addr = listener.local_addr()?;
+    let stop = CancellationToken::new();
+    let gw_task = tokio::spawn(retrieval_svc::serve_gateway(
+        listener,
+        gateway.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+    let (state, admin) = start_admin(&stack, stop.clone()).await?;
+    state.add_grpc_health(
+        "retrieval",
+        gw_addr,
+        &["engram.v1.RetrievalService", "engram.v1.MemoryService"],
+        true,
+    )?;
+    let g = gateway.clone();
+    state.add_metrics(move || g.metrics_text());
+
+    let mut client = engram::client::Client::connect(&format!("http://{gw_addr}"), &key).await?;
+    engram::demo::load_sample(&mut client).await?;
+    let secret_query = "What does alice.chen@example.com drink? call +1 415 555 0132, acct 987654321, key sk-live4f9a8b7c6d5e4f3a2b1c";
+    let mut query_ids = Vec::new();
+    for text in [
+        "Who leads the project that migrates the billing system?",
+        secret_query,
+        "oat-milk flat white",
+    ] {
+        let r = client
+            .retrieval
+            .retrieve(RetrieveRequest {
+                text: text.into(),
+                limit: Some(3),
+                no_cache: true,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        query_ids.push(r.query_id);
+    }
+    let memory_id = client
+        .retrieval
+        .retrieve(RetrieveRequest {
+            text: "Who leads the project that migrates the billing system?".into(),
+            limit: Some(3),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .records
+        .first()
+        .and_then(|r| r.memory.as_ref())
+        .map(|m| m.id.clone())
+        .ok_or_else(|| anyhow::anyhow!("no record to give feedback on"))?;
+    client
+        .retrieval
+        .feedback(FeedbackRequest {
+            query_id: query_ids[0].clone(),
+            items: vec![FeedbackItem {
+                memory_id,
+                signal: FeedbackSignal::Helpful as i32,
+                value: true,
+            }],
+        })
+        .await?;
+
+    let (code, m) = http_get(admin, "/metrics").await?;
+    assert_eq!(code, 200);
+    let value = |series: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    };
+    assert!(
+        value("engram_retrieval_e2e_latency_seconds_count") >= 4.0,
+        "{m}"
+    );
+    let routed: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("engram_retrieval_route_total{route="))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(routed >= 4.0, "{m}");
+    assert!(
+        value("engram_retrieval_hit_rate{result=\"hit\"}") >= 1.0,
+        "{m}"
+    );
+    assert!(
+        value("engram_retrieval_latency_seconds_count{stage=\"search\"}") >= 1.0,
+        "{m}"
+    );
+    assert!(
+        value("engram_retrieval_candidates_count{stage=\"search\",strategy=\"fused\"}") >= 1.0,
+        "{m}"
+    );
+    assert!(
+        value("engram_retrieval_feedback_total{signal=\"helpful\"}") >= 1.0,
+        "{m}"
+    );
+    assert!(value("engram_retrieval_precision_at_k_count") >= 1.0, "{m}");
+    assert!(value("engram_retrieval_selfrag_score_count") >= 1.0, "{m}");
+    assert!(
+        value("engram_downstream_requests_total{outcome=\"ok\",stack=\"search.vector\"}") >= 1.0,
+        "{m}"
+    );
+    assert!(
+        m.contains("engram_retrieval_circuit_state{stage=\"graph.ppr\"} 0"),
+        "{m}"
+    );
+    for leak in [
+        "alice",
+        "example.com",
+        "987654321",
+        "billing",
+        tenant.as_str(),
+    ] {
+        assert!(!m.contains(leak), "metrics leak {leak:?}");
+    }
+
+    // One JSON event per retrieval, every field present, nothing raw.
+    let text = String::from_utf8(logs.lock().map(|b| b.clone()).unwrap_or_default())?;
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "retrieval" && v["agent_id"] == "agent-ops")
+        .collect();
+    assert!(
+        events.len() >= 4,
+        "{} retrieval events in {text}",
+        events.len()
+    );
+    for e in &events {
+        for field in [
+            "query_id",
+            "agent_id",
+            "route",
+            "stage_latencies",
+            "candidate_counts",
+            "result_count",
+            "retry_count",
+            "retrieval_confidence",
+            "conflicts_detected",
+        ] {
+            assert!(!e[field].is_null(), "{field} missing in {e}");
+        }
+    }
+    assert!(
+        events
+            .iter()
+            .any(|e| e["query_id"].as_str() == Some(query_ids[1].as_str())),
+        "no event for the scrubbed query"
+    );
+    let scrubbed = events
+        .iter()
+        .find(|e| e["query_id"].as_str() == Some(query_ids[1].as_str()))
+        .and_then(|e| e["query"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(scrubbed.contains("[email]"), "{scrubbed}");
+    for raw in [
+        "alice.chen@example.com",
+        "555 0132",
+        "987654321",
+        "sk-live4f9a8b7c6d5e4f3a2b1c",
+    ] {
+        assert!(!text.contains(raw), "raw {raw:?} in the logs");
+    }
+    assert!(!text.contains("query_embedding"), "embeddings logged");
+
+    stop.cancel();
+    let _ = gw_task.await;
+    stack.shutdown().await;
+    Ok(())
+}
+
+/// Every deploy manifest is YAML (kubectl/kubeconform are optional extras:
+/// `deploy/validate`).
+#[test]
+fn deploy_manifests_parse_as_yaml() -> anyhow::Result<()> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let mut files = Vec::new();
+    let mut dirs = vec![root];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let p = entry?.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                files.push(p);
+            }
+        }
+    }
+    assert!(
+        files.len() >= 8,
+        "expected compose + k8s manifests, found {files:?}"
+    );
+    let mut kinds = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f)?;
+        let docs = yaml_rust2::YamlLoader::load_from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+        assert!(!docs.is_empty(), "{} is empty", f.display());
+        for d in docs {
+            if let Some(k) = d["kind"].as_str() {
+                kinds.push(k.to_string());
+            }
+        }
+    }
+    for kind in [
+        "Deployment",
+        "Service",
+        "ConfigMap",
+        "Secret",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "Kustomization",
+    ] {
+        assert!(kinds.iter().any(|k| k == kind), "no {kind} in {kinds:?}");
+    }
+    Ok(())
+}
