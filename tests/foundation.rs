@@ -8,7 +8,7 @@ use engram_tests::{TestStack, settings};
 async fn demo_path_returns_real_results() -> anyhow::Result<()> {
     let ts = TestStack::start("sensitive").await?;
     let mut client = ts.client().await?;
-    let n = engram::demo::load_sample(&mut client).await?;
+    let n = engram::demo::load_sample(&mut client, &ts.tenant).await?;
     assert!(n >= 20, "sample has {n} memories");
     let r = engram::demo::run_query(
         &mut client,
@@ -29,7 +29,7 @@ async fn demo_path_returns_real_results() -> anyhow::Result<()> {
     let rendered = engram::demo::render("q", &r);
     assert!(rendered.contains("Alice Chen"), "{rendered}");
     // Loading twice is idempotent (stable ids).
-    engram::demo::load_sample(&mut client).await?;
+    engram::demo::load_sample(&mut client, &ts.tenant).await?;
     let r2 = engram::demo::run_query(&mut client, "oat-milk flat white").await?;
     let hits = r2
         .records

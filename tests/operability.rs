@@ -276,7 +276,7 @@ async fn metrics_move_and_retrieval_logs_are_scrubbed() -> anyhow::Result<()> {
     state.add_metrics(move || g.metrics_text());
 
     let mut client = engram::client::Client::connect(&format!("http://{gw_addr}"), &key).await?;
-    engram::demo::load_sample(&mut client).await?;
+    engram::demo::load_sample(&mut client, &tenant).await?;
     let secret_query = "What does alice.chen@example.com drink? call +1 415 555 0132, acct 987654321, key sk-live4f9a8b7c6d5e4f3a2b1c";
     let mut query_ids = Vec::new();
     for text in [

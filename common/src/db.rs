@@ -72,6 +72,12 @@ impl Database {
 }
 
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(DbError::BadUrl(format!(
+            "{:?} does not start with postgres://",
+            url.split('@').next_back().unwrap_or("")
+        )));
+    }
     let opts: PgConnectOptions = url
         .parse()
         .map_err(|e: sqlx::Error| DbError::BadUrl(e.to_string()))?;

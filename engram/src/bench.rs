@@ -32,6 +32,9 @@ pub struct BenchArgs {
     pub base_texts: usize,
 }
 
+/// One query's end-to-end milliseconds and per-stage timings.
+type Timed = (f64, Vec<(String, f64)>);
+
 fn bench_id(tenant: &str, i: usize) -> String {
     uuid::Uuid::new_v5(
         &uuid::Uuid::NAMESPACE_OID,
@@ -105,8 +108,7 @@ pub async fn run(
     // measured through the gateway (server-side embedding).
     let sample: Vec<Memory> = part.docs[..base_n.min(512)]
         .iter()
-        .enumerate()
-        .map(|(_, d)| Memory {
+        .map(|d| Memory {
             id: uuid::Uuid::new_v4().to_string(),
             title: d.title.clone(),
             content: d.text.clone(),
@@ -208,34 +210,33 @@ pub async fn run(
     let mut stages: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for (label, skip_rerank) in [("no_rerank", true), ("rerank", false)] {
         let t = Instant::now();
-        let results: Vec<anyhow::Result<(f64, Vec<(String, f64)>)>> =
-            futures::stream::iter(0..args.queries)
-                .map(|i| {
-                    let mut c = client.clone();
-                    let text = questions[i % questions.len()].clone();
-                    let mode = routes[i % routes.len()];
-                    async move {
-                        let req = RetrieveRequest {
-                            text,
-                            limit: Some(10),
-                            mode: mode as i32,
-                            skip_rerank,
-                            no_cache: true,
-                            ..Default::default()
-                        };
-                        let t = Instant::now();
-                        let r = c.retrieval.retrieve(req).await?.into_inner();
-                        let st = r
-                            .stage_latencies
-                            .into_iter()
-                            .map(|s| (s.stage, s.ms))
-                            .collect();
-                        anyhow::Ok((t.elapsed().as_secs_f64() * 1000.0, st))
-                    }
-                })
-                .buffer_unordered(args.concurrency.max(1))
-                .collect()
-                .await;
+        let results: Vec<anyhow::Result<Timed>> = futures::stream::iter(0..args.queries)
+            .map(|i| {
+                let mut c = client.clone();
+                let text = questions[i % questions.len()].clone();
+                let mode = routes[i % routes.len()];
+                async move {
+                    let req = RetrieveRequest {
+                        text,
+                        limit: Some(10),
+                        mode: mode as i32,
+                        skip_rerank,
+                        no_cache: true,
+                        ..Default::default()
+                    };
+                    let t = Instant::now();
+                    let r = c.retrieval.retrieve(req).await?.into_inner();
+                    let st = r
+                        .stage_latencies
+                        .into_iter()
+                        .map(|s| (s.stage, s.ms))
+                        .collect();
+                    anyhow::Ok((t.elapsed().as_secs_f64() * 1000.0, st))
+                }
+            })
+            .buffer_unordered(args.concurrency.max(1))
+            .collect()
+            .await;
         let wall = t.elapsed().as_secs_f64();
         let mut lat = Vec::new();
         for r in results {
@@ -260,7 +261,7 @@ pub async fn run(
         .database_url_opt()
         .context("bench needs the database")?;
     let pool = engram_common::db::connect(url, 4).await?;
-    let qvecs = embed(stack, &questions[..questions.len().min(100)].to_vec()).await?;
+    let qvecs = embed(stack, &questions[..questions.len().min(100)]).await?;
     let mut floor = Vec::new();
     for i in 0..args.queries.min(500) {
         let v = pgvector::Vector::from(qvecs[i % qvecs.len()].clone());

@@ -65,6 +65,13 @@ pub async fn up(settings: Settings, services_opt: Option<Vec<String>>) -> anyhow
     for (svc, addr) in &stack.addrs {
         println!("{:<9} grpc://{addr}", svc.name());
     }
+    println!(
+        "{:<9} http://{} (/health /ready /metrics)",
+        "admin", stack.admin_addr
+    );
+    if let Some(a) = stack.http_addr_opt {
+        println!("{:<9} http://{a}/api/v1/", "http");
+    }
     if let Some(key) = &stack.api_key_opt {
         println!("dev API key (tenant default, trust sensitive): {key}");
         println!(
@@ -108,7 +115,7 @@ pub async fn demo_on(stack: &Stack) -> anyhow::Result<String> {
         .clone()
         .context("demo needs the dev API key")?;
     let mut client = Client::connect(&uri, &key).await?;
-    let n = demo::load_sample(&mut client).await?;
+    let n = demo::load_sample(&mut client, "default").await?;
     let mut out = format!("loaded {n} sample memories into tenant \"default\"\n");
     for q in demo::QUERIES {
         let r = demo::run_query(&mut client, q).await?;
@@ -118,7 +125,7 @@ pub async fn demo_on(stack: &Stack) -> anyhow::Result<String> {
 }
 
 pub async fn ingest(settings: Settings, file: &Path, conn: Conn) -> anyhow::Result<()> {
-    let batch = ingest::parse_file(file)?;
+    let batch = ingest::parse_file(file, &conn.tenant)?;
     let mut client = conn.connect(&settings).await?;
     let mut written = 0;
     for chunk in batch.memories.chunks(500) {
@@ -386,10 +393,10 @@ async fn wait_for_graph(client: &mut Client, part: &crate::eval::Part) {
             no_cache: true,
             ..Default::default()
         };
-        if let Ok(r) = client.retrieval.retrieve(req).await {
-            if !r.into_inner().records.is_empty() {
-                return;
-            }
+        if let Ok(r) = client.retrieval.retrieve(req).await
+            && !r.into_inner().records.is_empty()
+        {
+            return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }

@@ -22,8 +22,8 @@ pub const QUERIES: &[&str] = &[
 ];
 
 /// Loads the sample (idempotent: stable ids).
-pub async fn load_sample(client: &mut Client) -> anyhow::Result<usize> {
-    let batch = ingest::parse_str(SAMPLE, "demo.jsonl")?;
+pub async fn load_sample(client: &mut Client, tenant: &str) -> anyhow::Result<usize> {
+    let batch = ingest::parse_str(SAMPLE, "demo.jsonl", tenant)?;
     let n = batch.memories.len();
     // What a memory supersedes must exist first: two passes.
     let (later, first): (Vec<_>, Vec<_>) = batch

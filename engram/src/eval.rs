@@ -429,7 +429,7 @@ pub async fn ensure_ingested(
         .collect();
     let mut done = 0;
     // In order, so the last doc landing means the whole corpus did.
-    for chunk in memories.chunks(256) {
+    for chunk in memories.chunks(64) {
         client
             .memories
             .upsert(UpsertRequest {
@@ -457,6 +457,9 @@ pub struct Tally {
     pub errors: usize,
 }
 
+/// Ranked corpus indices, latency in ms, degraded stages.
+type Answer = (Vec<usize>, f64, Vec<String>);
+
 pub async fn run_part(
     clients: &HashMap<String, Client>,
     part: &Part,
@@ -477,34 +480,33 @@ pub async fn run_part(
         } else {
             concurrency
         };
-        let results: Vec<anyhow::Result<(Vec<usize>, f64, Vec<String>)>> =
-            futures::stream::iter(part.questions.iter())
-                .map(|q| {
-                    let mut c = client.clone();
-                    let ids = &ids;
-                    async move {
-                        let req = RetrieveRequest {
-                            text: q.text.clone(),
-                            limit: Some(10),
-                            mode: mode as i32,
-                            no_cache: true,
-                            ..Default::default()
-                        };
-                        let t = Instant::now();
-                        let r = c.retrieval.retrieve(req).await?.into_inner();
-                        let ms = t.elapsed().as_secs_f64() * 1000.0;
-                        let ranked = r
-                            .records
-                            .iter()
-                            .filter_map(|x| x.memory.as_ref())
-                            .filter_map(|m| ids.get(&m.id).copied())
-                            .collect();
-                        anyhow::Ok((ranked, ms, r.degraded_stages))
-                    }
-                })
-                .buffered(conc)
-                .collect()
-                .await;
+        let results: Vec<anyhow::Result<Answer>> = futures::stream::iter(part.questions.iter())
+            .map(|q| {
+                let mut c = client.clone();
+                let ids = &ids;
+                async move {
+                    let req = RetrieveRequest {
+                        text: q.text.clone(),
+                        limit: Some(10),
+                        mode: mode as i32,
+                        no_cache: true,
+                        ..Default::default()
+                    };
+                    let t = Instant::now();
+                    let r = c.retrieval.retrieve(req).await?.into_inner();
+                    let ms = t.elapsed().as_secs_f64() * 1000.0;
+                    let ranked = r
+                        .records
+                        .iter()
+                        .filter_map(|x| x.memory.as_ref())
+                        .filter_map(|m| ids.get(&m.id).copied())
+                        .collect();
+                    anyhow::Ok((ranked, ms, r.degraded_stages))
+                }
+            })
+            .buffered(conc)
+            .collect()
+            .await;
         let sums = tally.sums.entry(name).or_insert([0.0; 3]);
         for (q, res) in part.questions.iter().zip(results) {
             match res {

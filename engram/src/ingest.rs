@@ -7,7 +7,8 @@
 //! (only `content` is required) or an edge:
 //! `{"edge":{"src","dst","type","weight"}}`.
 //! Ids may be UUIDs or any other string; a non-UUID id is mapped to a stable
-//! UUID v5, so re-ingesting a file updates instead of duplicating.
+//! UUID v5 of (tenant, id), so re-ingesting a file updates instead of
+//! duplicating, and two tenants can load the same file (ids are global).
 
 use std::path::Path;
 
@@ -65,26 +66,26 @@ pub struct Batch {
     pub edges: Vec<Edge>,
 }
 
-/// A stable UUID for any id string (UUIDs pass through).
-pub fn memory_id(key: &str) -> String {
+/// A stable UUID for any id string within a tenant (UUIDs pass through).
+pub fn memory_id(tenant: &str, key: &str) -> String {
     match uuid::Uuid::parse_str(key) {
         Ok(u) => u.to_string(),
         Err(_) => uuid::Uuid::new_v5(
             &uuid::Uuid::NAMESPACE_URL,
-            format!("engram:{key}").as_bytes(),
+            format!("engram:{tenant}:{key}").as_bytes(),
         )
         .to_string(),
     }
 }
 
-pub fn parse_file(path: &Path) -> anyhow::Result<Batch> {
+pub fn parse_file(path: &Path, tenant: &str) -> anyhow::Result<Batch> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    parse_str(&text, &path.display().to_string())
+    parse_str(&text, &path.display().to_string(), tenant)
 }
 
 /// Parses JSONL; errors name the file and line.
-pub fn parse_str(text: &str, name: &str) -> anyhow::Result<Batch> {
+pub fn parse_str(text: &str, name: &str, tenant: &str) -> anyhow::Result<Batch> {
     let mut batch = Batch::default();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -98,8 +99,8 @@ pub fn parse_str(text: &str, name: &str) -> anyhow::Result<Batch> {
             let e: EdgeWrapper =
                 serde_json::from_value(value).with_context(|| format!("{}: bad edge", at()))?;
             batch.edges.push(Edge {
-                src_id: memory_id(&e.edge.src),
-                dst_id: memory_id(&e.edge.dst),
+                src_id: memory_id(tenant, &e.edge.src),
+                dst_id: memory_id(tenant, &e.edge.dst),
                 edge_type: e.edge.edge_type,
                 weight: e.edge.weight.unwrap_or(1.0),
             });
@@ -121,7 +122,11 @@ pub fn parse_str(text: &str, name: &str) -> anyhow::Result<Batch> {
             },
         };
         batch.memories.push(Memory {
-            id: m.id.as_deref().map(memory_id).unwrap_or_default(),
+            id: m
+                .id
+                .as_deref()
+                .map(|k| memory_id(tenant, k))
+                .unwrap_or_default(),
             namespace: m.namespace,
             memory_type: m.memory_type,
             content: m.content,
@@ -130,7 +135,11 @@ pub fn parse_str(text: &str, name: &str) -> anyhow::Result<Batch> {
             source_confidence: m.source_confidence,
             event_time: m.event_time.map(chrono_to_ts),
             valid_to: m.valid_to.map(chrono_to_ts),
-            supersedes: m.supersedes.as_deref().map(memory_id).unwrap_or_default(),
+            supersedes: m
+                .supersedes
+                .as_deref()
+                .map(|k| memory_id(tenant, k))
+                .unwrap_or_default(),
             consolidated: m.consolidated,
             metadata: m.metadata.as_ref().map(json_to_struct),
             source: m.source,
@@ -159,20 +168,22 @@ mod tests {
         let b = parse_str(
             "{\"id\":\"a\",\"content\":\"x\",\"access_level\":\"internal\"}\n\n{\"edge\":{\"src\":\"a\",\"dst\":\"b\",\"type\":\"contradicts\"}}\n",
             "t.jsonl",
+            "t1",
         )
         .expect("parse");
         assert_eq!(b.memories.len(), 1);
-        assert_eq!(b.memories[0].id, memory_id("a"));
+        assert_eq!(b.memories[0].id, memory_id("t1", "a"));
+        assert_ne!(memory_id("t1", "a"), memory_id("t2", "a"));
         assert_eq!(b.memories[0].access_level, AccessLevel::Internal as i32);
-        assert_eq!(b.edges[0].dst_id, memory_id("b"));
+        assert_eq!(b.edges[0].dst_id, memory_id("t1", "b"));
     }
 
     #[test]
     fn errors_name_file_and_line() {
         let err =
-            parse_str("{\"content\":\"ok\"}\n{\"content\": 3}\n", "f.jsonl").expect_err("bad");
+            parse_str("{\"content\":\"ok\"}\n{\"content\": 3}\n", "f.jsonl", "t").expect_err("bad");
         assert!(format!("{err:#}").contains("f.jsonl:2"), "{err:#}");
-        let err = parse_str("{nope\n", "g.jsonl").expect_err("bad");
+        let err = parse_str("{nope\n", "g.jsonl", "t").expect_err("bad");
         assert!(format!("{err:#}").contains("g.jsonl:1"), "{err:#}");
     }
 }

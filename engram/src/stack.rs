@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use engram_common::Settings;
+use engram_common::admin::{self, AdminState};
 use engram_common::db::Database;
 use engram_common::server;
 use engram_common::settings::ApiKeySettings;
@@ -87,6 +88,11 @@ impl Default for StackOptions {
 pub struct Stack {
     pub settings: Settings,
     pub addrs: Vec<(Service, SocketAddr)>,
+    /// Admin HTTP (/health, /ready, /metrics).
+    pub admin_addr: SocketAddr,
+    /// The gateway's HTTP JSON API, when the gateway runs here.
+    pub http_addr_opt: Option<SocketAddr>,
+    pub admin: AdminState,
     /// The dev key, when one was created or read.
     pub api_key_opt: Option<String>,
     db_opt: Option<Database>,
@@ -176,7 +182,43 @@ impl Stack {
             }
         }
 
+        let admin_state = AdminState::new();
+        for (svc, addr) in &addrs {
+            // Rerank is optional: without the cross-encoder the gateway skips the check.
+            admin_state.add_grpc_health(
+                svc.name(),
+                *addr,
+                &["", svc.grpc_name()],
+                *svc != Service::Rerank,
+            )?;
+        }
+        let bind_addr = |configured: &str| {
+            if opts.ephemeral_ports {
+                "127.0.0.1:0".to_string()
+            } else {
+                configured.to_string()
+            }
+        };
+        let admin_listener = server::bind(&bind_addr(&settings.listen.admin), "admin").await?;
+        let admin_addr = admin_listener.local_addr()?;
+        let http_listener_opt = if opts.services.contains(&Service::Retrieval) {
+            Some(server::bind(&bind_addr(&settings.listen.http), "http").await?)
+        } else {
+            None
+        };
+        let http_addr_opt = http_listener_opt.as_ref().and_then(|l| l.local_addr().ok());
+
         let mut tasks = Vec::new();
+        {
+            let stop = shutdown.clone().cancelled_owned();
+            let state = admin_state.clone();
+            tasks.push((
+                Service::Retrieval,
+                tokio::spawn(async move { admin::serve(admin_listener, state, stop).await }),
+            ));
+            // Admin is reported under the gateway's name only if it fails; see any_exited.
+        }
+        let mut http_listener_opt = http_listener_opt;
         for (svc, listener) in listeners {
             let s = settings.clone();
             let stop = shutdown.clone().cancelled_owned();
@@ -194,7 +236,22 @@ impl Stack {
                     tokio::spawn(async move { rerank_svc::run(listener, s, stop).await })
                 }
                 Service::Retrieval => {
-                    tokio::spawn(async move { retrieval_svc::run(listener, s, stop).await })
+                    let gw = retrieval_svc::Gateway::new(s)?;
+                    let g = gw.clone();
+                    admin_state.add_metrics(move || g.metrics_text());
+                    if let Some(http) = http_listener_opt.take() {
+                        let gw = gw.clone();
+                        let stop = shutdown.clone().cancelled_owned();
+                        tasks.push((
+                            Service::Retrieval,
+                            tokio::spawn(async move {
+                                retrieval_svc::http::serve(http, gw, stop).await
+                            }),
+                        ));
+                    }
+                    tokio::spawn(
+                        async move { retrieval_svc::serve_gateway(listener, gw, stop).await },
+                    )
                 }
             };
             tasks.push((svc, task));
@@ -202,6 +259,9 @@ impl Stack {
         let stack = Self {
             settings,
             addrs,
+            admin_addr,
+            http_addr_opt,
+            admin: admin_state,
             api_key_opt,
             db_opt,
             tasks,
@@ -233,13 +293,11 @@ impl Stack {
         let deadline = tokio::time::Instant::now() + within;
         for (svc, addr) in &self.addrs {
             loop {
-                if let Some((_, t)) = self.tasks.iter().find(|(s, _)| s == svc) {
-                    if t.is_finished() {
-                        bail!(
-                            "{} service exited during start-up (see the log above)",
-                            svc.name()
-                        );
-                    }
+                if self.tasks.iter().any(|(s, t)| s == svc && t.is_finished()) {
+                    bail!(
+                        "{} service exited during start-up (see the log above)",
+                        svc.name()
+                    );
                 }
                 let status = async {
                     let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
@@ -296,6 +354,8 @@ impl Stack {
 
     /// Graceful shutdown: stop accepting, drain, close the pool, stop Postgres.
     pub async fn shutdown(mut self) {
+        // Readiness fails first so load balancers stop sending new work.
+        self.admin.start_draining();
         self.shutdown.cancel();
         for (svc, task) in self.tasks.drain(..) {
             match tokio::time::timeout(Duration::from_secs(10), task).await {

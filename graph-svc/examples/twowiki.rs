@@ -67,9 +67,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         g.edge_count(),
         t0.elapsed().as_secs_f64()
     );
-    let mut settings = GraphSettings::default();
-    settings.max_nodes = env("MAX_NODES", 1000u32);
-    settings.max_hops = env("HOPS", 4u32);
+    let settings = GraphSettings {
+        max_nodes: env("MAX_NODES", 1000u32),
+        max_hops: env("HOPS", 4u32),
+        ..GraphSettings::default()
+    };
     let budget = match std::env::var("BUDGET").as_deref() {
         Ok("mem") => NodeBudget::MemoryNodes,
         _ => NodeBudget::AllNodes,

@@ -390,7 +390,9 @@ mod tests {
             assert_eq!(t, tokens(&block));
         }
         let (block, _) = pack_context(&records, 100_000);
-        assert!(block.starts_with("## Relevant Long-Term Memories\n\n**[episodic | default | v0]**\nxxxxxxxxxx"));
+        assert!(block.starts_with(
+            "## Relevant Long-Term Memories\n\n**[episodic | default | v0]**\nxxxxxxxxxx"
+        ));
         assert_eq!(pack_context(&records, 8), (String::new(), 0));
     }
 

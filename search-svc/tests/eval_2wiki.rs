@@ -122,7 +122,11 @@ async fn recall_on_2wiki_dev() {
         let top: Vec<usize> = hits
             .iter()
             .take(k)
-            .filter_map(|h| h.memory.as_ref().and_then(|m| index.get(&m.content).copied()))
+            .filter_map(|h| {
+                h.memory
+                    .as_ref()
+                    .and_then(|m| index.get(&m.content).copied())
+            })
             .collect();
         gold.iter().filter(|g| top.contains(g)).count() as f64 / gold.len() as f64
     };
