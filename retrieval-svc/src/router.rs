@@ -337,6 +337,21 @@ fn named_entities(text: &str) -> usize {
     count
 }
 
+/// A wh-question whose subject is defined by a relative clause ("who leads
+/// the project that migrates billing?") needs one hop to find the project
+/// and another to find its lead.
+fn bridge_clause(norm: &str) -> bool {
+    let words: Vec<&str> = norm.split_whitespace().collect();
+    let wh = [
+        "who", "what", "when", "where", "which", "how", "whom", "whose",
+    ];
+    words.first().is_some_and(|w| wh.contains(w))
+        && words
+            .iter()
+            .skip(2)
+            .any(|w| matches!(*w, "that" | "whose" | "which" | "who"))
+}
+
 pub fn classify(text: &str) -> Route {
     let norm = normalise(text);
     if EXPLORATORY.iter().any(|p| has_phrase(&norm, p)) {
@@ -345,7 +360,7 @@ pub fn classify(text: &str) -> Route {
     let indicators = MULTI_HOP.iter().filter(|p| has_phrase(&norm, p)).count();
     // Possessive chains ("the director of X's film") are a classic bridge.
     let possessive = text.contains("'s ") && norm.contains(" of ");
-    if indicators >= 1 || possessive || named_entities(text) >= 2 {
+    if indicators >= 1 || possessive || named_entities(text) >= 2 || bridge_clause(&norm) {
         Route::MultiHop
     } else {
         Route::Simple
@@ -355,6 +370,18 @@ pub fn classify(text: &str) -> Route {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relative_clauses_are_bridges() {
+        assert_eq!(
+            classify("Who leads the project that migrates the billing system?"),
+            Route::MultiHop
+        );
+        assert_eq!(
+            classify("What is the deadline for the migration?"),
+            Route::Simple
+        );
+    }
 
     #[test]
     fn routes_by_indicators() {
