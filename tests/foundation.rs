@@ -10,11 +10,8 @@ async fn demo_path_returns_real_results() -> anyhow::Result<()> {
     let mut client = ts.client().await?;
     let n = engram::demo::load_sample(&mut client, &ts.tenant).await?;
     assert!(n >= 20, "sample has {n} memories");
-    let r = engram::demo::run_query(
-        &mut client,
-        "Who leads the project that migrates the billing system?",
-    )
-    .await?;
+    let r = engram::demo::run_query(&mut client, "What is the deadline for the Atlas migration?")
+        .await?;
     let text: Vec<String> = r
         .records
         .iter()
@@ -23,11 +20,29 @@ async fn demo_path_returns_real_results() -> anyhow::Result<()> {
         .collect();
     assert!(
         text.iter()
-            .any(|c| c.contains("Alice Chen is the engineering lead")),
-        "expected Alice's role among {text:?}"
+            .any(|c| c.contains("deadline moved to the end of Q3")),
+        "expected the current deadline among {text:?}"
+    );
+    // The superseded version is closed, so default retrieval never shows it.
+    assert!(
+        !text.iter().any(|c| c.contains("end of Q2 2025")),
+        "superseded memory returned: {text:?}"
     );
     let rendered = engram::demo::render("q", &r);
-    assert!(rendered.contains("Alice Chen"), "{rendered}");
+    assert!(rendered.contains("deadline moved"), "{rendered}");
+    let multi = engram::demo::run_query(
+        &mut client,
+        "Who leads the project that migrates the billing system?",
+    )
+    .await?;
+    assert_eq!(multi.route, engram_proto::QueryRoute::MultiHop as i32);
+    assert!(
+        multi.records.iter().any(|x| x
+            .provenance
+            .as_ref()
+            .is_some_and(|p| p.strategies.iter().any(|s| s.strategy == "graph"))),
+        "multi-hop answer has no graph provenance"
+    );
     // Loading twice is idempotent (stable ids).
     engram::demo::load_sample(&mut client, &ts.tenant).await?;
     let r2 = engram::demo::run_query(&mut client, "oat-milk flat white").await?;

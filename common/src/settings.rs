@@ -259,6 +259,10 @@ pub struct PipelineSettings {
     pub graph_timeout_ms: u64,
     pub rerank_timeout_ms: u64,
     pub rrf_k: f32,
+    /// Cross-encoder floor for Stage 3. The seed's 0.3 dropped relevant
+    /// memories the shipped cross-encoder had not seen in training (demo
+    /// sample: the right answers scored 0.04-0.12), so the default only
+    /// removes clearly unrelated text; the score is blended into Stage 4.
     pub relevance_threshold: f32,
     /// Candidates sent to the cross-encoder.
     pub rerank_top_n: usize,
@@ -284,7 +288,7 @@ impl Default for PipelineSettings {
             graph_timeout_ms: 500,
             rerank_timeout_ms: 1500,
             rrf_k: 60.0,
-            relevance_threshold: 0.3,
+            relevance_threshold: 0.02,
             rerank_top_n: 20,
             max_attempts: 3,
             cache_ttl_ms: 60_000,

@@ -48,7 +48,7 @@ pub async fn load_sample(client: &mut Client, tenant: &str) -> anyhow::Result<us
 pub async fn run_query(client: &mut Client, text: &str) -> anyhow::Result<RetrieveResponse> {
     let req = RetrieveRequest {
         text: text.to_string(),
-        limit: Some(3),
+        limit: Some(5),
         token_budget: 120,
         ..Default::default()
     };
