@@ -212,6 +212,8 @@ pub fn load_musique(
         hashed.push(path);
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
+        // HippoRAG wrote this file with Python's json, which emits bare NaN.
+        let text = text.replace(": NaN", ": null");
         let ie: OpenIeFile = serde_json::from_str(&text)
             .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), e.line()))?;
         let as_str = |v: &serde_json::Value| match v {
