@@ -3,6 +3,7 @@
 //! shutdown. Each service exposes `run(listener, shutdown)` built on this.
 
 use std::future::Future;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -59,5 +60,26 @@ pub async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
         } else {
             anyhow::anyhow!("{what}: cannot listen on {addr}: {e}")
         }
+    })
+}
+
+/// The client's deadline from the `grpc-timeout` header, if any; every
+/// service caps its own budget with it.
+pub fn grpc_timeout(md: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    parse_grpc_timeout(md.get("grpc-timeout")?.to_str().ok()?)
+}
+
+/// `grpc-timeout` value: digits then H, M, S, m, u or n (e.g. "2500m").
+pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
     })
 }

@@ -47,28 +47,9 @@ impl GraphSvc {
     /// The client's gRPC deadline when shorter than the graph timeout.
     fn deadline<T>(&self, req: &Request<T>) -> Instant {
         let own = Duration::from_millis(self.settings.pipeline.graph_timeout_ms.max(1));
-        let client = req
-            .metadata()
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_grpc_timeout);
+        let client = engram_common::server::grpc_timeout(req.metadata());
         Instant::now() + client.map_or(own, |c| c.min(own))
     }
-}
-
-/// `grpc-timeout` header: digits then H, M, S, m, u or n.
-fn parse_grpc_timeout(v: &str) -> Option<Duration> {
-    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
-    let n: u64 = num.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
 }
 
 fn parse_id(field: &str, s: &str) -> Result<Uuid, Error> {
@@ -442,6 +423,7 @@ impl GraphService for GraphSvc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use engram_common::server::parse_grpc_timeout;
 
     #[test]
     fn grpc_timeouts_parse() {

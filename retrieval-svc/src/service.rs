@@ -100,21 +100,7 @@ fn ds_err(service: &'static str, e: DownstreamError) -> Error {
     }
 }
 
-/// The client's `grpc-timeout` header, if any (e.g. "2500m").
-pub fn grpc_timeout(md: &MetadataMap) -> Option<Duration> {
-    let v = md.get("grpc-timeout")?.to_str().ok()?;
-    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
-    let n: u64 = num.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
+pub use engram_common::server::grpc_timeout;
 
 /// Retry escalation: wider time window (2×, centred), lower confidence bar,
 /// consolidated memories included.
