@@ -365,6 +365,45 @@ async fn metrics_move_and_retrieval_logs_are_scrubbed() -> anyhow::Result<()> {
         m.contains("engram_retrieval_circuit_state{stage=\"graph.ppr\"} 0"),
         "{m}"
     );
+    // Per-service gRPC server metrics from the shared server layer: every
+    // service in the process, labelled by service/method/code only.
+    let grpc = |service: &str, method: &str| -> f64 {
+        let prefix = "engram_grpc_server_requests_total{";
+        m.lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .filter(|l| {
+                l.contains(&format!("method=\"{method}\""))
+                    && l.contains(&format!("service=\"{service}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(
+        value(
+            "engram_grpc_server_requests_total{code=\"OK\",method=\"VectorSearch\",service=\"engram.v1.SearchService\"}"
+        ) >= 4.0,
+        "{m}"
+    );
+    assert!(grpc("engram.v1.SearchService", "Upsert") >= 1.0, "{m}");
+    assert!(
+        grpc("engram.v1.GraphService", "PersonalizedPageRank") >= 1.0,
+        "{m}"
+    );
+    assert!(grpc("engram.v1.RerankService", "Score") >= 1.0, "{m}");
+    assert!(grpc("engram.v1.RetrievalService", "Retrieve") >= 4.0, "{m}");
+    assert!(grpc("grpc.health.v1.Health", "Check") >= 1.0, "{m}");
+    assert!(
+        value(
+            "engram_grpc_server_request_duration_seconds_count{method=\"VectorSearch\",service=\"engram.v1.SearchService\"}"
+        ) >= 4.0,
+        "{m}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l
+                .starts_with("engram_grpc_server_in_flight{service=\"engram.v1.SearchService\"}")),
+        "{m}"
+    );
     for leak in [
         "alice",
         "example.com",
@@ -475,5 +514,102 @@ fn deploy_manifests_parse_as_yaml() -> anyhow::Result<()> {
     ] {
         assert!(kinds.iter().any(|k| k == kind), "no {kind} in {kinds:?}");
     }
+    Ok(())
+}
+
+/// Graceful shutdown on a real service: the shutdown signal flips health to
+/// NOT_SERVING (an open Watch sees it) while a slow call is still in flight;
+/// that call still gets its gRPC answer, then the server exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_drains_in_flight_calls_after_health_goes_not_serving() -> anyhow::Result<()> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+
+    // Downstreams that accept TCP and never answer: every call is slow.
+    let blackhole = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let hole = format!("http://{}", blackhole.local_addr()?);
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = blackhole.accept().await {
+            conns.push(c);
+        }
+    });
+    let mut s = settings().await?;
+    s.auth.internal_token_opt = Some(random_token());
+    let key = format!("k-{}", uuid::Uuid::new_v4().simple());
+    s.auth.api_keys.push(ApiKeySettings {
+        sha256: sha256_hex(&key),
+        tenant: format!("t-{}", uuid::Uuid::new_v4().simple()),
+        agent_id: "agent-drain".into(),
+        trust: "sensitive".into(),
+    });
+    s.downstream.search = hole.clone();
+    s.downstream.graph = hole.clone();
+    s.downstream.rerank = hole;
+    s.pipeline.vector_timeout_ms = 1500;
+    s.pipeline.keyword_timeout_ms = 1500;
+    s.pipeline.graph_timeout_ms = 1500;
+    let gateway = retrieval_svc::Gateway::new(s)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(retrieval_svc::serve_gateway(
+        listener,
+        gateway,
+        stop.clone().cancelled_owned(),
+    ));
+    let mut health = HealthClient::new(channel(addr).await?);
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: "engram.v1.RetrievalService".into(),
+        })
+        .await?
+        .into_inner();
+    let first = watch
+        .message()
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("watch ended"))?;
+    assert_eq!(first.status, 1, "serving before shutdown");
+
+    let mut client = engram::client::Client::connect(&format!("http://{addr}"), &key).await?;
+    let t0 = std::time::Instant::now();
+    let slow = tokio::spawn(async move {
+        client
+            .retrieval
+            .retrieve(RetrieveRequest {
+                text: "what is slow".into(),
+                no_cache: true,
+                ..Default::default()
+            })
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!slow.is_finished(), "the call must still be in flight");
+    stop.cancel();
+    let next = watch
+        .message()
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("watch ended without NOT_SERVING"))?;
+    assert_eq!(next.status, 2, "NOT_SERVING once draining starts");
+    assert!(
+        !slow.is_finished(),
+        "health flipped before the in-flight call ended"
+    );
+
+    // The in-flight call ends with a gRPC answer from the gateway (a result
+    // or its own error), not a connection torn down under it.
+    match slow.await? {
+        Ok(_) => {}
+        Err(status) => assert!(
+            !status.message().contains("transport") && status.code() != tonic::Code::Cancelled,
+            "in-flight call was cut: {status:?}"
+        ),
+    }
+    tokio::time::timeout(std::time::Duration::from_secs(12), server).await???;
+    eprintln!(
+        "drain: call answered and server stopped {:?} after the call began",
+        t0.elapsed()
+    );
+    held.abort();
     Ok(())
 }

@@ -240,7 +240,8 @@ impl AdminState {
         }
     }
 
-    /// Every source's text, newline-separated, plus `engram_admin_draining`.
+    /// Every source's text, newline-separated, then the gRPC server metrics
+    /// of every service in this process and `engram_admin_draining`.
     pub fn metrics_text(&self) -> String {
         let sources: Vec<MetricsSource> = self
             .inner
@@ -256,6 +257,7 @@ impl AdminState {
                 out.push('\n');
             }
         }
+        out.push_str(&crate::server::metrics_text());
         out.push_str("# HELP engram_admin_draining 1 while the process is shutting down.\n");
         out.push_str("# TYPE engram_admin_draining gauge\n");
         out.push_str(&format!(
@@ -275,15 +277,34 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// Serves the admin routes on `listener` until `shutdown`.
+/// Serves the admin routes on `listener` until `shutdown`; `/ready` fails
+/// from the moment `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve_with(listener, state, Duration::ZERO, shutdown).await
+}
+
+/// [`serve`] that keeps answering (503 on `/ready`) for `linger` after
+/// `shutdown`, matching the gRPC servers' `drain_delay` so a kubelet or load
+/// balancer sees "not ready" rather than "connection refused".
+pub async fn serve_with(
+    listener: TcpListener,
+    state: AdminState,
+    linger: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     tracing::info!(addr = ?listener.local_addr().ok(), "admin http listening");
+    let s = state.clone();
+    let signal = async move {
+        shutdown.await;
+        s.start_draining();
+        tokio::time::sleep(linger).await;
+    };
     axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(signal)
         .await?;
     Ok(())
 }

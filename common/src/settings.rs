@@ -90,6 +90,13 @@ pub struct ListenSettings {
     pub admin: String,
     /// Gateway HTTP JSON API.
     pub http: String,
+    /// After a shutdown signal, how long health stays NOT_SERVING while the
+    /// listener still accepts, so load balancers notice before connections
+    /// are refused (Kubernetes endpoint propagation takes a few seconds).
+    pub drain_delay_ms: u64,
+    /// Upper bound on finishing in-flight requests after that; whatever is
+    /// still running is then dropped so shutdown never hangs.
+    pub drain_grace_ms: u64,
 }
 
 impl Default for ListenSettings {
@@ -101,6 +108,8 @@ impl Default for ListenSettings {
             rerank: "127.0.0.1:50054".into(),
             admin: "127.0.0.1:9464".into(),
             http: "127.0.0.1:8080".into(),
+            drain_delay_ms: 0,
+            drain_grace_ms: 10_000,
         }
     }
 }
@@ -276,6 +285,10 @@ pub struct PipelineSettings {
     /// with entity seeds only: on 2Wiki dense seeds cost recall
     /// (shared/notes/graph-probe.md).
     pub graph_dense_seeds: u32,
+    /// A linked entity anchors a query when some memory is about it (its
+    /// title / home entity) and at most this share of the visible memories
+    /// mention it: the graph walk then leads (retrieval-svc evidence.rs).
+    pub anchor_max_df_ratio: f32,
     pub weights: FusionWeights,
 }
 
@@ -295,6 +308,7 @@ impl Default for PipelineSettings {
             cache_similarity: 0.95,
             candidates_per_strategy: 50,
             graph_dense_seeds: 0,
+            anchor_max_df_ratio: 0.02,
             weights: FusionWeights::default(),
         }
     }
@@ -316,16 +330,19 @@ impl Default for FusionWeights {
                 vector: 1.0,
                 keyword: 1.0,
                 graph: 0.0,
+                rrf_k_opt: None,
             },
             multi_hop: StrategyWeights {
                 vector: 0.5,
                 keyword: 0.5,
                 graph: 2.0,
+                rrf_k_opt: None,
             },
             exploratory: StrategyWeights {
                 vector: 1.0,
                 keyword: 1.0,
                 graph: 1.0,
+                rrf_k_opt: None,
             },
         }
     }
@@ -337,6 +354,10 @@ pub struct StrategyWeights {
     pub vector: f32,
     pub keyword: f32,
     pub graph: f32,
+    /// RRF k for this route; unset = `pipeline.rrf_k`. A small k lets the
+    /// top ranks of the leading strategy dominate.
+    #[serde(default, rename = "rrf_k", skip_serializing_if = "Option::is_none")]
+    pub rrf_k_opt: Option<f32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

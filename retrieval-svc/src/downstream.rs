@@ -35,6 +35,7 @@ use tonic::transport::{Channel, Endpoint};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+use tracing::Instrument as _;
 
 pub use crate::metrics::StackMetrics;
 use crate::metrics::{CallOutcome, Metrics};
@@ -151,21 +152,36 @@ where
         .map_future(move |fut| {
             let metrics = metrics.clone();
             let start = Instant::now();
+            // One client span per call (retries included), a child of the
+            // caller's stage span; `rpc` injects its context as traceparent.
+            let span = tracing::info_span!(
+                "downstream",
+                otel.name = format!("downstream.{name}"),
+                otel.kind = "client",
+                otel.status_code = tracing::field::Empty,
+                rpc.system = "grpc",
+                downstream = name,
+                outcome = tracing::field::Empty,
+            );
+            let record = span.clone();
             async move {
                 let r: Result<R, DownstreamError> = fut.await;
-                let outcome = match &r {
-                    Ok(_) => CallOutcome::Ok,
-                    Err(DownstreamError::Timeout) => CallOutcome::Timeout,
-                    Err(DownstreamError::CircuitOpen) => CallOutcome::CircuitOpen,
-                    Err(DownstreamError::Overloaded) => CallOutcome::Overloaded,
-                    Err(_) => CallOutcome::Error,
+                let (outcome, label) = match &r {
+                    Ok(_) => (CallOutcome::Ok, "ok"),
+                    Err(DownstreamError::Timeout) => (CallOutcome::Timeout, "timeout"),
+                    Err(DownstreamError::CircuitOpen) => (CallOutcome::CircuitOpen, "circuit_open"),
+                    Err(DownstreamError::Overloaded) => (CallOutcome::Overloaded, "overloaded"),
+                    Err(_) => (CallOutcome::Error, "error"),
                 };
                 metrics.record(outcome, start.elapsed());
+                record.record("outcome", label);
                 if let Err(e) = &r {
+                    record.record("otel.status_code", "ERROR");
                     tracing::debug!(downstream = name, error = %e, "downstream call failed");
                 }
                 r
             }
+            .instrument(span)
         })
         .map_err(DownstreamError::classify)
         .timeout(spec.timeout)
@@ -422,8 +438,9 @@ where
 
 type RpcFuture<R> = Pin<Box<dyn Future<Output = Result<tonic::Response<R>, Status>> + Send>>;
 
-/// The innermost service: one tonic RPC with identity + internal token in
-/// metadata and the stack's timeout advertised as grpc-timeout.
+/// The innermost service: one tonic RPC with identity + internal token and
+/// the W3C trace context in metadata, and the stack's timeout advertised as
+/// grpc-timeout.
 fn rpc<C, T, R>(
     client: C,
     token: Arc<str>,
@@ -441,6 +458,7 @@ where
         async move {
             let mut req = tonic::Request::new(call.msg);
             call.identity.write_internal(req.metadata_mut(), &token);
+            engram_common::telemetry::inject_current(req.metadata_mut());
             req.set_timeout(timeout);
             f(client, req)
                 .await
