@@ -278,6 +278,15 @@ pub enum EvalDataset {
         #[command(flatten)]
         common: EvalCommon,
     },
+    /// HotpotQA (HippoRAG's train sample): gold = supporting-fact titles.
+    Hotpotqa {
+        #[arg(long)]
+        corpus: Option<std::path::PathBuf>,
+        #[arg(long)]
+        questions: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        common: EvalCommon,
+    },
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -329,6 +338,19 @@ pub async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()
                 common,
             )
         }
+        EvalDataset::Hotpotqa {
+            corpus,
+            questions,
+            common,
+        } => {
+            let c = corpus.unwrap_or_else(|| ev::data_path("hipporag/hotpotqa_train_corpus.json"));
+            let q = questions.unwrap_or_else(|| ev::data_path("hipporag/hotpotqa_train.json"));
+            (
+                "hotpotqa",
+                vec![ev::load_hotpotqa(&c, &q, common.limit)?],
+                common,
+            )
+        }
     };
     let progress = !common.json;
     let keys: Vec<(String, String, String, String)> = parts
@@ -361,8 +383,9 @@ pub async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()
             let (ingested, secs) = ev::ensure_ingested(client, part, progress).await?;
             if ingested {
                 tracing::info!(tenant = %part.tenant, docs = part.docs.len(), secs, rate = part.docs.len() as f64 / secs.max(1e-9), "ingested corpus");
-                wait_for_graph(client, part).await;
             }
+            // Also after a restart: graph-svc loads a tenant on first use.
+            wait_for_graph(client, part).await;
             ev::run_part(&clients, part, &mut tally, common.concurrency.max(1), progress).await?;
         }
         anyhow::Ok(tally)
@@ -375,6 +398,125 @@ pub async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()
     } else {
         print!("{}", ev::report_table(name, &tally));
     }
+    Ok(())
+}
+
+/// `engram tune`: the dev halves of every data set through an in-process
+/// stack, the per-route fusion weights fitted offline (tune.rs), written to
+/// `out` as a config file; prints the per-data-set report as JSON.
+pub async fn tune(
+    settings: Settings,
+    out: &std::path::Path,
+    samples_opt: Option<&std::path::Path>,
+    limit_opt: Option<usize>,
+) -> anyhow::Result<()> {
+    use crate::eval as ev;
+    let mut sets: Vec<(&'static str, Vec<ev::Part>)> = vec![
+        (
+            "2wiki",
+            vec![ev::load_2wiki(
+                &ev::data_path("hipporag/2wikimultihopqa_corpus.json"),
+                &ev::data_path("hipporag/2wiki_dev.jsonl"),
+                limit_opt,
+            )?],
+        ),
+        (
+            "locomo",
+            ev::load_locomo(&ev::data_path("locomo/locomo10.json"), 0, 4, limit_opt)?,
+        ),
+        (
+            "musique",
+            vec![ev::load_musique(
+                &ev::data_path("hipporag/musique_train.json"),
+                None,
+                limit_opt,
+            )?],
+        ),
+        (
+            "hotpotqa",
+            vec![ev::load_hotpotqa(
+                &ev::data_path("hipporag/hotpotqa_train_corpus.json"),
+                &ev::data_path("hipporag/hotpotqa_train.json"),
+                limit_opt,
+            )?],
+        ),
+    ];
+    let keys: Vec<(String, String, String, String)> = sets
+        .iter()
+        .flat_map(|(_, parts)| parts.iter())
+        .map(|p| {
+            (
+                stack::random_token(),
+                p.tenant.clone(),
+                "tune".to_string(),
+                "sensitive".to_string(),
+            )
+        })
+        .collect();
+    let opts = StackOptions {
+        ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys: keys.clone(),
+        ..Default::default()
+    };
+    let default_k = settings.pipeline.rrf_k;
+    let current = settings.pipeline.weights.clone();
+    let stack = Stack::start(settings.clone(), opts).await?;
+    let result = async {
+        let uri = stack.gateway_uri().context("no gateway")?;
+        let graph_uri = stack
+            .addr(Service::Graph)
+            .map(|a| format!("http://{a}"))
+            .context("no graph-svc")?;
+        let token = stack
+            .settings
+            .auth
+            .internal_token_opt
+            .clone()
+            .unwrap_or_default();
+        let mut samples = Vec::new();
+        for (name, parts) in &mut sets {
+            for part in parts.iter() {
+                let (key, ..) = keys
+                    .iter()
+                    .find(|(_, t, ..)| *t == part.tenant)
+                    .context("key")?;
+                let mut client = Client::connect(&uri, key).await?;
+                ev::ensure_ingested(&mut client, part, true).await?;
+                // Also after a restart: graph-svc loads a tenant on first use.
+                wait_for_graph(&mut client, part).await;
+                let s = crate::tune::collect(&client, &graph_uri, &token, &settings, name, part)
+                    .await?;
+                eprintln!("  {name} {}: {} questions collected", part.tenant, s.len());
+                samples.extend(s);
+            }
+        }
+        anyhow::Ok(samples)
+    }
+    .await;
+    stack.shutdown().await;
+    let samples = result?;
+    if let Some(path) = samples_opt {
+        let lines: Vec<String> = samples.iter().map(|s| s.to_json().to_string()).collect();
+        std::fs::write(path, lines.join("\n"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let fits = crate::tune::fit(&samples, &current, default_k);
+    let tuned = crate::tune::to_weights(&fits, &current);
+    std::fs::write(out, crate::tune::to_toml(&fits))
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    let report = serde_json::json!({
+        "config": out.display().to_string(),
+        "fits": fits.iter().map(|f| serde_json::json!({
+            "route": format!("{:?}", f.route),
+            "questions": f.questions,
+            "weights": f.weights,
+            "rrf_k": f.k,
+        })).collect::<Vec<_>>(),
+        "before": crate::tune::report(&samples, &current, default_k),
+        "after": crate::tune::report(&samples, &tuned, default_k),
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }
 
@@ -435,6 +577,8 @@ pub async fn bench(
             queries,
             concurrency,
             base_texts: 2000,
+            write_concurrency: 3,
+            ingest_sample: 1000,
         };
         crate::bench::run(&stack, &mut client, &tenant, &args, !json).await
     }

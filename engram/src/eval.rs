@@ -253,6 +253,75 @@ pub fn load_musique(
     })
 }
 
+#[derive(Deserialize)]
+struct HotpotQuestion {
+    question: String,
+    /// [title, sentence index] pairs.
+    supporting_facts: Vec<(String, serde_json::Value)>,
+}
+
+/// HotpotQA in HippoRAG's layout: a corpus object title → sentences and
+/// questions whose gold passages are the titles of their supporting facts.
+pub fn load_hotpotqa(
+    corpus: &Path,
+    questions: &Path,
+    limit_opt: Option<usize>,
+) -> anyhow::Result<Part> {
+    let text = std::fs::read_to_string(corpus)
+        .with_context(|| format!("cannot read {}", corpus.display()))?;
+    let raw: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}:{}: {e}", corpus.display(), e.line()))?;
+    let mut docs = Vec::with_capacity(raw.len());
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for (title, sentences) in raw {
+        let sentences = sentences.as_array().with_context(|| {
+            format!(
+                "{}: passage {title:?} is not a list of sentences",
+                corpus.display()
+            )
+        })?;
+        let body: String = sentences.iter().filter_map(|s| s.as_str()).collect();
+        index.insert(title.clone(), docs.len());
+        docs.push(Doc {
+            title,
+            text: body.trim().to_string(),
+            ..Default::default()
+        });
+    }
+    let text = std::fs::read_to_string(questions)
+        .with_context(|| format!("cannot read {}", questions.display()))?;
+    let raw: Vec<HotpotQuestion> = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}:{}: {e}", questions.display(), e.line()))?;
+    let mut qs = Vec::new();
+    for (n, q) in raw.into_iter().enumerate() {
+        let mut gold: Vec<usize> = Vec::new();
+        for (title, _) in &q.supporting_facts {
+            let idx = *index.get(title).with_context(|| {
+                format!(
+                    "{}: question {n} cites {title:?}, which is not in {}",
+                    questions.display(),
+                    corpus.display()
+                )
+            })?;
+            if !gold.contains(&idx) {
+                gold.push(idx);
+            }
+        }
+        qs.push(Question {
+            text: q.question,
+            gold,
+        });
+    }
+    if let Some(n) = limit_opt {
+        qs.truncate(n);
+    }
+    Ok(Part {
+        tenant: format!("eval-hotpotqa-{}", hash_files(&[corpus, questions])?),
+        docs,
+        questions: qs,
+    })
+}
+
 /// LoCoMo: one tenant per conversation, one memory per turn ("speaker: text",
 /// session date as event_time, dia_id in metadata); categories 1–4.
 pub fn load_locomo(
@@ -692,6 +761,17 @@ mod tests {
         assert!(l[0].docs.len() > 100);
         assert_eq!(l[0].questions.len(), 4);
         assert!(l[0].docs[0].event_time_opt.is_some());
+        let h = load_hotpotqa(
+            &shared("hipporag/hotpotqa_train_corpus.json"),
+            &shared("hipporag/hotpotqa_train.json"),
+            Some(3),
+        )
+        .expect("hotpotqa");
+        assert_eq!(h.docs.len(), 994);
+        assert_eq!(h.questions.len(), 3);
+        assert!(h.questions.iter().all(|q| q.gold.len() >= 2));
+        let first = &h.docs[h.questions[0].gold[0]];
+        assert!(!first.text.is_empty() && !first.title.is_empty());
     }
 
     #[test]

@@ -9,3 +9,4 @@ pub mod demo;
 pub mod eval;
 pub mod ingest;
 pub mod stack;
+pub mod tune;

@@ -46,6 +46,18 @@ enum Command {
         #[command(subcommand)]
         dataset: engram::commands::EvalDataset,
     },
+    /// Fit the per-route fusion weights on the dev halves; writes a config file.
+    Tune {
+        /// Where to write the fitted `[pipeline.weights.*]` config.
+        #[arg(long, default_value = "engram.tune.toml")]
+        out: PathBuf,
+        /// Also write every question's rankings and evidence (JSON lines).
+        #[arg(long)]
+        samples: Option<PathBuf>,
+        /// Only the first N questions per data set (per conversation for LoCoMo).
+        #[arg(long)]
+        limit: Option<usize>,
+    },
     /// Latency and throughput on a synthetic tenant (see docs/benchmarks.md).
     Bench {
         #[arg(long, default_value_t = 10_000)]
@@ -100,6 +112,11 @@ fn main() -> ExitCode {
             Command::Demo => commands::demo(settings).await,
             Command::Ingest { file, conn } => commands::ingest(settings, &file, conn).await,
             Command::Eval { dataset } => commands::eval(settings, dataset).await,
+            Command::Tune {
+                out,
+                samples,
+                limit,
+            } => commands::tune(settings, &out, samples.as_deref(), limit).await,
             Command::Bench {
                 memories,
                 queries,
@@ -115,6 +132,8 @@ fn main() -> ExitCode {
             } => commands::query(settings, &text, limit, &mode, json, conn).await,
         }
     });
+    // Flush the spans still batched for the OTLP exporter (no-op without it).
+    engram_common::telemetry::shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

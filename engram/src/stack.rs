@@ -212,9 +212,13 @@ impl Stack {
         {
             let stop = shutdown.clone().cancelled_owned();
             let state = admin_state.clone();
+            // /ready answers 503 for the drain delay so balancers stop routing first.
+            let linger = std::time::Duration::from_millis(settings.listen.drain_delay_ms);
             tasks.push((
                 Service::Retrieval,
-                tokio::spawn(async move { admin::serve(admin_listener, state, stop).await }),
+                tokio::spawn(async move {
+                    admin::serve_with(admin_listener, state, linger, stop).await
+                }),
             ));
             // Admin is reported under the gateway's name only if it fails; see any_exited.
         }

@@ -59,9 +59,10 @@ pub async fn run(
         };
         tokio::spawn(async move { rep.set_service_status(SERVICE_NAME, status).await });
     }));
+    let opts = server::ServeOptions::from(&settings.listen);
     let svc = service::GraphSvc::new(registry, settings);
     let routes = Routes::new(GraphServiceServer::new(svc));
-    let result = server::serve(listener, routes, health, shutdown).await;
+    let result = server::serve_with(listener, routes, health, opts, shutdown).await;
     listen.abort();
     debouncer.abort();
     result?;

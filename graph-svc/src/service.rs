@@ -247,6 +247,7 @@ pub fn run_ppr_with(
             .collect(),
         nodes_touched: out.nodes_touched as u32,
         deadline_exceeded: out.deadline_hit,
+        memory_count: graph.visible_memory_count(view) as u32,
     }
 }
 

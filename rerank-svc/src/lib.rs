@@ -63,10 +63,11 @@ pub async fn run_with_model(
         ServingStatus::NotServing
     };
     reporter.set_service_status(SERVICE_NAME, status).await;
+    let opts = server::ServeOptions::from(&settings.listen);
     let svc = RerankSvc::new(model, &settings);
     let routes =
         Routes::new(RerankServiceServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES));
-    server::serve(listener, routes, health, shutdown).await?;
+    server::serve_with(listener, routes, health, opts, shutdown).await?;
     Ok(())
 }
 

@@ -188,6 +188,7 @@ where
         .retry(RetryPolicy {
             idempotent: spec.idempotent,
             budget,
+            retries_left: 1,
         })
         .layer(breaker)
         .load_shed()
@@ -196,10 +197,15 @@ where
     (BoxCloneSyncService::new(svc), handle)
 }
 
+/// tower clones the policy per call, so `retries_left` bounds one call's
+/// retries: without it a refusing downstream was retried every 10 ms until
+/// the shared budget ran dry, and one query's retries alone opened the
+/// breaker for everyone.
 #[derive(Clone)]
 struct RetryPolicy {
     idempotent: bool,
     budget: Arc<TpsBudget>,
+    retries_left: u32,
 }
 
 impl<T: Clone, R> tower::retry::Policy<Call<T>, R, BoxError> for RetryPolicy {
@@ -221,7 +227,8 @@ impl<T: Clone, R> tower::retry::Policy<Call<T>, R, BoxError> for RetryPolicy {
                 let transient = e
                     .downcast_ref::<Status>()
                     .is_some_and(|s| s.code() == tonic::Code::Unavailable);
-                if self.idempotent && transient && self.budget.withdraw() {
+                if self.idempotent && transient && self.retries_left > 0 && self.budget.withdraw() {
+                    self.retries_left -= 1;
                     Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))))
                 } else {
                     None
@@ -463,7 +470,16 @@ where
             f(client, req)
                 .await
                 .map(tonic::Response::into_inner)
-                .map_err(BoxError::from)
+                .map_err(|s| {
+                    // tonic enforces the same grpc-timeout client-side and
+                    // reports it as Cancelled; it is our timeout, so count
+                    // it as one (metrics, breaker, DownstreamError::Timeout).
+                    if s.code() == tonic::Code::Cancelled && s.message() == "Timeout expired" {
+                        BoxError::from(tower::timeout::error::Elapsed::new())
+                    } else {
+                        BoxError::from(s)
+                    }
+                })
         }
     })
 }

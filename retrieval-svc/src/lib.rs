@@ -9,6 +9,7 @@ pub mod conversation;
 pub mod decompose;
 pub mod downstream;
 pub mod error;
+pub mod evidence;
 pub mod feedback;
 pub mod foundry;
 pub mod fusion;
@@ -55,6 +56,7 @@ pub async fn serve_gateway(
     gateway: Gateway,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let opts = engram_common::server::ServeOptions::from(&gateway.settings().listen);
     let (reporter, health) = engram_common::server::health();
     reporter
         .set_serving::<RetrievalServiceServer<conversation::FailOpen>>()
@@ -71,6 +73,6 @@ pub async fn serve_gateway(
     )))
     .add_service(MemoryServiceServer::new(gateway));
     tracing::info!(addr = ?listener.local_addr().ok(), "retrieval gateway listening");
-    engram_common::server::serve(listener, routes, health, shutdown).await?;
+    engram_common::server::serve_with(listener, routes, health, opts, shutdown).await?;
     Ok(())
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use engram_common::Identity;
-use engram_common::settings::{PipelineSettings, StrategyWeights};
+use engram_common::settings::{FusionWeights, PipelineSettings, StrategyWeights};
 use engram_proto::{
     Filters, GetRequest, KeywordSearchRequest, Memory, PprRequest, PprResponse, SearchResponse,
     Seed, VectorSearchRequest,
@@ -18,48 +18,108 @@ use tokio::time::Instant;
 
 use crate::downstream::{DownstreamError, Downstreams, call};
 use crate::error::Error;
-use crate::fusion::{Fused, StrategyList, max_score, rrf};
-use crate::router::Raw;
+use crate::evidence::{self, Evidence};
+use crate::fusion::{Fused, StrategyList, max_score, rrf, weights_for};
+use crate::router::{Raw, Route};
 
 pub const VECTOR: &str = "vector";
 pub const KEYWORD: &str = "keyword";
 pub const GRAPH: &str = "graph";
 pub const HYDE: &str = "hyde";
 
-/// Which strategies to run, with their fusion weights.
-#[derive(Debug, Clone)]
-pub struct Plan {
+/// Fusion weights of one fused list.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weights {
     pub vector: f32,
     pub keyword: f32,
     pub graph: f32,
+    pub k: f32,
+}
+
+impl Weights {
+    pub fn of(w: &StrategyWeights, default_k: f32) -> Self {
+        Self {
+            vector: w.vector.max(0.0),
+            keyword: w.keyword.max(0.0),
+            graph: w.graph.max(0.0),
+            k: w.rrf_k_opt.unwrap_or(default_k).max(0.0),
+        }
+    }
+}
+
+/// How the fused list is weighted.
+#[derive(Debug, Clone)]
+pub enum Fusion {
+    Fixed(Weights),
+    /// AUTO: every strategy runs; the route (and so the weights) follows the
+    /// evidence the graph returns with its walk (evidence.rs).
+    ByEvidence {
+        indicator: Route,
+        weights: FusionWeights,
+        default_k: f32,
+        anchor_max_df_ratio: f32,
+    },
+}
+
+/// Which strategies to run and how to fuse them.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub vector: bool,
+    pub keyword: bool,
+    pub graph: bool,
     /// Seed the graph walk with the top dense hits (sequential vector → graph).
     pub dense_seeds: bool,
     /// Keep at most this many fused candidates.
     pub pool: usize,
+    pub fusion: Fusion,
 }
 
 impl Plan {
-    pub fn for_route(w: &StrategyWeights, p: &PipelineSettings, limit: u32) -> Self {
+    fn pool(p: &PipelineSettings, limit: u32) -> usize {
+        (limit as usize)
+            .max(p.rerank_top_n)
+            .saturating_mul(2)
+            .min(200)
+    }
+
+    /// A fixed route: its strategies with weight > 0 (a route always has a
+    /// dense list, even if its weight is tuned to 0: it feeds HyDE, the
+    /// cache's query embedding and the fallback).
+    pub fn for_route(route: Route, p: &PipelineSettings, limit: u32) -> Self {
+        let w = Weights::of(weights_for(&p.weights, route), p.rrf_k);
         Self {
-            // A route always has a dense list, even if its weight is tuned to 0.
-            vector: if w.vector > 0.0 {
-                w.vector
-            } else {
-                f32::MIN_POSITIVE
-            },
-            keyword: w.keyword.max(0.0),
-            graph: w.graph.max(0.0),
+            vector: true,
+            keyword: w.keyword > 0.0,
+            graph: w.graph > 0.0,
             dense_seeds: p.graph_dense_seeds > 0,
-            pool: (limit as usize)
-                .max(p.rerank_top_n)
-                .saturating_mul(2)
-                .min(200),
+            pool: Self::pool(p, limit),
+            fusion: Fusion::Fixed(Weights {
+                vector: w.vector.max(f32::MIN_POSITIVE),
+                ..w
+            }),
+        }
+    }
+
+    /// AUTO: all three strategies; weights by evidence.
+    pub fn by_evidence(indicator: Route, p: &PipelineSettings, limit: u32) -> Self {
+        Self {
+            vector: true,
+            keyword: true,
+            graph: true,
+            dense_seeds: p.graph_dense_seeds > 0,
+            pool: Self::pool(p, limit),
+            fusion: Fusion::ByEvidence {
+                indicator,
+                weights: p.weights.clone(),
+                default_k: p.rrf_k,
+                anchor_max_df_ratio: p.anchor_max_df_ratio,
+            },
         }
     }
 
     /// Raw modes for evaluation: single strategy (graph with entity seeds
     /// only, the pure strategy) or equal-weight fusion of all three.
-    pub fn raw(raw: Raw, limit: u32) -> Self {
+    pub fn raw(raw: Raw, limit: u32, k: f32) -> Self {
         let (vector, keyword, graph) = match raw {
             Raw::Vector => (1.0, 0.0, 0.0),
             Raw::Keyword => (0.0, 1.0, 0.0),
@@ -67,11 +127,17 @@ impl Plan {
             Raw::Hybrid => (1.0, 1.0, 1.0),
         };
         Self {
-            vector,
-            keyword,
-            graph,
+            vector: vector > 0.0,
+            keyword: keyword > 0.0,
+            graph: graph > 0.0,
             dense_seeds: false,
             pool: limit as usize,
+            fusion: Fusion::Fixed(Weights {
+                vector,
+                keyword,
+                graph,
+                k,
+            }),
         }
     }
 }
@@ -91,6 +157,9 @@ pub struct Candidates {
     pub max_rrf: f32,
     pub degraded: Vec<&'static str>,
     pub query_embedding_opt: Option<Vec<f32>>,
+    /// The evidence-chosen route (AUTO plans only).
+    pub route_opt: Option<Route>,
+    pub evidence: Evidence,
 }
 
 type Outcome<T> = Option<Result<T, DownstreamError>>;
@@ -130,11 +199,11 @@ pub async fn candidates(
         include_historical: filters.include_historical,
         ..Default::default()
     };
-    let run_graph = plan.graph > 0.0;
-    let seeded = run_graph && plan.dense_seeds && plan.vector > 0.0;
+    let run_graph = plan.graph;
+    let seeded = run_graph && plan.dense_seeds && plan.vector;
 
     let vector_then_graph = async {
-        let v: Outcome<SearchResponse> = if plan.vector > 0.0 {
+        let v: Outcome<SearchResponse> = if plan.vector {
             Some(bounded(deadline, call(&ds.vector, identity, vector_req(text))).await)
         } else {
             None
@@ -163,7 +232,7 @@ pub async fn candidates(
         (v, g)
     };
     let keyword = async {
-        if plan.keyword > 0.0 {
+        if plan.keyword {
             let req = KeywordSearchRequest {
                 text: text.to_string(),
                 filters: Some(filters.clone()),
@@ -184,7 +253,7 @@ pub async fn candidates(
     let hyde = futures::future::join_all(
         hypotheses
             .iter()
-            .filter(|_| plan.vector > 0.0)
+            .filter(|_| plan.vector)
             .map(|h| bounded(deadline, call(&ds.vector, identity, vector_req(h)))),
     );
     let ((v, g_seq), kw, g_par, hyde) =
@@ -198,7 +267,6 @@ pub async fn candidates(
     let mut attempted = 0;
     let mut failed = 0;
     let mut search_list = |name: &'static str,
-                           weight: f32,
                            r: Outcome<SearchResponse>,
                            counts: bool,
                            out: &mut Candidates,
@@ -224,7 +292,8 @@ pub async fn candidates(
                     .collect();
                 Some(StrategyList {
                     strategy: name,
-                    weight,
+                    // Set once the fusion weights are known.
+                    weight: 0.0,
                     hits,
                 })
             }
@@ -240,36 +309,26 @@ pub async fn candidates(
             }
         }
     };
-    lists.extend(search_list(
-        VECTOR,
-        plan.vector,
-        v,
-        true,
-        &mut out,
-        &mut memories,
-    ));
-    lists.extend(search_list(
-        KEYWORD,
-        plan.keyword,
-        kw,
-        true,
-        &mut out,
-        &mut memories,
-    ));
+    lists.extend(search_list(VECTOR, v, true, &mut out, &mut memories));
+    lists.extend(search_list(KEYWORD, kw, true, &mut out, &mut memories));
     for h in hyde {
-        lists.extend(search_list(
-            HYDE,
-            plan.vector,
-            Some(h),
-            false,
-            &mut out,
-            &mut memories,
-        ));
+        lists.extend(search_list(HYDE, Some(h), false, &mut out, &mut memories));
     }
     if let Some(g) = g {
         attempted += 1;
         match g {
             Ok(resp) => {
+                if let Fusion::ByEvidence {
+                    anchor_max_df_ratio,
+                    ..
+                } = &plan.fusion
+                {
+                    out.evidence = Evidence::from_linked(
+                        &resp.linked_entities,
+                        resp.memory_count,
+                        *anchor_max_df_ratio,
+                    );
+                }
                 if resp.deadline_exceeded {
                     // Partial walk: usable, but say so.
                     out.degraded.push(GRAPH);
@@ -284,7 +343,7 @@ pub async fn candidates(
                     .collect();
                 lists.push(StrategyList {
                     strategy: GRAPH,
-                    weight: plan.graph,
+                    weight: 0.0,
                     hits,
                 });
             }
@@ -299,9 +358,29 @@ pub async fn candidates(
         return Err(Error::RetrievalCircuitOpen);
     }
 
-    let mut fused = rrf(&lists, settings.rrf_k);
+    let w = match &plan.fusion {
+        Fusion::Fixed(w) => *w,
+        Fusion::ByEvidence {
+            indicator,
+            weights,
+            default_k,
+            ..
+        } => {
+            let route = evidence::route(*indicator, &out.evidence);
+            out.route_opt = Some(route);
+            Weights::of(weights_for(weights, route), *default_k)
+        }
+    };
+    for list in &mut lists {
+        list.weight = match list.strategy {
+            VECTOR | HYDE => w.vector,
+            KEYWORD => w.keyword,
+            _ => w.graph,
+        };
+    }
+    let mut fused = rrf(&lists, w.k);
     out.total = fused.len();
-    out.max_rrf = max_score(&lists, settings.rrf_k);
+    out.max_rrf = max_score(&lists, w.k);
     fused.truncate(plan.pool);
 
     let missing: Vec<String> = fused

@@ -18,6 +18,7 @@ use prost_types::Timestamp;
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::assembly;
 use crate::auth::Authenticator;
@@ -25,7 +26,6 @@ use crate::cache::{CacheKey, Caches};
 use crate::downstream::{DownstreamError, Downstreams, call};
 use crate::error::Error;
 use crate::feedback::{FeedbackQueue, QUEUE_CAPACITY};
-use crate::fusion::weights_for;
 use crate::router::{self, Mode, Query, Raw, Route};
 use crate::search::{self, Plan};
 use crate::validation;
@@ -84,6 +84,12 @@ fn search_counts(
     counts.push(("fused", c.candidates.len()));
     m.observe_candidates("search", &counts);
     counts
+}
+
+/// One span per pipeline stage; downstream call spans nest under it, so a
+/// trace shows where a retrieval spent its time.
+fn stage_span(stage: &'static str) -> tracing::Span {
+    tracing::info_span!("stage", stage, otel.name = %format_args!("stage.{stage}"))
 }
 
 fn ms_since(t: Instant) -> f64 {
@@ -394,6 +400,7 @@ impl Gateway {
             return Ok((a, 0, timings, Instant::now() >= deadline));
         }
         let max_attempts = p.max_attempts.max(1);
+        let mut by_evidence = q.mode == Mode::Auto;
         let mut best: Option<Attempt> = None;
         let mut retries = 0;
         for attempt in 0..max_attempts {
@@ -404,13 +411,26 @@ impl Gateway {
                 retries += 1;
                 self.inner.ds.metrics.observe_retry(attempt);
                 filters = broaden(&filters);
+                if let Some(b) = &best {
+                    // Escalate from where the evidence put the query.
+                    route = b.route;
+                }
                 if attempt >= 2 {
                     route = route.next_up();
+                    by_evidence = false;
                 }
                 tracing::debug!(attempt, route = ?route, "broadening retrieval");
             }
             match self
-                .attempt(identity, q, route, &filters, deadline, &mut timings)
+                .attempt(
+                    identity,
+                    q,
+                    route,
+                    by_evidence,
+                    &filters,
+                    deadline,
+                    &mut timings,
+                )
                 .await
             {
                 Ok(a) => {
@@ -452,7 +472,7 @@ impl Gateway {
     ) -> Result<Attempt, Error> {
         let p = &self.inner.settings.pipeline;
         let t = Instant::now();
-        let plan = Plan::raw(raw, q.limit);
+        let plan = Plan::raw(raw, q.limit, p.rrf_k);
         let c = search::candidates(
             &self.inner.ds,
             p,
@@ -463,6 +483,7 @@ impl Gateway {
             &plan,
             stage2_deadline(deadline),
         )
+        .instrument(stage_span("search"))
         .await
         .map_err(|e| deadline_or(e, stage2_deadline(deadline)))?;
         timings.push(StageLatency {
@@ -511,11 +532,13 @@ impl Gateway {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
         identity: &Arc<Identity>,
         q: &Query,
         route: Route,
+        by_evidence: bool,
         filters: &Filters,
         deadline: Instant,
         timings: &mut Vec<StageLatency>,
@@ -523,7 +546,11 @@ impl Gateway {
         let p = &self.inner.settings.pipeline;
         let ds = &self.inner.ds;
         let t = Instant::now();
-        let plan = Plan::for_route(weights_for(&p.weights, route), p, q.limit);
+        let plan = if by_evidence {
+            Plan::by_evidence(route, p, q.limit)
+        } else {
+            Plan::for_route(route, p, q.limit)
+        };
         let search_deadline = stage2_deadline(deadline);
         let c = search::candidates(
             ds,
@@ -535,12 +562,14 @@ impl Gateway {
             &plan,
             search_deadline,
         )
+        .instrument(stage_span("search"))
         .await
         .map_err(|e| deadline_or(e, search_deadline))?;
         timings.push(StageLatency {
             stage: "search".into(),
             ms: ms_since(t),
         });
+        let route = c.route_opt.unwrap_or(route);
         let metrics = &self.inner.ds.metrics;
         let mut candidate_counts = search_counts(metrics, &c);
         let mut degraded: Vec<String> = c.degraded.iter().map(|s| s.to_string()).collect();
@@ -578,6 +607,7 @@ impl Gateway {
                 rerank_deadline,
                 &mut dropped,
             )
+            .instrument(stage_span("rerank"))
             .await;
             if !ok {
                 degraded.push("rerank".into());
@@ -615,6 +645,7 @@ impl Gateway {
                 conflicts_deadline,
                 call(&ds.contradictions, identity, req),
             )
+            .instrument(stage_span("conflicts"))
             .await
             {
                 Ok(Ok(r)) => {

@@ -17,7 +17,7 @@ pub mod writes;
 use std::future::Future;
 use std::sync::Arc;
 
-use engram_common::server::{ServingStatus, health, serve};
+use engram_common::server::{ServingStatus, health};
 use engram_common::{Identity, Settings};
 use engram_proto as pb;
 use engram_proto::search_service_server::{SearchService, SearchServiceServer};
@@ -51,6 +51,7 @@ struct Inner {
     ef_search: u32,
     scoring: Scoring,
     decay_floor: f32,
+    serve_opts: engram_common::server::ServeOptions,
 }
 
 impl SearchSvc {
@@ -69,6 +70,7 @@ impl SearchSvc {
                 ef_search: settings.search.hnsw_ef_search,
                 scoring,
                 decay_floor: settings.search.decay_floor,
+                serve_opts: engram_common::server::ServeOptions::from(&settings.listen),
             }),
         })
     }
@@ -237,8 +239,9 @@ pub async fn serve_svc(
         ServingStatus::NotServing
     };
     reporter.set_service_status(SERVICE_NAME, status).await;
+    let opts = svc.inner.serve_opts;
     let routes = Routes::new(SearchServiceServer::new(svc));
-    serve(listener, routes, health_svc, shutdown).await?;
+    engram_common::server::serve_with(listener, routes, health_svc, opts, shutdown).await?;
     Ok(())
 }
 

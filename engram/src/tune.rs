@@ -1,0 +1,397 @@
+//! `engram tune`: fits the gateway's per-route fusion weights on the dev
+//! halves (2Wiki questions 0–499, LoCoMo conversations 0–4, musique_train,
+//! hotpotqa_train) and writes them as a config file the gateway loads.
+//!
+//! Each question is asked once per single strategy (vector, keyword, graph;
+//! top 50 through the public API) and its route is computed by the very code
+//! the gateway runs (router indicators + graph-svc's entity linking through
+//! `evidence::route`). The fusion is then replayed offline: an exhaustive
+//! grid over (vector, keyword, graph) weights and the RRF k, per route,
+//! scored by mean recall@2/5/10 with every data set weighted equally. The
+//! grid is fixed and ties keep the earlier point, so the same data always
+//! gives the same config.
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::Context;
+use engram_common::settings::{FusionWeights, Settings, StrategyWeights};
+use engram_proto::graph_service_client::GraphServiceClient;
+use engram_proto::{LinkQueryRequest, RetrievalMode, RetrieveRequest};
+use futures::StreamExt;
+use retrieval_svc::evidence::{self, Evidence};
+use retrieval_svc::router::{self, Route};
+
+use crate::client::Client;
+use crate::eval::{Part, doc_id, recall_at};
+
+/// Candidates per strategy replayed by the fit (the gateway's default).
+pub const DEPTH: u32 = 50;
+const KS: [usize; 3] = [2, 5, 10];
+const STRATEGIES: [(&str, RetrievalMode); 3] = [
+    ("vector", RetrievalMode::Vector),
+    ("keyword", RetrievalMode::Keyword),
+    ("graph", RetrievalMode::Graph),
+];
+/// Grid of relative weights (the largest of the three is always 1: RRF
+/// order does not change when every weight is scaled).
+const GRID: [f32; 7] = [0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0];
+const GRID_K: [f32; 7] = [1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0];
+
+/// One question's single-strategy rankings (corpus indices) and route.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub dataset: &'static str,
+    pub route: Route,
+    pub evidence: Evidence,
+    /// vector, keyword, graph.
+    pub lists: [Vec<usize>; 3],
+    /// Each list's own strategy scores, same order.
+    pub scores: [Vec<f32>; 3],
+    pub gold: Vec<usize>,
+}
+
+impl Sample {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "dataset": self.dataset,
+            "route": route_name(self.route),
+            "linked": self.evidence.linked,
+            "specific": self.evidence.specific,
+            "anchors": self.evidence.anchors,
+            "lists": self.lists,
+            "scores": self.scores,
+            "gold": self.gold,
+        })
+    }
+}
+
+/// Asks every question of `part` once per strategy and once for evidence.
+pub async fn collect(
+    client: &Client,
+    graph_uri: &str,
+    internal_token: &str,
+    settings: &Settings,
+    dataset: &'static str,
+    part: &Part,
+) -> anyhow::Result<Vec<Sample>> {
+    let ids: HashMap<String, usize> = (0..part.docs.len())
+        .map(|i| (doc_id(&part.tenant, i), i))
+        .collect();
+    let mut graph = GraphServiceClient::connect(graph_uri.to_string())
+        .await
+        .context("cannot reach graph-svc")?;
+    let identity = engram_common::Identity {
+        tenant: part.tenant.clone(),
+        agent_id: "tune".into(),
+        trust: engram_common::AccessLevel::Sensitive,
+    };
+    let ratio = settings.pipeline.anchor_max_df_ratio;
+    let mut out = Vec::with_capacity(part.questions.len());
+    type Lists = ([Vec<usize>; 3], [Vec<f32>; 3]);
+    let answers: Vec<anyhow::Result<Lists>> = futures::stream::iter(&part.questions)
+        .map(|q| {
+            let client = client.clone();
+            let ids = &ids;
+            async move {
+                let mut lists: [Vec<usize>; 3] = Default::default();
+                let mut scores: [Vec<f32>; 3] = Default::default();
+                for ((slot, sc), (_, mode)) in
+                    lists.iter_mut().zip(scores.iter_mut()).zip(STRATEGIES)
+                {
+                    let req = RetrieveRequest {
+                        text: q.text.clone(),
+                        limit: Some(DEPTH),
+                        mode: mode as i32,
+                        no_cache: true,
+                        ..Default::default()
+                    };
+                    // A failed strategy counts as an empty list, as in the gateway.
+                    let r = match client.retrieval.clone().retrieve(req).await {
+                        Ok(r) => r.into_inner(),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "tune query failed");
+                            continue;
+                        }
+                    };
+                    for rec in &r.records {
+                        let Some(idx) = rec.memory.as_ref().and_then(|m| ids.get(&m.id)) else {
+                            continue;
+                        };
+                        slot.push(*idx);
+                        sc.push(
+                            rec.provenance
+                                .as_ref()
+                                .and_then(|p| p.strategies.first())
+                                .map_or(0.0, |h| h.score),
+                        );
+                    }
+                }
+                anyhow::Ok((lists, scores))
+            }
+        })
+        .buffered(4)
+        .collect()
+        .await;
+    for (q, answer) in part.questions.iter().zip(answers) {
+        let (lists, scores) = answer?;
+        let mut req = tonic::Request::new(LinkQueryRequest {
+            text: q.text.clone(),
+        });
+        identity.write_internal(req.metadata_mut(), internal_token);
+        let linked = graph.link_query(req).await?.into_inner();
+        let ev = Evidence::from_linked(&linked.entities, linked.memory_count, ratio);
+        out.push(Sample {
+            dataset,
+            route: evidence::route(router::classify(&q.text), &ev),
+            evidence: ev,
+            lists,
+            scores,
+            gold: q.gold.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// Weighted RRF of the sample's lists, top 10, ties by best rank then index.
+pub fn fuse(s: &Sample, w: [f32; 3], k: f32) -> Vec<usize> {
+    let mut score: HashMap<usize, (f32, usize)> = HashMap::new();
+    for (list, wi) in s.lists.iter().zip(w) {
+        if wi <= 0.0 {
+            continue;
+        }
+        for (r, &d) in list.iter().enumerate() {
+            let e = score.entry(d).or_insert((0.0, usize::MAX));
+            e.0 += wi / (k + (r + 1) as f32);
+            e.1 = e.1.min(r);
+        }
+    }
+    let mut v: Vec<(usize, f32, usize)> = score.into_iter().map(|(d, (s, r))| (d, s, r)).collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2)).then(a.0.cmp(&b.0)));
+    v.into_iter().take(10).map(|(d, _, _)| d).collect()
+}
+
+/// Mean of recall@2/5/10.
+fn quality(ranked: &[usize], gold: &[usize]) -> f64 {
+    KS.iter().map(|&k| recall_at(ranked, gold, k)).sum::<f64>() / KS.len() as f64
+}
+
+/// The fitted weights of one route and what they reached.
+#[derive(Debug, Clone)]
+pub struct RouteFit {
+    pub route: Route,
+    pub questions: usize,
+    pub weights: [f32; 3],
+    pub k: f32,
+}
+
+fn route_name(r: Route) -> &'static str {
+    match r {
+        Route::Simple => "simple",
+        Route::MultiHop => "multi_hop",
+        Route::Exploratory => "exploratory",
+    }
+}
+
+/// Grid search per route; each data set counts equally.
+pub fn fit(samples: &[Sample], current: &FusionWeights, default_k: f32) -> Vec<RouteFit> {
+    let mut sizes: HashMap<&str, usize> = HashMap::new();
+    for s in samples {
+        *sizes.entry(s.dataset).or_default() += 1;
+    }
+    let mut grid: Vec<[f32; 3]> = Vec::new();
+    for &v in &GRID {
+        for &kw in &GRID {
+            for &g in &GRID {
+                if v.max(kw).max(g) == 1.0 {
+                    grid.push([v, kw, g]);
+                }
+            }
+        }
+    }
+    let mut fits = Vec::new();
+    for route in [Route::Simple, Route::MultiHop, Route::Exploratory] {
+        let mine: Vec<(&Sample, f64)> = samples
+            .iter()
+            .filter(|s| s.route == route)
+            .map(|s| (s, 1.0 / sizes[s.dataset] as f64))
+            .collect();
+        let cur = retrieval_svc::fusion::weights_for(current, route);
+        let mut best = (
+            f64::NEG_INFINITY,
+            [cur.vector, cur.keyword, cur.graph],
+            cur.rrf_k_opt.unwrap_or(default_k),
+        );
+        if !mine.is_empty() {
+            for &k in &GRID_K {
+                for w in &grid {
+                    let q: f64 = mine
+                        .iter()
+                        .map(|(s, wt)| wt * quality(&fuse(s, *w, k), &s.gold))
+                        .sum();
+                    if q > best.0 + 1e-12 {
+                        best = (q, *w, k);
+                    }
+                }
+            }
+        }
+        fits.push(RouteFit {
+            route,
+            questions: mine.len(),
+            weights: best.1,
+            k: best.2,
+        });
+    }
+    fits
+}
+
+/// The fitted weights as the `[pipeline.weights.*]` config the gateway loads.
+pub fn to_toml(fits: &[RouteFit]) -> String {
+    let mut out = String::from(
+        "# written by `engram tune` (dev halves only); load with `engram --config FILE`\n",
+    );
+    for f in fits {
+        out.push_str(&format!(
+            "\n[pipeline.weights.{}]\nvector = {}\nkeyword = {}\ngraph = {}\nrrf_k = {}\n",
+            route_name(f.route),
+            f.weights[0],
+            f.weights[1],
+            f.weights[2],
+            f.k
+        ));
+    }
+    out
+}
+
+pub fn to_weights(fits: &[RouteFit], base: &FusionWeights) -> FusionWeights {
+    let mut w = base.clone();
+    for f in fits {
+        let sw = StrategyWeights {
+            vector: f.weights[0],
+            keyword: f.weights[1],
+            graph: f.weights[2],
+            rrf_k_opt: Some(f.k),
+        };
+        match f.route {
+            Route::Simple => w.simple = sw,
+            Route::MultiHop => w.multi_hop = sw,
+            Route::Exploratory => w.exploratory = sw,
+        }
+    }
+    w
+}
+
+/// Per data set: recall@2/5/10 of each single strategy, equal-weight RRF of
+/// the three, and the routed fusion with `weights`; plus route counts.
+pub fn report(samples: &[Sample], weights: &FusionWeights, default_k: f32) -> serde_json::Value {
+    let mut by: BTreeMap<&str, Vec<&Sample>> = BTreeMap::new();
+    for s in samples {
+        by.entry(s.dataset).or_default().push(s);
+    }
+    let mut out = serde_json::Map::new();
+    for (name, ss) in by {
+        let n = ss.len().max(1) as f64;
+        let mut settings = serde_json::Map::new();
+        let mut add = |label: &str, f: &dyn Fn(&Sample) -> Vec<usize>| {
+            let mut at = serde_json::Map::new();
+            for k in KS {
+                let r: f64 = ss.iter().map(|s| recall_at(&f(s), &s.gold, k)).sum::<f64>() / n;
+                at.insert(
+                    k.to_string(),
+                    serde_json::json!((r * 1000.0).round() / 10.0),
+                );
+            }
+            settings.insert(label.into(), serde_json::Value::Object(at));
+        };
+        add("vector", &|s| s.lists[0].clone());
+        add("keyword", &|s| s.lists[1].clone());
+        add("graph", &|s| s.lists[2].clone());
+        add("rrf_equal", &|s| fuse(s, [1.0, 1.0, 1.0], default_k));
+        add("routed_fusion", &|s| {
+            let w = retrieval_svc::fusion::weights_for(weights, s.route);
+            fuse(
+                s,
+                [w.vector, w.keyword, w.graph],
+                w.rrf_k_opt.unwrap_or(default_k),
+            )
+        });
+        let mut routes = BTreeMap::new();
+        for s in &ss {
+            *routes.entry(route_name(s.route)).or_insert(0usize) += 1;
+        }
+        out.insert(
+            name.to_string(),
+            serde_json::json!({"questions": ss.len(), "recall_at": settings, "routes": routes}),
+        );
+    }
+    serde_json::Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(
+        dataset: &'static str,
+        route: Route,
+        lists: [Vec<usize>; 3],
+        gold: Vec<usize>,
+    ) -> Sample {
+        Sample {
+            dataset,
+            route,
+            evidence: Evidence::default(),
+            lists,
+            scores: Default::default(),
+            gold,
+        }
+    }
+
+    #[test]
+    fn fuse_weights_and_breaks_ties_stably() {
+        let s = sample(
+            "d",
+            Route::Simple,
+            [vec![1, 2, 3], vec![2, 1, 4], vec![9]],
+            vec![],
+        );
+        // 1 and 2 tie on score; both best rank 0; lower index first.
+        assert_eq!(fuse(&s, [1.0, 1.0, 0.0], 60.0)[..2], [1, 2]);
+        // A zero weight drops a strategy entirely.
+        assert!(!fuse(&s, [1.0, 1.0, 0.0], 60.0).contains(&9));
+        // A peaked leader with small k dominates.
+        assert_eq!(fuse(&s, [0.1, 0.1, 1.0], 1.0)[0], 9);
+    }
+
+    #[test]
+    fn fit_is_deterministic_and_finds_the_leading_strategy() {
+        // Graph always has the gold first; dense and keyword never do.
+        let samples: Vec<Sample> = (0..20)
+            .map(|i| {
+                sample(
+                    "d",
+                    Route::MultiHop,
+                    [vec![100 + i, 200 + i], vec![300 + i], vec![i, 400 + i]],
+                    vec![i],
+                )
+            })
+            .collect();
+        let a = fit(&samples, &FusionWeights::default(), 60.0);
+        let b = fit(&samples, &FusionWeights::default(), 60.0);
+        let mh = |f: &[RouteFit]| {
+            f.iter()
+                .find(|r| r.route == Route::MultiHop)
+                .map(|r| (r.weights, r.k))
+        };
+        assert_eq!(mh(&a), mh(&b));
+        let (w, _) = mh(&a).expect("multi_hop fitted");
+        assert_eq!(w[2], 1.0);
+        // Routes without questions keep the current weights.
+        let simple = a.iter().find(|r| r.route == Route::Simple).expect("simple");
+        assert_eq!(simple.questions, 0);
+        assert_eq!(simple.weights, [1.0, 1.0, 0.0]);
+        let toml = to_toml(&a);
+        assert!(toml.contains("[pipeline.weights.multi_hop]"));
+        let parsed: toml::Value = toml::from_str(&toml).expect("valid toml");
+        assert!(parsed.get("pipeline").is_some());
+    }
+}
