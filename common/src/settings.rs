@@ -324,19 +324,21 @@ pub struct FusionWeights {
 }
 
 impl Default for FusionWeights {
+    /// Fitted by `engram tune` on the dev halves (docs/benchmarks.md);
+    /// exploratory had too few dev questions to fit and stays even.
     fn default() -> Self {
         Self {
             simple: StrategyWeights {
-                vector: 1.0,
+                vector: 0.75,
                 keyword: 1.0,
-                graph: 0.0,
-                rrf_k_opt: None,
+                graph: 0.35,
+                rrf_k_opt: Some(2.0),
             },
             multi_hop: StrategyWeights {
-                vector: 0.5,
-                keyword: 0.5,
-                graph: 2.0,
-                rrf_k_opt: None,
+                vector: 0.2,
+                keyword: 0.0,
+                graph: 1.0,
+                rrf_k_opt: Some(2.0),
             },
             exploratory: StrategyWeights {
                 vector: 1.0,

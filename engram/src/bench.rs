@@ -479,6 +479,7 @@ pub async fn run(
     let mut qps = serde_json::Map::new();
     let mut stages: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut degraded: BTreeMap<String, usize> = BTreeMap::new();
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
     for (label, skip_rerank) in [("no_rerank", true), ("rerank", false)] {
         if progress {
             eprintln!("{} queries, {label}", args.queries);
@@ -499,7 +500,14 @@ pub async fn run(
                         ..Default::default()
                     };
                     let t = Instant::now();
-                    let r = c.retrieval.retrieve(req).await?.into_inner();
+                    let r = match c.retrieval.retrieve(req).await {
+                        Ok(r) => r.into_inner(),
+                        // Counted, not fatal: an overloaded stack is a result.
+                        Err(s) => {
+                            let ms = t.elapsed().as_secs_f64() * 1000.0;
+                            return anyhow::Ok((ms, vec![(format!("error:{:?}", s.code()), 0.0)]));
+                        }
+                    };
                     let mut st: Vec<(String, f64)> = r
                         .stage_latencies
                         .into_iter()
@@ -522,7 +530,9 @@ pub async fn run(
             let (ms, st) = r?;
             lat.push(ms);
             for (stage, v) in st {
-                if let Some(d) = stage.strip_prefix("degraded:") {
+                if let Some(code) = stage.strip_prefix("error:") {
+                    *errors.entry(format!("{label}:{code}")).or_default() += 1;
+                } else if let Some(d) = stage.strip_prefix("degraded:") {
                     *degraded.entry(format!("{label}:{d}")).or_default() += 1;
                 } else if skip_rerank {
                     stages.entry(stage).or_default().push(v);
@@ -601,6 +611,12 @@ pub async fn run(
         "rss_note": "all services run in this one process; the value is its peak RSS (VmHWM), Postgres excluded",
         "ratio_to_floor": ratio_to_floor,
         "degraded": degraded,
+        "errors": errors,
+        "stage2_timeouts_ms": {
+            "vector": stack.settings.pipeline.vector_timeout_ms,
+            "keyword": stack.settings.pipeline.keyword_timeout_ms,
+            "graph": stack.settings.pipeline.graph_timeout_ms,
+        },
         "direct_ms": {
             "search_dense_k50": dense_ms,
             "search_keyword_k50": keyword_ms,

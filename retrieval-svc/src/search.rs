@@ -118,7 +118,8 @@ impl Plan {
     }
 
     /// Raw modes for evaluation: single strategy (graph with entity seeds
-    /// only, the pure strategy) or equal-weight fusion of all three.
+    /// only, the pure strategy); `Raw::Hybrid` here is the equal-weight
+    /// fusion of all three (the gateway's HYBRID mode uses `by_evidence`).
     pub fn raw(raw: Raw, limit: u32, k: f32) -> Self {
         let (vector, keyword, graph) = match raw {
             Raw::Vector => (1.0, 0.0, 0.0),

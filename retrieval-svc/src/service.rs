@@ -472,7 +472,12 @@ impl Gateway {
     ) -> Result<Attempt, Error> {
         let p = &self.inner.settings.pipeline;
         let t = Instant::now();
-        let plan = Plan::raw(raw, q.limit, p.rrf_k);
+        // HYBRID is the fusion stage alone: all three strategies, weighted by
+        // the evidence route, without the cross-encoder or retries.
+        let plan = match raw {
+            Raw::Hybrid => Plan::by_evidence(router::classify(&q.text), p, q.limit),
+            _ => Plan::raw(raw, q.limit, p.rrf_k),
+        };
         let c = search::candidates(
             &self.inner.ds,
             p,
@@ -521,7 +526,7 @@ impl Gateway {
         candidate_counts.push(("returned", records.len()));
         Ok(Attempt {
             candidate_counts,
-            route,
+            route: c.route_opt.unwrap_or(route),
             records,
             conflicts: Vec::new(),
             total: c.total as u32,
