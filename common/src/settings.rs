@@ -275,6 +275,10 @@ pub struct PipelineSettings {
     pub relevance_threshold: f32,
     /// Candidates sent to the cross-encoder.
     pub rerank_top_n: usize,
+    /// Stage 4 blend: RRF k of fused rank + cross-encoder rank, and the
+    /// cross-encoder's weight relative to the fused rank.
+    pub rerank_blend_k: f32,
+    pub rerank_weight: f32,
     pub max_attempts: u32,
     pub cache_ttl_ms: u64,
     pub cache_similarity: f32,
@@ -303,6 +307,8 @@ impl Default for PipelineSettings {
             rrf_k: 60.0,
             relevance_threshold: 0.02,
             rerank_top_n: 20,
+            rerank_blend_k: 5.0,
+            rerank_weight: 1.0,
             max_attempts: 3,
             cache_ttl_ms: 60_000,
             cache_similarity: 0.95,

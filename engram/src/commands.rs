@@ -409,6 +409,7 @@ pub async fn tune(
     out: &std::path::Path,
     samples_opt: Option<&std::path::Path>,
     limit_opt: Option<usize>,
+    skip_rerank: bool,
 ) -> anyhow::Result<()> {
     use crate::eval as ev;
     let mut sets: Vec<(&'static str, Vec<ev::Part>)> = vec![
@@ -491,20 +492,48 @@ pub async fn tune(
                 samples.extend(s);
             }
         }
-        anyhow::Ok(samples)
+        let fits = crate::tune::fit(&samples, &current, default_k);
+        let tuned = crate::tune::to_weights(&fits, &current);
+        // Stage 3/4 on the fitted fusion: the cross-encoder over its top 20.
+        let rerank_opt = match (skip_rerank, stack.addr(Service::Rerank)) {
+            (false, Some(addr)) => {
+                let parts: Vec<&ev::Part> = sets.iter().flat_map(|(_, p)| p.iter()).collect();
+                eprintln!(
+                    "  scoring the fused top {} with the cross-encoder",
+                    crate::tune::RERANK_DEPTH
+                );
+                let rr = crate::tune::collect_relevance(
+                    &format!("http://{addr}"),
+                    &token,
+                    &samples,
+                    &parts,
+                    &tuned,
+                    default_k,
+                )
+                .await?;
+                let fit = crate::tune::fit_rerank(&samples, &rr);
+                Some((fit, crate::tune::rerank_report(&samples, &rr, &fit)))
+            }
+            _ => None,
+        };
+        anyhow::Ok((samples, fits, tuned, rerank_opt))
     }
     .await;
     stack.shutdown().await;
-    let samples = result?;
+    let (samples, fits, tuned, rerank_opt) = result?;
     if let Some(path) = samples_opt {
         let lines: Vec<String> = samples.iter().map(|s| s.to_json().to_string()).collect();
         std::fs::write(path, lines.join("\n"))
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    let fits = crate::tune::fit(&samples, &current, default_k);
-    let tuned = crate::tune::to_weights(&fits, &current);
-    std::fs::write(out, crate::tune::to_toml(&fits))
-        .with_context(|| format!("cannot write {}", out.display()))?;
+    let mut toml = crate::tune::to_toml(&fits);
+    if let Some((f, _)) = &rerank_opt {
+        toml.push_str(&format!(
+            "\n[pipeline]\nrerank_top_n = {}\nrelevance_threshold = {}\nrerank_blend_k = {}\nrerank_weight = {}\n",
+            f.top_n, f.threshold, f.blend_k, f.weight
+        ));
+    }
+    std::fs::write(out, toml).with_context(|| format!("cannot write {}", out.display()))?;
     let report = serde_json::json!({
         "config": out.display().to_string(),
         "fits": fits.iter().map(|f| serde_json::json!({
@@ -515,6 +544,13 @@ pub async fn tune(
         })).collect::<Vec<_>>(),
         "before": crate::tune::report(&samples, &current, default_k),
         "after": crate::tune::report(&samples, &tuned, default_k),
+        "rerank": rerank_opt.as_ref().map(|(f, r)| serde_json::json!({
+            "top_n": f.top_n,
+            "relevance_threshold": f.threshold,
+            "blend_k": f.blend_k,
+            "weight": f.weight,
+            "by_dataset": r,
+        })),
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

@@ -54,6 +54,9 @@ enum Command {
         /// Also write every question's rankings and evidence (JSON lines).
         #[arg(long)]
         samples: Option<PathBuf>,
+        /// Fit the fusion only, without the cross-encoder pass.
+        #[arg(long)]
+        skip_rerank: bool,
         /// Only the first N questions per data set (per conversation for LoCoMo).
         #[arg(long)]
         limit: Option<usize>,
@@ -115,8 +118,9 @@ fn main() -> ExitCode {
             Command::Tune {
                 out,
                 samples,
+                skip_rerank,
                 limit,
-            } => commands::tune(settings, &out, samples.as_deref(), limit).await,
+            } => commands::tune(settings, &out, samples.as_deref(), limit, skip_rerank).await,
             Command::Bench {
                 memories,
                 queries,

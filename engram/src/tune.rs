@@ -45,6 +45,9 @@ pub const MIN_QUESTIONS: usize = 30;
 #[derive(Debug, Clone)]
 pub struct Sample {
     pub dataset: &'static str,
+    /// The eval tenant (LoCoMo has one per conversation).
+    pub tenant: String,
+    pub question: String,
     pub route: Route,
     pub evidence: Evidence,
     /// vector, keyword, graph.
@@ -146,6 +149,8 @@ pub async fn collect(
         let ev = Evidence::from_linked(&linked.entities, linked.memory_count, ratio);
         out.push(Sample {
             dataset,
+            tenant: part.tenant.clone(),
+            question: q.text.clone(),
             route: evidence::route(router::classify(&q.text), &ev),
             evidence: ev,
             lists,
@@ -220,10 +225,7 @@ pub fn fit(samples: &[Sample], current: &FusionWeights, default_k: f32) -> Vec<R
         if mine.len() >= MIN_QUESTIONS {
             for &k in &GRID_K {
                 for w in &grid {
-                    let q: f64 = mine
-                        .iter()
-                        .map(|s| quality(&fuse(s, *w, k), &s.gold))
-                        .sum();
+                    let q: f64 = mine.iter().map(|s| quality(&fuse(s, *w, k), &s.gold)).sum();
                     if q > best.0 + 1e-12 {
                         best = (q, *w, k);
                     }
@@ -322,6 +324,243 @@ pub fn report(samples: &[Sample], weights: &FusionWeights, default_k: f32) -> se
     serde_json::Value::Object(out)
 }
 
+/// The routed fusion of a sample under `weights` (what Stage 2 hands on).
+pub fn routed(s: &Sample, weights: &FusionWeights, default_k: f32) -> Vec<usize> {
+    let w = retrieval_svc::fusion::weights_for(weights, s.route);
+    fuse(
+        s,
+        [w.vector, w.keyword, w.graph],
+        w.rrf_k_opt.unwrap_or(default_k),
+    )
+}
+
+/// Cross-encoder scores of the routed top `RERANK_DEPTH`, asked of
+/// rerank-svc directly with the passages the gateway would send.
+pub const RERANK_DEPTH: usize = 20;
+
+pub async fn collect_relevance(
+    rerank_uri: &str,
+    internal_token: &str,
+    samples: &[Sample],
+    parts: &[&Part],
+    weights: &FusionWeights,
+    default_k: f32,
+) -> anyhow::Result<Vec<Reranked>> {
+    use engram_proto::rerank_service_client::RerankServiceClient;
+    let client = RerankServiceClient::connect(rerank_uri.to_string())
+        .await
+        .context("cannot reach rerank-svc")?;
+    let by_tenant: HashMap<&str, &Part> = parts.iter().map(|p| (p.tenant.as_str(), *p)).collect();
+    let out: Vec<anyhow::Result<Reranked>> = futures::stream::iter(samples)
+        .map(|s| {
+            let mut client = client.clone();
+            let part = by_tenant.get(s.tenant.as_str()).copied();
+            async move {
+                let part = part.context("sample of an unknown tenant")?;
+                let fused: Vec<usize> = routed(s, weights, default_k)
+                    .into_iter()
+                    .take(RERANK_DEPTH)
+                    .collect();
+                let candidates = fused
+                    .iter()
+                    .map(|&i| {
+                        let d = &part.docs[i];
+                        retrieval_svc::validation::passage(&engram_proto::Memory {
+                            title: d.title.clone(),
+                            content: d.text.clone(),
+                            ..Default::default()
+                        })
+                    })
+                    .collect();
+                let identity = engram_common::Identity {
+                    tenant: s.tenant.clone(),
+                    agent_id: "tune".into(),
+                    trust: engram_common::AccessLevel::Sensitive,
+                };
+                let mut req = tonic::Request::new(engram_proto::ScoreRequest {
+                    query: s.question.clone(),
+                    candidates,
+                    max_length: 0,
+                });
+                identity.write_internal(req.metadata_mut(), internal_token);
+                let scores = client.score(req).await?.into_inner().scores;
+                anyhow::Ok(Reranked { fused, scores })
+            }
+        })
+        .buffered(2)
+        .collect()
+        .await;
+    out.into_iter().collect()
+}
+
+/// A sample's routed top list and the cross-encoder's score of each.
+#[derive(Debug, Clone)]
+pub struct Reranked {
+    pub fused: Vec<usize>,
+    pub scores: Vec<f32>,
+}
+
+/// Stage 3/4 replayed: the top `top_n` are scored; those below `threshold`
+/// are dropped; the rest are ordered by `assembly::blend`.
+pub fn rerank_order(r: &Reranked, top_n: usize, threshold: f32, k: f32, weight: f32) -> Vec<usize> {
+    let kept: Vec<(usize, Option<f32>)> = r
+        .fused
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &d)| {
+            let rel = (i < top_n).then(|| r.scores.get(i).copied()).flatten();
+            match rel {
+                Some(s) if s < threshold => None,
+                _ => Some((d, rel)),
+            }
+        })
+        .collect();
+    let mut by_rel: Vec<(usize, f32)> = kept
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (_, rel))| rel.map(|s| (i, s)))
+        .collect();
+    by_rel.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut rel_pos: HashMap<usize, usize> = HashMap::new();
+    for (p, (i, _)) in by_rel.into_iter().enumerate() {
+        rel_pos.insert(i, p);
+    }
+    let mut scored: Vec<(usize, f32)> = kept
+        .iter()
+        .enumerate()
+        .map(|(i, (d, _))| {
+            (
+                *d,
+                retrieval_svc::assembly::blend(i, rel_pos.get(&i).copied(), k, weight),
+            )
+        })
+        .collect();
+    // Stable: ties keep the fused order, as in the gateway.
+    scored.sort_by(|a, b| b.1.total_cmp(&a.1));
+    scored.into_iter().take(10).map(|(d, _)| d).collect()
+}
+
+/// The fitted Stage 3/4 parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RerankFit {
+    pub top_n: usize,
+    pub threshold: f32,
+    pub blend_k: f32,
+    pub weight: f32,
+}
+
+/// Grid over top-N, floor, blend k and weight; every question counts once;
+/// cheaper (smaller top-N) first so ties keep the cheaper setting.
+pub fn fit_rerank(samples: &[Sample], reranked: &[Reranked]) -> RerankFit {
+    let mut best = (
+        f64::NEG_INFINITY,
+        RerankFit {
+            top_n: RERANK_DEPTH,
+            threshold: 0.0,
+            blend_k: 5.0,
+            weight: 1.0,
+        },
+    );
+    for top_n in [5, 10, 20] {
+        for threshold in [0.0, 0.005, 0.01, 0.02, 0.05, 0.1] {
+            for blend_k in [1.0, 2.0, 5.0, 10.0, 20.0] {
+                for weight in [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0] {
+                    let q: f64 = samples
+                        .iter()
+                        .zip(reranked)
+                        .map(|(s, r)| {
+                            quality(&rerank_order(r, top_n, threshold, blend_k, weight), &s.gold)
+                        })
+                        .sum();
+                    if q > best.0 + 1e-9 {
+                        best = (
+                            q,
+                            RerankFit {
+                                top_n,
+                                threshold,
+                                blend_k,
+                                weight,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+    }
+    best.1
+}
+
+/// Score distribution of gold vs other candidates per data set, and recall
+/// without / with the fitted rerank.
+pub fn rerank_report(
+    samples: &[Sample],
+    reranked: &[Reranked],
+    fit: &RerankFit,
+) -> serde_json::Value {
+    let mut by: BTreeMap<&str, Vec<(&Sample, &Reranked)>> = BTreeMap::new();
+    for (s, r) in samples.iter().zip(reranked) {
+        by.entry(s.dataset).or_default().push((s, r));
+    }
+    let q = |v: &mut Vec<f32>, p: f64| -> f32 {
+        if v.is_empty() {
+            return 0.0;
+        }
+        v.sort_by(f32::total_cmp);
+        let i = ((v.len() - 1) as f64 * p).round() as usize;
+        (v[i] * 1000.0).round() / 1000.0
+    };
+    let mut out = serde_json::Map::new();
+    for (name, rows) in by {
+        let (mut gold, mut other) = (Vec::new(), Vec::new());
+        for (s, r) in &rows {
+            for (d, sc) in r.fused.iter().zip(&r.scores) {
+                if s.gold.contains(d) {
+                    gold.push(*sc);
+                } else {
+                    other.push(*sc);
+                }
+            }
+        }
+        let below = |v: &[f32], t: f32| {
+            ((v.iter().filter(|&&x| x < t).count() as f64 / v.len().max(1) as f64) * 1000.0).round()
+                / 10.0
+        };
+        let dist = |v: &mut Vec<f32>| {
+            serde_json::json!({
+                "n": v.len(),
+                "p10": q(v, 0.1), "p25": q(v, 0.25), "p50": q(v, 0.5), "p75": q(v, 0.75), "p90": q(v, 0.9),
+                "pct_below_0.02": below(v, 0.02), "pct_below_0.1": below(v, 0.1), "pct_below_0.3": below(v, 0.3),
+            })
+        };
+        let n = rows.len().max(1) as f64;
+        let recall = |f: &dyn Fn(&Sample, &Reranked) -> Vec<usize>| {
+            let mut at = serde_json::Map::new();
+            for k in KS {
+                let r: f64 = rows
+                    .iter()
+                    .map(|(s, r)| recall_at(&f(s, r), &s.gold, k))
+                    .sum::<f64>()
+                    / n;
+                at.insert(
+                    k.to_string(),
+                    serde_json::json!((r * 1000.0).round() / 10.0),
+                );
+            }
+            serde_json::Value::Object(at)
+        };
+        out.insert(
+            name.to_string(),
+            serde_json::json!({
+                "gold_scores": dist(&mut gold),
+                "other_scores": dist(&mut other),
+                "fusion_only": recall(&|_, r| r.fused.iter().take(10).copied().collect()),
+                "with_rerank": recall(&|_, r| rerank_order(r, fit.top_n, fit.threshold, fit.blend_k, fit.weight)),
+            }),
+        );
+    }
+    serde_json::Value::Object(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,12 +573,28 @@ mod tests {
     ) -> Sample {
         Sample {
             dataset,
+            tenant: String::new(),
+            question: String::new(),
             route,
             evidence: Evidence::default(),
             lists,
             scores: Default::default(),
             gold,
         }
+    }
+
+    #[test]
+    fn rerank_replay_drops_below_the_floor_and_blends() {
+        let r = Reranked {
+            fused: vec![1, 2, 3, 4],
+            scores: vec![0.1, 0.9, 0.001, 0.5],
+        };
+        // Weight 0: fused order, floor drops 3.
+        assert_eq!(rerank_order(&r, 4, 0.01, 5.0, 0.0), [1, 2, 4]);
+        // A heavy cross-encoder vote puts 2 first.
+        assert_eq!(rerank_order(&r, 4, 0.0, 1.0, 2.0)[0], 2);
+        // Only the top 1 is scored: nothing below it moves.
+        assert_eq!(rerank_order(&r, 1, 0.5, 5.0, 1.0), [2, 3, 4]);
     }
 
     #[test]

@@ -15,14 +15,20 @@ use engram_proto::{
 
 use crate::validation::Checked;
 
-/// k of the fused-rank / relevance-rank blend; small so the top ranks matter.
-const BLEND_K: f32 = 5.0;
 /// An older memory wins on confidence only by at least this margin.
 const CONFIDENCE_MARGIN: f32 = 0.3;
 
+/// The Stage 4 blend of one candidate: its fused position (0-based) and,
+/// when the cross-encoder scored it, its position by relevance (0-based),
+/// as RRF with a small k so the top ranks matter; `weight` is the
+/// cross-encoder's vote relative to the fusion's (`engram tune` fits both).
+pub fn blend(fused_pos: usize, rel_pos_opt: Option<usize>, k: f32, weight: f32) -> f32 {
+    1.0 / (k + (fused_pos + 1) as f32) + rel_pos_opt.map_or(0.0, |r| weight / (k + (r + 1) as f32))
+}
+
 /// Composite score per candidate, sorted best first. The input is in fused
 /// order, with relevance set on a prefix when the cross-encoder ran.
-pub fn rank(checked: Vec<Checked>) -> Vec<(Checked, f32)> {
+pub fn rank(checked: Vec<Checked>, blend_k: f32, weight: f32) -> Vec<(Checked, f32)> {
     let with_rel: Vec<(usize, f32)> = checked
         .iter()
         .enumerate()
@@ -33,7 +39,7 @@ pub fn rank(checked: Vec<Checked>) -> Vec<(Checked, f32)> {
         let mut order = with_rel.clone();
         order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         for (r, (i, _)) in order.into_iter().enumerate() {
-            rel_rank.insert(i, r + 1);
+            rel_rank.insert(i, r);
         }
     }
     let mut out: Vec<(Checked, f32)> = checked
@@ -43,11 +49,7 @@ pub fn rank(checked: Vec<Checked>) -> Vec<(Checked, f32)> {
             let base = if rel_rank.is_empty() {
                 c.cand.fused.rrf
             } else {
-                let fused = 1.0 / (BLEND_K + (i + 1) as f32);
-                fused
-                    + rel_rank
-                        .get(&i)
-                        .map_or(0.0, |r| 1.0 / (BLEND_K + *r as f32))
+                blend(i, rel_rank.get(&i).copied(), blend_k, weight)
             };
             let score = base * c.temporal * c.confidence;
             (c, score)
@@ -358,11 +360,15 @@ mod tests {
             relevance_opt: rel,
             checks: vec![],
         };
-        let ranked = rank(vec![
-            mk("a", Some(0.4), 0.05),
-            mk("b", Some(0.9), 0.04),
-            mk("c", None, 0.03),
-        ]);
+        let ranked = rank(
+            vec![
+                mk("a", Some(0.4), 0.05),
+                mk("b", Some(0.9), 0.04),
+                mk("c", None, 0.03),
+            ],
+            5.0,
+            1.0,
+        );
         let ids: Vec<_> = ranked
             .iter()
             .map(|(c, _)| c.cand.memory.id.as_str())

@@ -626,7 +626,7 @@ impl Gateway {
         }
 
         let t = Instant::now();
-        let ranked = assembly::rank(checked);
+        let ranked = assembly::rank(checked, p.rerank_blend_k, p.rerank_weight);
         let ids: Vec<String> = ranked
             .iter()
             .take((q.limit as usize).saturating_mul(2))

@@ -157,7 +157,8 @@ pub fn static_checks(
         .collect()
 }
 
-fn passage(m: &Memory) -> String {
+/// What the cross-encoder reads of a memory (also replayed by `engram tune`).
+pub fn passage(m: &Memory) -> String {
     let mut s = String::new();
     if !m.title.is_empty() {
         s.push_str(&m.title);
