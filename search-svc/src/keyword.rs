@@ -6,9 +6,23 @@
 //!
 //! Two scorings: `ts_rank_cd` (cover density; title weighted through the A
 //! weight of the generated tsv) and `bm25` (Okapi BM25, k1 = 1.5, b = 0.75,
-//! idf = ln(1 + (N - df + 0.5) / (df + 0.5)); N, df and the average length
-//! are over the caller's visible part of the tenant, so hidden records do
-//! not even influence ranks).
+//! idf = ln(1 + (N - df + 0.5) / (df + 0.5))).
+//!
+//! BM25's N, df and average length come from `term_stats` / `doc_stats`
+//! (kept by the write path, `migrations/0002_term_stats.sql`), summed over
+//! the caller's tenant and the access levels it may see, so hidden records
+//! do not even influence ranks. Counting them per query over the rows cost
+//! 60-130 ms at 6K memories and grew with the tenant.
+//!
+//! Candidates are bounded before scoring: an OR query over a question's
+//! terms matches most of a large tenant through words like "film" or
+//! "born", and scoring every match is what made keyword search slow. So the
+//! GIN index is asked only for the rarest terms, taken by ascending df while
+//! their summed df stays within [`CANDIDATE_BUDGET`] (at least the rarest
+//! one), at most that many rows; every query term still scores them. A
+//! document that matches only the common terms can only reach a low score
+//! (their idf is small), which is why this keeps the recall of exact BM25
+//! (2Wiki dev keyword R@2/R@5 measured in docs/benchmarks.md).
 
 use engram_common::Identity;
 use sqlx::{PgPool, Postgres, QueryBuilder};
@@ -40,6 +54,18 @@ const QUOTED_LEXEME: &str = "'''' || replace(replace(lexeme, '\\', '\\\\'), ''''
 const K1: f64 = 1.5;
 const B: f64 = 0.75;
 
+/// Term frequency of `df.query`'s one lexeme in `c.tsv`, without expanding
+/// the tsvector (unnest of every candidate's lexemes was most of the cost).
+/// With all weights 1, `ts_rank` of a one-lexeme query is
+/// H(tf) / 1.64493406685 where H(n) = sum of 1/j^2 for j = 1..n (Postgres'
+/// calc_rank_or), and 1 / (pi^2/6 - H(n)) = n + 1/2 + O(1/n), so rounding
+/// recovers tf exactly (checked for tf = 1..300 by a test; Postgres keeps at
+/// most 256 positions per lexeme anyway).
+pub const TERM_FREQUENCY: &str = "greatest(round(1 / (1.64493406685 - ts_rank('{1,1,1,1}', c.tsv, df.query)::float8 * 1.64493406685) - 0.5), 1)";
+
+/// Most rows BM25 scores per query (see the module doc).
+pub const CANDIDATE_BUDGET: i64 = 2000;
+
 pub async fn search(
     pool: &PgPool,
     identity: &Identity,
@@ -49,57 +75,104 @@ pub async fn search(
     scoring: Scoring,
     default_decay_floor: f32,
 ) -> Result<Vec<(MemoryRow, f32)>> {
+    let mut qb = match scoring {
+        Scoring::TsRankCd => ts_rank_cd_query(identity, text, filters, k, default_decay_floor),
+        Scoring::Bm25 => bm25_query(identity, text, filters, k, default_decay_floor),
+    };
+    let rows: Vec<ScoredRow> = qb.build_query_as().fetch_all(pool).await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.memory, r.score as f32))
+        .collect())
+}
+
+fn ts_rank_cd_query(
+    identity: &Identity,
+    text: &str,
+    filters: &SearchFilters,
+    k: u32,
+    default_decay_floor: f32,
+) -> QueryBuilder<Postgres> {
     let mut qb = QueryBuilder::<Postgres>::new(
         "WITH qt AS (SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', ",
     );
     qb.push_bind(text.to_string())
         .push("))), q AS (SELECT string_agg(");
     qb.push(QUOTED_LEXEME)
-        .push(", ' | ')::tsquery AS query FROM qt)");
-    match scoring {
-        Scoring::TsRankCd => {
-            qb.push(" SELECT ")
-                .push(MEMORY_COLUMNS)
-                .push(", ts_rank_cd(m.tsv, q.query)::float8 AS score FROM memories m, q WHERE m.tsv @@ q.query AND ");
-            push_where(&mut qb, identity, filters, default_decay_floor);
-        }
-        Scoring::Bm25 => {
-            qb.push(
-                ", stats AS (SELECT count(*)::float8 AS n, coalesce(avg(d.tsv_len), 1)::float8 AS avgdl \
-                 FROM memories d WHERE d.tenant_id = ",
-            )
-            .push_bind(identity.tenant.clone())
-            .push(" AND d.access_level <= ")
-            .push_bind(identity.trust.as_i16())
-            .push("), df AS MATERIALIZED (SELECT qt.lexeme, ln(1 + (stats.n - c.df + 0.5) / (c.df + 0.5)) AS idf FROM qt, stats, LATERAL (SELECT count(*)::float8 AS df FROM memories d WHERE d.tenant_id = ")
-            .push_bind(identity.tenant.clone())
-            .push(" AND d.access_level <= ")
-            .push_bind(identity.trust.as_i16())
-            .push(" AND d.tsv @@ (")
-            .push(QUOTED_LEXEME.replace("lexeme", "qt.lexeme"))
-            .push(")::tsquery) c)");
-            qb.push(" SELECT ")
-                .push(MEMORY_COLUMNS)
-                .push(", sc.score FROM memories m, q, stats, LATERAL (SELECT coalesce(sum(df.idf * tf.tf * ")
-                .push(K1 + 1.0)
-                .push(" / (tf.tf + ")
-                .push(K1)
-                .push(" * (1 - ")
-                .push(B)
-                .push(" + ")
-                .push(B)
-                .push(" * m.tsv_len / greatest(stats.avgdl, 1)))), 0)::float8 AS score \
-                 FROM unnest(m.tsv) u JOIN df ON df.lexeme = u.lexeme, \
-                 LATERAL (SELECT coalesce(array_length(u.positions, 1), 1)::float8 AS tf) tf) sc \
-                 WHERE m.tsv @@ q.query AND ");
-            push_where(&mut qb, identity, filters, default_decay_floor);
-        }
-    }
+        .push(", ' | ')::tsquery AS query FROM qt) SELECT ")
+        .push(MEMORY_COLUMNS)
+        .push(", ts_rank_cd(m.tsv, q.query)::float8 AS score FROM memories m, q WHERE m.tsv @@ q.query AND ");
+    push_where(&mut qb, identity, filters, default_decay_floor);
     qb.push(" ORDER BY score DESC, m.id LIMIT ")
         .push_bind(i64::from(k));
-    let rows: Vec<ScoredRow> = qb.build_query_as().fetch_all(pool).await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.memory, r.score as f32))
-        .collect())
+    qb
+}
+
+fn bm25_query(
+    identity: &Identity,
+    text: &str,
+    filters: &SearchFilters,
+    k: u32,
+    default_decay_floor: f32,
+) -> QueryBuilder<Postgres> {
+    let tenant = identity.tenant.clone();
+    let trust = identity.trust.as_i16();
+    let mut qb = QueryBuilder::<Postgres>::new(
+        "WITH qt AS (SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', ",
+    );
+    qb.push_bind(text.to_string()).push(")))");
+    // Collection statistics over the caller's visible levels.
+    qb.push(
+        ", stats AS (SELECT coalesce(sum(s.docs), 0)::float8 AS n, \
+         coalesce(sum(s.total_len)::float8 / nullif(sum(s.docs), 0), 1)::float8 AS avgdl \
+         FROM doc_stats s WHERE s.tenant_id = ",
+    )
+    .push_bind(tenant.clone())
+    .push(" AND s.access_level <= ")
+    .push_bind(trust)
+    .push(")");
+    // Per query term: df and idf (terms no visible document has are dropped).
+    qb.push(", df AS MATERIALIZED (SELECT qt.lexeme, c.df, ln(1 + (stats.n - c.df + 0.5) / (c.df + 0.5)) AS idf, (")
+        .push(QUOTED_LEXEME.replace("lexeme", "qt.lexeme"))
+        .push(
+            ")::tsquery AS query FROM qt, stats, LATERAL (SELECT coalesce(sum(s.df), 0)::float8 AS df \
+             FROM term_stats s WHERE s.tenant_id = ",
+        )
+    .push_bind(tenant)
+    .push(" AND s.lexeme = qt.lexeme AND s.access_level <= ")
+    .push_bind(trust)
+    .push(") c WHERE c.df > 0)");
+    // Candidate terms: the rarest, while their summed df fits the budget.
+    qb.push(
+        ", ranked AS (SELECT lexeme, df, sum(df) OVER (ORDER BY df, lexeme) AS cum, \
+         row_number() OVER (ORDER BY df, lexeme) AS rn FROM df)",
+    );
+    qb.push(", cq AS (SELECT string_agg(")
+        .push(QUOTED_LEXEME)
+        .push(", ' | ')::tsquery AS query FROM ranked WHERE rn = 1 OR cum <= ")
+        .push_bind(CANDIDATE_BUDGET)
+        .push(")");
+    qb.push(", cand AS MATERIALIZED (SELECT m.id, m.tsv, m.tsv_len FROM memories m, cq WHERE m.tsv @@ cq.query AND ");
+    push_where(&mut qb, identity, filters, default_decay_floor);
+    qb.push(" LIMIT ").push_bind(CANDIDATE_BUDGET).push(")");
+    // Score with every query term; fetch full rows only for the top k.
+    qb.push(", scored AS (SELECT c.id, sum(df.idf * tf.tf * ")
+        .push(K1 + 1.0)
+        .push(" / (tf.tf + ")
+        .push(K1)
+        .push(" * (1 - ")
+        .push(B)
+        .push(" + ")
+        .push(B)
+        .push(" * c.tsv_len / greatest(stats.avgdl, 1))))::float8 AS score FROM cand c CROSS JOIN stats CROSS JOIN df, LATERAL (SELECT ")
+        .push(TERM_FREQUENCY)
+        .push(
+            " AS tf) tf WHERE c.tsv @@ df.query \
+             GROUP BY c.id ORDER BY score DESC, c.id LIMIT ",
+        )
+        .push_bind(i64::from(k))
+        .push(") SELECT ")
+        .push(MEMORY_COLUMNS)
+        .push(", sc.score FROM scored sc JOIN memories m ON m.id = sc.id ORDER BY sc.score DESC, m.id");
+    qb
 }

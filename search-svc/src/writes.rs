@@ -16,8 +16,15 @@
 //! in id order and re-checked, and if another writer changed the content in
 //! between, the batch is retried from the start. Deadlocks and serialization
 //! failures are retried too.
+//!
+//! Keyword search's BM25 statistics (`term_stats`, `doc_stats`) change in
+//! the same transaction as the rows they count: upsert and delete add the
+//! rows' lexemes as they are after the write and subtract them as they were
+//! before, so idempotent re-upserts, content edits and access-level changes
+//! all net out exactly (see `StatsDelta`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use engram_common::Identity;
@@ -209,6 +216,48 @@ WHERE m.tenant_id = excluded.tenant_id AND m.access_level <= $19
 RETURNING m.version, (m.xmax = 0) AS created, (m.embedding IS NOT NULL) AS has_embedding
 "#;
 
+/// [`UPSERT_SQL`] for an id not seen at lock time: inserts or, when a
+/// concurrent batch has committed the id meanwhile, does nothing (None).
+static INSERT_ONLY_SQL: LazyLock<String> = LazyLock::new(|| {
+    let head = UPSERT_SQL.split("ON CONFLICT").next().unwrap_or(UPSERT_SQL);
+    format!(
+        "{head}ON CONFLICT (id) DO NOTHING \
+         RETURNING m.version, true AS created, (m.embedding IS NOT NULL) AS has_embedding"
+    )
+});
+
+/// Runs [`UPSERT_SQL`] or [`INSERT_ONLY_SQL`] for one memory.
+async fn write_row(
+    tx: &mut Transaction<'_, Postgres>,
+    sql: &'static str,
+    identity: &Identity,
+    m: &NewMemory,
+    embedding: Option<Vector>,
+) -> Result<Option<Written>> {
+    Ok(sqlx::query_as::<_, Written>(sql)
+        .bind(m.id)
+        .bind(&identity.tenant)
+        .bind(&m.namespace)
+        .bind(&identity.agent_id)
+        .bind(&m.memory_type)
+        .bind(&m.title)
+        .bind(&m.content)
+        .bind(&m.content_hash)
+        .bind(embedding)
+        .bind(m.access_level.as_i16())
+        .bind(m.source_confidence)
+        .bind(m.event_time_opt)
+        .bind(m.valid_from_opt)
+        .bind(m.valid_to_opt)
+        .bind(m.supersedes_opt)
+        .bind(m.consolidated)
+        .bind(&m.metadata)
+        .bind(&m.source)
+        .bind(identity.trust.as_i16())
+        .fetch_optional(&mut **tx)
+        .await?)
+}
+
 async fn write_batch(
     pool: &PgPool,
     identity: &Identity,
@@ -249,6 +298,14 @@ async fn write_batch(
         .collect()
     };
 
+    // BM25 statistics: this batch's rows leave the counts as they were...
+    let existing_ids: Vec<Uuid> = ids
+        .iter()
+        .filter(|id| locked.contains_key(id))
+        .copied()
+        .collect();
+    let mut before = stat_rows(&mut tx, &existing_ids).await?;
+
     let mut results: Vec<(usize, pb::UpsertResult)> = Vec::with_capacity(sorted.len());
     let mut rewrite_entities: Vec<usize> = Vec::new();
     for (pos, (idx, m)) in sorted.iter().enumerate() {
@@ -270,28 +327,27 @@ async fn write_batch(
             )));
         }
         let embedded = m.embedding_opt.is_none() && embedding_opt.is_some();
-        let w: Option<Written> = sqlx::query_as::<_, Written>(UPSERT_SQL)
-            .bind(m.id)
-            .bind(&identity.tenant)
-            .bind(&m.namespace)
-            .bind(&identity.agent_id)
-            .bind(&m.memory_type)
-            .bind(&m.title)
-            .bind(&m.content)
-            .bind(&m.content_hash)
-            .bind(embedding_opt.map(Vector::from))
-            .bind(m.access_level.as_i16())
-            .bind(m.source_confidence)
-            .bind(m.event_time_opt)
-            .bind(m.valid_from_opt)
-            .bind(m.valid_to_opt)
-            .bind(m.supersedes_opt)
-            .bind(m.consolidated)
-            .bind(&m.metadata)
-            .bind(&m.source)
-            .bind(identity.trust.as_i16())
-            .fetch_optional(&mut *tx)
+        let embedding = embedding_opt.map(Vector::from);
+        let mut w: Option<Written> = None;
+        if !locked.contains_key(&m.id) {
+            w = write_row(
+                &mut tx,
+                INSERT_ONLY_SQL.as_str(),
+                identity,
+                m,
+                embedding.clone(),
+            )
             .await?;
+            if w.is_none() {
+                // A concurrent batch committed this id after our lock query:
+                // lock it now and count what it holds as `before`, so the
+                // statistics do not count it twice.
+                before.extend(stat_rows_for_update(&mut tx, m.id).await?);
+            }
+        }
+        if w.is_none() {
+            w = write_row(&mut tx, UPSERT_SQL, identity, m, embedding).await?;
+        }
         let Some(w) = w else {
             // The conflicting row appeared after the lock: another tenant's,
             // or one the caller may not see.
@@ -326,6 +382,12 @@ async fn write_batch(
         ));
     }
     write_entities(&mut tx, identity, sorted, entity_plans, &rewrite_entities).await?;
+    // ...and come back as they are now (last: these rows are the hot ones).
+    let after = stat_rows(&mut tx, &ids).await?;
+    let mut delta = StatsDelta::default();
+    delta.count(&after, 1);
+    delta.count(&before, -1);
+    delta.apply(&mut tx, &identity.tenant).await?;
     notify(&mut tx, &identity.tenant, "upsert", &ids).await?;
     tx.commit().await?;
     results.sort_by_key(|(idx, _)| *idx);
@@ -507,20 +569,151 @@ async fn write_entities(
 /// reveal what exists.
 pub async fn delete(pool: &PgPool, identity: &Identity, ids: DeleteIds) -> Result<u32> {
     let mut tx = pool.begin().await?;
-    let deleted: Vec<Uuid> = sqlx::query_scalar(
-        "DELETE FROM memories WHERE tenant_id = $1 AND access_level <= $2 AND id = ANY($3) RETURNING id",
+    let rows: Vec<DeletedRow> = sqlx::query_as(
+        "DELETE FROM memories WHERE tenant_id = $1 AND access_level <= $2 AND id = ANY($3) \
+         RETURNING id, access_level, tsv_len, tsvector_to_array(tsv) AS lexemes",
     )
     .bind(&identity.tenant)
     .bind(identity.trust.as_i16())
     .bind(&ids.0)
     .fetch_all(&mut *tx)
     .await?;
+    let deleted: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
     if !deleted.is_empty() {
+        let gone: Vec<StatRow> = rows.into_iter().map(|r| r.stats).collect();
+        let mut delta = StatsDelta::default();
+        delta.count(&gone, -1);
+        delta.apply(&mut tx, &identity.tenant).await?;
         notify(&mut tx, &identity.tenant, "delete", &deleted).await?;
     }
     tx.commit().await?;
     tracing::info!(tenant = %identity.tenant, count = deleted.len(), "deleted memories");
     Ok(u32::try_from(deleted.len()).unwrap_or(u32::MAX))
+}
+
+/// One row's share of the BM25 statistics (`migrations/0002_term_stats.sql`).
+#[derive(Debug, sqlx::FromRow)]
+struct StatRow {
+    access_level: i16,
+    tsv_len: i32,
+    /// Distinct lexemes of the row's tsv: each adds one to its df.
+    lexemes: Vec<String>,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct DeletedRow {
+    id: Uuid,
+    #[sqlx(flatten)]
+    stats: StatRow,
+}
+
+async fn stat_rows(tx: &mut Transaction<'_, Postgres>, ids: &[Uuid]) -> Result<Vec<StatRow>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_as(
+        "SELECT access_level, tsv_len, tsvector_to_array(tsv) AS lexemes FROM memories WHERE id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+async fn stat_rows_for_update(
+    tx: &mut Transaction<'_, Postgres>,
+    id: Uuid,
+) -> Result<Vec<StatRow>> {
+    Ok(sqlx::query_as(
+        "SELECT access_level, tsv_len, tsvector_to_array(tsv) AS lexemes FROM memories WHERE id = $1 FOR UPDATE",
+    )
+    .bind(id)
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+/// Net change of one transaction to `term_stats` / `doc_stats`, applied in
+/// that transaction so keyword ranks always match the committed rows.
+///
+/// The rows touched are shared by every writer of the tenant (a common
+/// lexeme, the per-level doc count), so they are written last, just before
+/// commit, to keep the time they are locked short, and always in (lexeme,
+/// level) order so concurrent batches queue instead of deadlocking. Memory
+/// and entity locks are all taken before, so the order is global.
+#[derive(Debug, Default)]
+struct StatsDelta {
+    terms: BTreeMap<(String, i16), i64>,
+    docs: BTreeMap<i16, (i64, i64)>,
+}
+
+impl StatsDelta {
+    fn count(&mut self, rows: &[StatRow], sign: i64) {
+        for r in rows {
+            let d = self.docs.entry(r.access_level).or_default();
+            d.0 += sign;
+            d.1 += sign * i64::from(r.tsv_len);
+            for l in &r.lexemes {
+                *self.terms.entry((l.clone(), r.access_level)).or_default() += sign;
+            }
+        }
+    }
+
+    async fn apply(self, tx: &mut Transaction<'_, Postgres>, tenant: &str) -> Result<()> {
+        let (mut lex, mut lvl, mut df) = (Vec::new(), Vec::new(), Vec::new());
+        let mut emptied = false;
+        for ((l, a), d) in self.terms {
+            if d != 0 {
+                emptied |= d < 0;
+                lex.push(l);
+                lvl.push(a);
+                df.push(d);
+            }
+        }
+        if !lex.is_empty() {
+            sqlx::query(
+                "INSERT INTO term_stats (tenant_id, lexeme, access_level, df) \
+                 SELECT $1, t.l, t.a, t.d FROM unnest($2::text[], $3::int2[], $4::int8[]) AS t(l, a, d) \
+                 ON CONFLICT (tenant_id, lexeme, access_level) DO UPDATE SET df = term_stats.df + excluded.df",
+            )
+            .bind(tenant)
+            .bind(&lex)
+            .bind(&lvl)
+            .bind(&df)
+            .execute(&mut **tx)
+            .await?;
+        }
+        if emptied {
+            sqlx::query(
+                "DELETE FROM term_stats WHERE tenant_id = $1 AND lexeme = ANY($2) AND df <= 0",
+            )
+            .bind(tenant)
+            .bind(&lex)
+            .execute(&mut **tx)
+            .await?;
+        }
+        let (mut lvl, mut docs, mut len) = (Vec::new(), Vec::new(), Vec::new());
+        for (a, (n, l)) in self.docs {
+            if n != 0 || l != 0 {
+                lvl.push(a);
+                docs.push(n);
+                len.push(l);
+            }
+        }
+        if !lvl.is_empty() {
+            sqlx::query(
+                "INSERT INTO doc_stats (tenant_id, access_level, docs, total_len) \
+                 SELECT $1, t.a, t.n, t.l FROM unnest($2::int2[], $3::int8[], $4::int8[]) AS t(a, n, l) \
+                 ON CONFLICT (tenant_id, access_level) DO UPDATE SET \
+                   docs = doc_stats.docs + excluded.docs, total_len = doc_stats.total_len + excluded.total_len",
+            )
+            .bind(tenant)
+            .bind(&lvl)
+            .bind(&docs)
+            .bind(&len)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Ok(())
+    }
 }
 
 pub async fn add_edges(pool: &PgPool, identity: &Identity, batch: EdgeBatch) -> Result<u32> {
