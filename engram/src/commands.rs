@@ -303,6 +303,35 @@ pub struct EvalCommon {
     pub concurrency: usize,
 }
 
+/// (api key, tenant, agent, trust): one fresh key per evaluation tenant.
+type TenantKey = (String, String, String, String);
+
+fn tenant_keys<'a>(
+    parts: impl Iterator<Item = &'a crate::eval::Part>,
+    agent: &str,
+) -> Vec<TenantKey> {
+    parts
+        .map(|p| {
+            (
+                stack::random_token(),
+                p.tenant.clone(),
+                agent.to_string(),
+                "sensitive".to_string(),
+            )
+        })
+        .collect()
+}
+
+/// eval / tune: every service on ephemeral ports, only the given keys.
+fn keyed_stack(keys: &[TenantKey]) -> StackOptions {
+    StackOptions {
+        ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys: keys.to_vec(),
+        ..Default::default()
+    }
+}
+
 /// `engram eval`: an in-process stack on ephemeral ports (the persistent
 /// embedded data dir, so corpora are reused), one key per eval tenant.
 pub async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
@@ -353,24 +382,8 @@ pub async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()
         }
     };
     let progress = !common.json;
-    let keys: Vec<(String, String, String, String)> = parts
-        .iter()
-        .map(|p| {
-            (
-                stack::random_token(),
-                p.tenant.clone(),
-                "eval".to_string(),
-                "sensitive".to_string(),
-            )
-        })
-        .collect();
-    let opts = StackOptions {
-        ephemeral_ports: true,
-        dev_api_key: false,
-        extra_keys: keys.clone(),
-        ..Default::default()
-    };
-    let stack = Stack::start(settings, opts).await?;
+    let keys = tenant_keys(parts.iter(), "eval");
+    let stack = Stack::start(settings, keyed_stack(&keys)).await?;
     let result = async {
         let uri = stack.gateway_uri().context("no gateway")?;
         let mut clients = std::collections::HashMap::new();
@@ -442,27 +455,10 @@ pub async fn tune(
             )?],
         ),
     ];
-    let keys: Vec<(String, String, String, String)> = sets
-        .iter()
-        .flat_map(|(_, parts)| parts.iter())
-        .map(|p| {
-            (
-                stack::random_token(),
-                p.tenant.clone(),
-                "tune".to_string(),
-                "sensitive".to_string(),
-            )
-        })
-        .collect();
-    let opts = StackOptions {
-        ephemeral_ports: true,
-        dev_api_key: false,
-        extra_keys: keys.clone(),
-        ..Default::default()
-    };
+    let keys = tenant_keys(sets.iter().flat_map(|(_, parts)| parts.iter()), "tune");
     let default_k = settings.pipeline.rrf_k;
     let current = settings.pipeline.weights.clone();
-    let stack = Stack::start(settings.clone(), opts).await?;
+    let stack = Stack::start(settings.clone(), keyed_stack(&keys)).await?;
     let result = async {
         let uri = stack.gateway_uri().context("no gateway")?;
         let graph_uri = stack
