@@ -35,6 +35,8 @@ pub struct Settings {
     pub rerank: RerankSettings,
     pub pipeline: PipelineSettings,
     pub log: LogSettings,
+    pub llm: LlmSettings,
+    pub working: WorkingMemorySettings,
 }
 
 impl Default for Settings {
@@ -51,6 +53,8 @@ impl Default for Settings {
             rerank: RerankSettings::default(),
             pipeline: PipelineSettings::default(),
             log: LogSettings::default(),
+            llm: LlmSettings::default(),
+            working: WorkingMemorySettings::default(),
         }
     }
 }
@@ -386,6 +390,61 @@ impl Default for LogSettings {
             format: "auto".into(),
             filter: "info,ort=warn".into(),
             query_text: true,
+        }
+    }
+}
+
+/// An optional OpenAI-compatible chat endpoint for query decomposition,
+/// synthesis and HyDE hypotheses. engram never requires one: without an
+/// endpoint every path falls back to its rule-based form.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LlmSettings {
+    /// Base URL up to and including `/v1`, e.g. `http://localhost:8000/v1`.
+    pub endpoint_opt: Option<String>,
+    pub model: String,
+    /// Name of the environment variable holding the bearer key (the key
+    /// itself never sits in a config file).
+    pub api_key_env_opt: Option<String>,
+    /// Budget of one decomposition / synthesis call.
+    pub timeout_ms: u64,
+    /// Budget of HyDE hypothesis generation; on expiry it is skipped.
+    pub hyde_timeout_ms: u64,
+}
+
+impl Default for LlmSettings {
+    fn default() -> Self {
+        Self {
+            endpoint_opt: None,
+            model: "gpt-4o-mini".into(),
+            api_key_env_opt: None,
+            timeout_ms: 10_000,
+            hyde_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// Session-scoped working memory kept in the gateway's process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkingMemorySettings {
+    /// Fragments kept per session; the least recently used go first.
+    pub max_per_session: usize,
+    /// Sessions kept; the least recently used go first.
+    pub max_sessions: usize,
+    /// TTL of a fragment written without one.
+    pub default_ttl_ms: u64,
+    /// Count at which a retrieval shape becomes a concept candidate.
+    pub demand_threshold: u64,
+}
+
+impl Default for WorkingMemorySettings {
+    fn default() -> Self {
+        Self {
+            max_per_session: 256,
+            max_sessions: 10_000,
+            default_ttl_ms: 3_600_000,
+            demand_threshold: 5,
         }
     }
 }
