@@ -14,6 +14,7 @@ pub mod feedback;
 pub mod foundry;
 pub mod fusion;
 pub mod http;
+pub mod llm;
 pub mod metrics;
 pub mod router;
 pub mod search;

@@ -26,6 +26,7 @@ use crate::cache::{CacheKey, Caches};
 use crate::downstream::{DownstreamError, Downstreams, call};
 use crate::error::Error;
 use crate::feedback::{FeedbackQueue, QUEUE_CAPACITY};
+use crate::llm::LlmClient;
 use crate::router::{self, Mode, Query, Raw, Route};
 use crate::search::{self, Plan};
 use crate::validation;
@@ -49,6 +50,7 @@ struct Inner {
     auth: Authenticator,
     caches: Caches,
     feedback: FeedbackQueue,
+    llm_opt: Option<LlmClient>,
 }
 
 /// What one attempt produced.
@@ -156,6 +158,10 @@ impl Gateway {
         let caches = Caches::new(Duration::from_millis(p.cache_ttl_ms), p.cache_similarity);
         let feedback = FeedbackQueue::spawn(ds.clone(), QUEUE_CAPACITY);
         let auth = Authenticator::new(&settings.auth);
+        let llm_opt = LlmClient::from_settings(&settings.llm).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "llm client unavailable, rule-based paths only");
+            None
+        });
         Self {
             inner: Arc::new(Inner {
                 settings,
@@ -163,8 +169,14 @@ impl Gateway {
                 auth,
                 caches,
                 feedback,
+                llm_opt,
             }),
         }
+    }
+
+    /// The optional LLM endpoint; `None` unless `[llm] endpoint_opt` is set.
+    pub fn llm(&self) -> Option<&LlmClient> {
+        self.inner.llm_opt.as_ref()
     }
 
     pub fn downstreams(&self) -> &Downstreams {
