@@ -53,7 +53,12 @@ impl Database {
                 (pg.url(), Some(pg))
             }
         };
-        let pool = connect(&url, settings.database.max_connections).await?;
+        let pool = connect_with(
+            &url,
+            settings.database.max_connections,
+            settings.search.hnsw_ef_search,
+        )
+        .await?;
         MIGRATOR.run(&pool).await?;
         Ok(Self {
             pool,
@@ -72,6 +77,23 @@ impl Database {
 }
 
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    connect_with(
+        url,
+        max_connections,
+        crate::settings::SearchSettings::default().hnsw_ef_search,
+    )
+    .await
+}
+
+/// [`connect`] with the HNSW scan settings fixed per connection (startup
+/// options), so a dense query is one round trip: no transaction and no
+/// `SET LOCAL` statements in front of it. Iterative scans (relaxed order)
+/// keep filtered HNSW queries from coming back short.
+pub async fn connect_with(
+    url: &str,
+    max_connections: u32,
+    hnsw_ef_search: u32,
+) -> Result<PgPool, DbError> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(DbError::BadUrl(format!(
             "{:?} does not start with postgres://",
@@ -82,6 +104,11 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
         .parse()
         .map_err(|e: sqlx::Error| DbError::BadUrl(e.to_string()))?;
     let target = format!("{}:{}", opts.get_host(), opts.get_port());
+    let ef = hnsw_ef_search.clamp(1, 1000).to_string();
+    let opts = opts.options([
+        ("hnsw.ef_search", ef.as_str()),
+        ("hnsw.iterative_scan", "relaxed_order"),
+    ]);
     PgPoolOptions::new()
         .max_connections(max_connections.max(1))
         .acquire_timeout(Duration::from_secs(10))

@@ -562,26 +562,19 @@ pub async fn run(
     let url = stack
         .database_url_opt()
         .context("bench needs the database")?;
-    let pool = engram_common::db::connect(url, 4).await?;
-    let ef = stack.settings.search.hnsw_ef_search.clamp(1, 1000);
+    let pool =
+        engram_common::db::connect_with(url, 4, stack.settings.search.hnsw_ef_search).await?;
     let mut floor = Vec::new();
     for i in 0..args.queries.min(500) {
         let v = pgvector::Vector::from(qvecs[i % qvecs.len()].clone());
         let t = Instant::now();
-        let mut tx = pool.begin().await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SET LOCAL hnsw.ef_search = {ef}"
-        )))
-        .execute(&mut *tx)
-        .await?;
         let _rows: Vec<(uuid::Uuid,)> = sqlx::query_as(
             "SELECT id FROM memories WHERE tenant_id = $1 ORDER BY embedding <=> $2 LIMIT 10",
         )
         .bind(tenant)
         .bind(v)
-        .fetch_all(&mut *tx)
+        .fetch_all(&pool)
         .await?;
-        tx.commit().await?;
         floor.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     pool.close().await;

@@ -1,6 +1,8 @@
 //! Dense search: pgvector HNSW over cosine distance with every filter inside
-//! the SQL. Iterative index scans (relaxed order) keep filtered queries from
-//! coming back short, so the rows are re-sorted by distance afterwards.
+//! the SQL. The pool's connections carry `hnsw.ef_search` and iterative scans
+//! (relaxed order) as startup options (`engram_common::db::connect_with`), so
+//! this is one round trip; relaxed order means the rows are re-sorted by
+//! distance afterwards.
 
 use engram_common::Identity;
 use pgvector::Vector;
@@ -17,7 +19,6 @@ pub async fn search(
     embedding: &[f32],
     filters: &SearchFilters,
     k: u32,
-    ef_search: u32,
     default_decay_floor: f32,
 ) -> Result<Vec<(MemoryRow, f32)>> {
     let q = Vector::from(embedding.to_vec());
@@ -32,19 +33,7 @@ pub async fn search(
         .push(" LIMIT ")
         .push_bind(i64::from(k));
 
-    let mut tx = pool.begin().await?;
-    // SET cannot take bind parameters; the value is an integer from settings.
-    let ef = ef_search.clamp(1, 1000);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SET LOCAL hnsw.ef_search = {ef}"
-    )))
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query("SET LOCAL hnsw.iterative_scan = relaxed_order")
-        .execute(&mut *tx)
-        .await?;
-    let rows: Vec<ScoredRow> = qb.build_query_as().fetch_all(&mut *tx).await?;
-    tx.commit().await?;
+    let rows: Vec<ScoredRow> = qb.build_query_as().fetch_all(pool).await?;
 
     let mut rows: Vec<(MemoryRow, f32)> = rows
         .into_iter()

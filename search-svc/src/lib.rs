@@ -48,7 +48,6 @@ struct Inner {
     pool: PgPool,
     embeddings: Embeddings,
     internal_token_opt: Option<String>,
-    ef_search: u32,
     scoring: Scoring,
     decay_floor: f32,
     serve_opts: engram_common::server::ServeOptions,
@@ -67,7 +66,6 @@ impl SearchSvc {
                 pool,
                 embeddings,
                 internal_token_opt: settings.auth.internal_token_opt.clone(),
-                ef_search: settings.search.hnsw_ef_search,
                 scoring,
                 decay_floor: settings.search.decay_floor,
                 serve_opts: engram_common::server::ServeOptions::from(&settings.listen),
@@ -173,7 +171,6 @@ impl SearchService for SearchSvc {
             &embedding,
             &q.filters,
             q.k,
-            self.inner.ef_search,
             self.inner.decay_floor,
         )
         .await

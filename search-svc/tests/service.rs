@@ -839,3 +839,22 @@ async fn missing_model_is_not_serving_but_client_vectors_work() {
     .await;
     assert_eq!(dense(&mut h.client, &me, axis(2), None, 3).await.len(), 1);
 }
+
+/// Dense search no longer sets the HNSW knobs per query (one round trip), so
+/// every pooled connection must carry them from its startup options.
+#[tokio::test]
+async fn pooled_connections_carry_the_hnsw_settings() {
+    let pool = engram_common::db::test_database().await.expect("database");
+    for _ in 0..3 {
+        // The cast loads pgvector first, so its own GUCs are the ones read.
+        let (ef, scan, _): (String, String, String) = sqlx::query_as(
+            "SELECT current_setting('hnsw.ef_search'), \
+             current_setting('hnsw.iterative_scan'), '[1,2]'::vector::text",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("settings");
+        assert_eq!(ef, "100");
+        assert_eq!(scan, "relaxed_order");
+    }
+}
