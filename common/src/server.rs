@@ -25,7 +25,6 @@ use prometheus::{
 use prost::Message as _;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::transport::Server;
 use tonic_health::pb::health_check_response::ServingStatus as PbStatus;
@@ -199,6 +198,14 @@ pub async fn serve(
     serve_with(listener, routes, health, ServeOptions::default(), shutdown).await
 }
 
+/// Accepted connections with TCP_NODELAY. A listener handed in from outside
+/// skips tonic's own socket options, and without NODELAY a reply written in
+/// pieces (headers, body, trailers) waits on the peer's delayed ACK: a flat
+/// ~40 ms on every call.
+fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 /// [`serve`] with explicit drain timing (`ServeOptions::from(&settings.listen)`).
 pub async fn serve_with(
     listener: TcpListener,
@@ -248,7 +255,7 @@ pub async fn serve_with(
     let server = Server::builder()
         .layer(ObserveLayer)
         .add_routes(routes)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal);
+        .serve_with_incoming_shutdown(incoming(listener), signal);
     tokio::pin!(server);
     let deadline = async {
         draining.notified().await;

@@ -32,6 +32,13 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     tracing::info!(addr = ?listener.local_addr().ok(), "http api listening");
+    use axum::serve::ListenerExt;
+    // NODELAY: a response written in pieces must not wait on delayed ACKs.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "tcp nodelay not set");
+        }
+    });
     axum::serve(listener, router(gateway))
         .with_graceful_shutdown(shutdown)
         .await?;
