@@ -34,6 +34,7 @@ use rand::SeedableRng;
 use crate::client::Client;
 use crate::eval::{load_2wiki, percentile};
 use crate::stack::{Service, Stack};
+use crate::split::SplitStack;
 
 pub struct BenchArgs {
     pub memories: usize,
@@ -63,10 +64,65 @@ fn pcts(v: &mut [f64]) -> serde_json::Value {
     serde_json::json!({"p50": r(percentile(v, 50.0)), "p95": r(percentile(v, 95.0)), "p99": r(percentile(v, 99.0))})
 }
 
+/// What the bench measures: the services in this process ([`Stack`]) or one
+/// process per service ([`SplitStack`], the default: per-service peak RSS).
+pub enum Target {
+    InProcess(Stack),
+    Split(SplitStack),
+}
+
+impl Target {
+    fn settings(&self) -> &engram_common::Settings {
+        match self {
+            Target::InProcess(s) => &s.settings,
+            Target::Split(s) => &s.settings,
+        }
+    }
+
+    fn addr(&self, svc: Service) -> Option<std::net::SocketAddr> {
+        let addrs = match self {
+            Target::InProcess(s) => &s.addrs,
+            Target::Split(s) => &s.addrs,
+        };
+        addrs.iter().find(|(s, _)| *s == svc).map(|(_, a)| *a)
+    }
+
+    pub fn gateway_uri(&self) -> Option<String> {
+        self.addr(Service::Retrieval).map(|a| format!("http://{a}"))
+    }
+
+    fn database_url_opt(&self) -> Option<&str> {
+        match self {
+            Target::InProcess(s) => s.database_url_opt(),
+            Target::Split(s) => Some(s.database_url()),
+        }
+    }
+
+    /// Peak RSS per service; in one process every service shares one figure.
+    fn rss_mb(&self) -> serde_json::Value {
+        match self {
+            Target::InProcess(_) => serde_json::json!({"engram": rss_mb()}),
+            Target::Split(s) => serde_json::Value::Object(
+                s.peak_rss_mb()
+                    .into_iter()
+                    .map(|(svc, mb)| (svc.name().to_string(), serde_json::json!(mb)))
+                    .collect(),
+            ),
+        }
+    }
+
+    pub async fn shutdown(self) {
+        match self {
+            Target::InProcess(s) => s.shutdown().await,
+            Target::Split(s) => s.shutdown().await,
+        }
+    }
+}
+
 /// The internal identity and token the bench uses to call services directly.
-fn internal<T>(stack: &Stack, tenant: &str, msg: T) -> tonic::Request<T> {
+fn internal<T>(stack: &Target, tenant: &str, msg: T) -> tonic::Request<T> {
     let token = stack
-        .settings
+        .settings()
         .auth
         .internal_token_opt
         .clone()
@@ -81,7 +137,7 @@ fn internal<T>(stack: &Stack, tenant: &str, msg: T) -> tonic::Request<T> {
     req
 }
 
-fn uri(stack: &Stack, svc: Service) -> anyhow::Result<String> {
+fn uri(stack: &Target, svc: Service) -> anyhow::Result<String> {
     let addr = stack
         .addr(svc)
         .with_context(|| format!("bench needs {}", svc.name()))?;
@@ -89,7 +145,7 @@ fn uri(stack: &Stack, svc: Service) -> anyhow::Result<String> {
 }
 
 /// Embeds texts through search-svc's internal API (the bench owns the stack).
-async fn embed(stack: &Stack, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
+async fn embed(stack: &Target, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
     let mut c = SearchServiceClient::connect(uri(stack, Service::Search)?)
         .await?
         .max_decoding_message_size(64 << 20);
@@ -163,7 +219,7 @@ fn corpus_memory(
 /// Builds the synthetic tenant through the public write path; returns
 /// (upsert seconds, edge seconds, edges added).
 async fn build_corpus(
-    stack: &Stack,
+    stack: &Target,
     client: &Client,
     tenant: &str,
     args: &BenchArgs,
@@ -275,7 +331,7 @@ async fn build_corpus(
 /// path the gateway forwards to) in a tenant of its own, so graph-svc does
 /// not reload the big bench tenant on every batch. Fresh ids (so they are
 /// really embedded), removed afterwards.
-async fn ingest_rate(stack: &Stack, part: &crate::eval::Part, n: usize) -> anyhow::Result<f64> {
+async fn ingest_rate(stack: &Target, part: &crate::eval::Part, n: usize) -> anyhow::Result<f64> {
     let tenant = "bench-ingest";
     let sample: Vec<Memory> = part.docs[..n.min(part.docs.len())]
         .iter()
@@ -316,7 +372,7 @@ async fn ingest_rate(stack: &Stack, part: &crate::eval::Part, n: usize) -> anyho
 }
 
 pub async fn run(
-    stack: &Stack,
+    stack: &Target,
     client: &mut Client,
     tenant: &str,
     args: &BenchArgs,
@@ -563,7 +619,7 @@ pub async fn run(
         .database_url_opt()
         .context("bench needs the database")?;
     let pool =
-        engram_common::db::connect_with(url, 4, stack.settings.search.hnsw_ef_search).await?;
+        engram_common::db::connect_with(url, 4, stack.settings().search.hnsw_ef_search).await?;
     let mut floor = Vec::new();
     for i in 0..args.queries.min(500) {
         let v = pgvector::Vector::from(qvecs[i % qvecs.len()].clone());
@@ -614,15 +670,18 @@ pub async fn run(
         "qps": qps,
         "floor_ms": {"p50": floor["p50"], "p95": floor["p95"]},
         "stages_ms": stages_ms,
-        "rss_mb": {"engram": rss_mb()},
-        "rss_note": "all services run in this one process; the value is its peak RSS (VmHWM), Postgres excluded",
+        "rss_mb": stack.rss_mb(),
+        "rss_note": match stack {
+            Target::InProcess(_) => "--in-process: all services share this process; the value is its peak RSS (VmHWM), Postgres excluded",
+            Target::Split(_) => "one process per service; each value is that process's peak RSS (VmHWM), Postgres excluded",
+        },
         "ratio_to_floor": ratio_to_floor,
         "degraded": degraded,
         "errors": errors,
         "stage2_timeouts_ms": {
-            "vector": stack.settings.pipeline.vector_timeout_ms,
-            "keyword": stack.settings.pipeline.keyword_timeout_ms,
-            "graph": stack.settings.pipeline.graph_timeout_ms,
+            "vector": stack.settings().pipeline.vector_timeout_ms,
+            "keyword": stack.settings().pipeline.keyword_timeout_ms,
+            "graph": stack.settings().pipeline.graph_timeout_ms,
         },
         "direct_ms": {
             "search_dense_k50": dense_ms,
@@ -639,16 +698,20 @@ pub async fn run(
     }))
 }
 
-/// Peak resident set of this process (all services run in it), from /proc.
+/// Peak resident set of this process, from /proc.
 pub fn rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map(|kb| (kb / 1024.0 * 10.0).round() / 10.0)
+        .and_then(|s| vm_hwm_mb(&s))
         .unwrap_or(0.0)
+}
+
+/// `VmHWM` of a `/proc/<pid>/status` text, in MB (one decimal).
+pub fn vm_hwm_mb(status: &str) -> Option<f64> {
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map(|kb| (kb / 1024.0 * 10.0).round() / 10.0)
 }

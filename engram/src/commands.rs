@@ -577,33 +577,40 @@ async fn wait_for_graph(client: &mut Client, part: &crate::eval::Part) {
     tracing::warn!(tenant = %part.tenant, "graph strategy still empty after ingest; continuing");
 }
 
-/// `engram bench`: an in-process stack, a synthetic tenant, the query mix.
+/// `engram bench`: one process per service (or all in this one with
+/// `in_process`), a synthetic tenant, the query mix.
 pub async fn bench(
     settings: Settings,
     memories: usize,
     queries: usize,
     concurrency: usize,
     json: bool,
+    in_process: bool,
 ) -> anyhow::Result<()> {
     if memories == 0 || queries == 0 {
         anyhow::bail!("--memories and --queries must be at least 1");
     }
     let tenant = format!("bench-{memories}");
     let key = stack::random_token();
-    let opts = StackOptions {
-        ephemeral_ports: true,
-        dev_api_key: false,
-        extra_keys: vec![(
-            key.clone(),
-            tenant.clone(),
-            "bench".into(),
-            "sensitive".into(),
-        )],
-        ..Default::default()
+    let target = if in_process {
+        let opts = StackOptions {
+            ephemeral_ports: true,
+            dev_api_key: false,
+            extra_keys: vec![(
+                key.clone(),
+                tenant.clone(),
+                "bench".into(),
+                "sensitive".into(),
+            )],
+            ..Default::default()
+        };
+        crate::bench::Target::InProcess(Stack::start(settings, opts).await?)
+    } else {
+        crate::bench::Target::Split(crate::split::SplitStack::start(settings, &key, &tenant).await?)
     };
-    let stack = Stack::start(settings, opts).await?;
     let result = async {
-        let mut client = Client::connect(&stack.gateway_uri().context("no gateway")?, &key).await?;
+        let mut client =
+            Client::connect(&target.gateway_uri().context("no gateway")?, &key).await?;
         let args = crate::bench::BenchArgs {
             memories,
             queries,
@@ -612,10 +619,10 @@ pub async fn bench(
             write_concurrency: 3,
             ingest_sample: 1000,
         };
-        crate::bench::run(&stack, &mut client, &tenant, &args, !json).await
+        crate::bench::run(&target, &mut client, &tenant, &args, !json).await
     }
     .await;
-    stack.shutdown().await;
+    target.shutdown().await;
     let report = result?;
     if json {
         println!("{report}");

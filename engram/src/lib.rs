@@ -8,5 +8,6 @@ pub mod commands;
 pub mod demo;
 pub mod eval;
 pub mod ingest;
+pub mod split;
 pub mod stack;
 pub mod tune;

@@ -71,6 +71,10 @@ enum Command {
         concurrency: usize,
         #[arg(long)]
         json: bool,
+        /// All services in this process (one RSS figure) instead of one
+        /// child process per service.
+        #[arg(long)]
+        in_process: bool,
     },
     /// Ask the gateway one question.
     Query {
@@ -126,7 +130,8 @@ fn main() -> ExitCode {
                 queries,
                 concurrency,
                 json,
-            } => commands::bench(settings, memories, queries, concurrency, json).await,
+                in_process,
+            } => commands::bench(settings, memories, queries, concurrency, json, in_process).await,
             Command::Query {
                 text,
                 limit,
