@@ -1,14 +1,21 @@
 //! Conversation-window input and fail-open for `Retrieve`. Agents often hold
 //! a transcript rather than a crisp question, and some must never block on
-//! memory: they would rather act without it than wait on an error.
+//! memory: they would rather act without it than wait on an error. A chatty
+//! window is a poor search query, so with the optional LLM configured the
+//! window also gets HyDE hypotheses (hypothetical answer passages, searched
+//! and fused with the query) within a short budget, skipped on any failure.
+
+use std::time::{Duration, Instant};
 
 use engram_proto::retrieval_service_server::RetrievalService;
 use engram_proto::{
-    ConversationMessage, FeedbackRequest, FeedbackResponse, RetrieveRequest, RetrieveResponse,
+    ConversationMessage, FeedbackRequest, FeedbackResponse, RetrievalMode, RetrieveRequest,
+    RetrieveResponse,
 };
 use tonic::{Code, Request, Response, Status};
 
 use crate::error::Error;
+use crate::llm;
 use crate::router::MAX_TEXT_CHARS;
 use crate::service::Gateway;
 
@@ -75,20 +82,94 @@ fn is_runtime_failure(code: Code) -> bool {
     )
 }
 
-/// The public `RetrievalService`: the gateway plus `fail_open`. A wrapper
-/// rather than a branch inside the pipeline so every failure path, including
-/// ones added later, is covered.
+/// Whether HyDE may help this request: a conversation window standing in
+/// for the text, no hypotheses of the caller's own, and a mode whose plan
+/// runs the vector search the hypotheses feed.
+fn wants_hyde(r: &RetrieveRequest) -> bool {
+    r.text.trim().is_empty()
+        && !r.conversation.is_empty()
+        && r.hypotheses.is_empty()
+        && !r.context_sufficient
+        && !matches!(
+            RetrievalMode::try_from(r.mode),
+            Ok(RetrievalMode::Keyword | RetrievalMode::Graph)
+        )
+}
+
+/// The public `RetrievalService`: the gateway plus HyDE for conversation
+/// windows and `fail_open`. A wrapper rather than a branch inside the
+/// pipeline so every failure path, including ones added later, is covered.
 #[derive(Clone)]
 pub struct FailOpen(pub Gateway);
+
+impl FailOpen {
+    /// Adds LLM hypotheses to a conversation-window request when an LLM is
+    /// configured. Never fails the request: on error or timeout it leaves
+    /// the request as it was.
+    async fn add_hypotheses(&self, request: &mut Request<RetrieveRequest>, start: Instant) {
+        let gw = &self.0;
+        let Some(client) = gw.llm() else {
+            return;
+        };
+        if !wants_hyde(request.get_ref()) {
+            return;
+        }
+        // Only callers the gateway will serve, with a valid window, spend
+        // an LLM call; the gateway reports anything else itself.
+        let Ok(identity) = gw.authenticate(request.metadata()) else {
+            return;
+        };
+        let Ok(text) = query_text(&request.get_ref().conversation) else {
+            return;
+        };
+        let client_timeout_opt = engram_common::server::grpc_timeout(request.metadata());
+        // A caller's own deadline leaves at least half for the pipeline.
+        let left =
+            client_timeout_opt.map_or(Duration::MAX, |t| t.saturating_sub(start.elapsed()) / 2);
+        let budget = client.hyde_budget(left);
+        let t = tokio::time::Instant::now();
+        let r = client.hypotheses(&text, client.hyde_count(), budget).await;
+        llm::observe(&gw.downstreams().metrics, &r, t);
+        match r {
+            Ok(reply) => {
+                tracing::debug!(
+                    tenant = %identity.tenant,
+                    count = reply.value.len(),
+                    tokens = reply.tokens,
+                    ms = t.elapsed().as_millis() as u64,
+                    "hyde hypotheses added"
+                );
+                request.get_mut().hypotheses = reply.value;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    tenant = %identity.tenant,
+                    error = %e,
+                    ms = t.elapsed().as_millis() as u64,
+                    "hyde skipped"
+                );
+            }
+        }
+        // The gateway reads the caller's deadline from this header when it
+        // starts; the time HyDE took is no longer the pipeline's.
+        if let Some(total) = client_timeout_opt {
+            let rest = total.saturating_sub(start.elapsed()).as_millis().max(1);
+            if let Ok(v) = format!("{rest}m").parse() {
+                request.metadata_mut().insert("grpc-timeout", v);
+            }
+        }
+    }
+}
 
 #[tonic::async_trait]
 impl RetrievalService for FailOpen {
     async fn retrieve(
         &self,
-        request: Request<RetrieveRequest>,
+        mut request: Request<RetrieveRequest>,
     ) -> Result<Response<RetrieveResponse>, Status> {
         let fail_open = request.get_ref().fail_open;
-        let start = std::time::Instant::now();
+        let start = Instant::now();
+        self.add_hypotheses(&mut request, start).await;
         match RetrievalService::retrieve(&self.0, request).await {
             Err(status) if fail_open && is_runtime_failure(status.code()) => {
                 tracing::warn!(code = ?status.code(), "retrieval failed open");
@@ -162,6 +243,26 @@ mod tests {
         assert_eq!(field(vec![msg("robot", "x")]), "conversation.role");
         assert_eq!(field(vec![msg("tool", "only tools")]), "conversation");
         assert_eq!(field(vec![msg("user", "x"); 201]), "conversation");
+    }
+
+    #[test]
+    fn hyde_only_for_windows_without_hypotheses() {
+        let window = RetrieveRequest {
+            conversation: vec![msg("user", "who leads billing?")],
+            ..Default::default()
+        };
+        assert!(wants_hyde(&window));
+        let with = |f: fn(&mut RetrieveRequest)| {
+            let mut r = window.clone();
+            f(&mut r);
+            wants_hyde(&r)
+        };
+        assert!(!with(|r| r.text = "who leads billing?".into()));
+        assert!(!with(|r| r.hypotheses = vec!["Alice does.".into()]));
+        assert!(!with(|r| r.context_sufficient = true));
+        assert!(!with(|r| r.mode = RetrievalMode::Keyword as i32));
+        assert!(with(|r| r.mode = RetrievalMode::Hybrid as i32));
+        assert!(!with(|r| r.conversation.clear()));
     }
 
     #[test]

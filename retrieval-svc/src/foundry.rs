@@ -1,8 +1,10 @@
 //! Knowledge Foundry retrieval: the gateway's pipeline behind the Foundry
 //! contract. A knowledge base is a namespace; basic retrieval is one raw
 //! strategy pass with a similarity floor; agentic retrieval decomposes the
-//! question by rule (no LLM), runs the sub-queries under a token and a
-//! latency budget, and packs a `[Source N]` context for the caller's model.
+//! question (by rule, or by the optional LLM with the rules as fallback),
+//! runs the sub-queries under a token and a latency budget, and packs a
+//! `[Source N]` context for the caller's model. With an LLM configured and
+//! budget left, it also writes an `answer` citing those sources.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -20,6 +22,7 @@ use tonic::{Request, Response, Status};
 use crate::assembly::tokens;
 use crate::decompose::{self, Plan, SLOT};
 use crate::error::Error;
+use crate::llm::{self, LlmError};
 use crate::router::{MAX_TEXT_CHARS, Mode, Query, Raw};
 use crate::search;
 use crate::service::Gateway;
@@ -41,6 +44,18 @@ pub const MAX_KB_IDS: usize = 32;
 pub const CONTEXT_SHARE: f32 = 0.7;
 /// How close to the latency deadline a failed step counts as cut by it.
 const LATENCY_SLACK: Duration = Duration::from_millis(150);
+/// Share of the remaining latency budget LLM decomposition may take, so
+/// the retrieval it plans still has time to run.
+const DECOMPOSE_TIME_SHARE: u32 = 3;
+/// Below this much time left, an LLM call is not worth starting.
+const MIN_LLM_TIME: Duration = Duration::from_millis(200);
+/// Below this many budget tokens left, synthesis is skipped: the sources
+/// and an answer would not fit.
+const MIN_SYNTH_TOKENS: u32 = 256;
+/// Prompt tokens besides the sources and the question.
+const SYNTH_OVERHEAD_TOKENS: u32 = 80;
+/// Answer length cap, whatever budget is left.
+const MAX_ANSWER_TOKENS: u32 = 1_024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Effort {
@@ -685,18 +700,166 @@ impl Run<'_> {
     }
 }
 
-/// Packs results, best first, as `[Source N]` entries until `limit` tokens.
-pub fn pack_sources(results: &[FoundryResult], limit: u32) -> String {
-    let mut out = String::new();
-    let mut n = 0;
+impl Run<'_> {
+    fn time_left(&self) -> Duration {
+        self.a.max_latency.saturating_sub(self.start.elapsed())
+    }
+
+    /// The sub-query plan: the LLM's when one is configured and answers
+    /// usably in time, else the rules'. Either way one `decompose` step.
+    async fn plan(&mut self) -> Plan {
+        let t = Instant::now();
+        let q = self.a.query.clone();
+        let max_parts = self.a.effort.max_parts();
+        let mut note = String::new();
+        if let Some(llm) = self.gw.llm() {
+            let budget = llm.budget(self.time_left() / DECOMPOSE_TIME_SHARE);
+            if budget < MIN_LLM_TIME {
+                note = " (llm skipped: latency)".into();
+            } else {
+                let r = llm.decompose(&q, max_parts, budget).await;
+                llm::observe(&self.gw.downstreams().metrics, &r, t);
+                match r {
+                    Ok(reply) => {
+                        self.tokens_used = self.tokens_used.saturating_add(reply.tokens);
+                        let detail = format!("method=llm; parallel: {}", reply.value.join(" | "));
+                        self.push_step(
+                            "decompose",
+                            q,
+                            reply.value.len(),
+                            reply.tokens,
+                            t.elapsed(),
+                            detail,
+                        );
+                        return Plan::Parallel(reply.value);
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            tenant = %self.a.tenant_id,
+                            error = %e,
+                            "llm decomposition failed, using the rules"
+                        );
+                        note = format!(" (llm failed: {})", e.kind());
+                    }
+                }
+            }
+        }
+        let plan = decompose::decompose(&q, max_parts);
+        let subs = plan.sub_queries();
+        let kind = match &plan {
+            Plan::Single(_) => "single",
+            Plan::Parallel(_) => "parallel",
+            Plan::Bridge { .. } => "bridge",
+        };
+        self.push_step(
+            "decompose",
+            q,
+            subs.len(),
+            0,
+            t.elapsed(),
+            format!("method=rules{note}; {kind}: {}", subs.join(" | ")),
+        );
+        plan
+    }
+
+    /// The `synthesize` step: with an LLM and budget left, an answer over
+    /// the leading `entries` that fit what is left of the token budget;
+    /// otherwise, or when the call fails, "" and the context alone.
+    async fn synthesize(&mut self, entries: &[String], context: &str) -> String {
+        let t = Instant::now();
+        let q = self.a.query.clone();
+        let context_only = |why: String| {
+            (
+                String::new(),
+                context.matches("[Source ").count(),
+                tokens(context),
+                format!("{why}: context only"),
+            )
+        };
+        let (answer, count, step_tokens, detail) = match self.gw.llm() {
+            None => context_only("no llm configured".into()),
+            Some(_) if entries.is_empty() => context_only("llm skipped: no sources".into()),
+            Some(llm) => {
+                let left = self.a.token_budget.saturating_sub(self.tokens_used);
+                let answer_room = (left / 4).clamp(64, MAX_ANSWER_TOKENS);
+                let room = left
+                    .saturating_sub(answer_room)
+                    .saturating_sub(SYNTH_OVERHEAD_TOKENS)
+                    .saturating_sub(tokens(&q));
+                // A prefix, so "[Source N]" in the answer means the same
+                // entry as in the returned context.
+                let mut used = 0;
+                let take = entries
+                    .iter()
+                    .take_while(|e| {
+                        used += tokens(e);
+                        used <= room
+                    })
+                    .count();
+                let budget = llm.budget(self.time_left());
+                if left < MIN_SYNTH_TOKENS || take == 0 {
+                    self.truncated_opt.get_or_insert("budget");
+                    context_only("llm skipped: budget".into())
+                } else if budget < MIN_LLM_TIME {
+                    self.truncated_opt.get_or_insert("latency");
+                    context_only("llm skipped: latency".into())
+                } else {
+                    let sources = entries[..take].concat();
+                    let r = llm.synthesize(&q, &sources, answer_room, budget).await;
+                    llm::observe(&self.gw.downstreams().metrics, &r, t);
+                    match r {
+                        Ok(reply) => {
+                            self.tokens_used = self.tokens_used.saturating_add(reply.tokens);
+                            (
+                                reply.value,
+                                take,
+                                reply.tokens,
+                                format!("method=llm; sources={take}"),
+                            )
+                        }
+                        Err(e) => {
+                            tracing::warn!(
+                                tenant = %self.a.tenant_id,
+                                error = %e,
+                                "llm synthesis failed, returning the context only"
+                            );
+                            // A timeout cut by the request's own latency
+                            // budget is a truncation, like a late retrieve.
+                            if matches!(e, LlmError::Timeout)
+                                && budget < Duration::from_millis(llm.settings().timeout_ms)
+                            {
+                                self.truncated_opt.get_or_insert("latency");
+                            }
+                            context_only(format!("llm failed: {}", e.kind()))
+                        }
+                    }
+                }
+            }
+        };
+        self.push_step("synthesize", q, count, step_tokens, t.elapsed(), detail);
+        answer
+    }
+}
+
+/// Results, best first, as `[Source N]` entries while they fit in `limit`
+/// tokens; an entry that does not fit is skipped for a shorter one.
+pub fn source_entries(results: &[FoundryResult], limit: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut used = 0;
     for r in results {
-        let entry = format!("[Source {}] {}\n\n", n + 1, r.text.trim());
-        if tokens(&out) + tokens(&entry) <= limit {
-            out.push_str(&entry);
-            n += 1;
+        let entry = format!("[Source {}] {}\n\n", out.len() + 1, r.text.trim());
+        let t = tokens(&entry);
+        if used + t <= limit {
+            used += t;
+            out.push(entry);
         }
     }
     out
+}
+
+/// Packs results, best first, as `[Source N]` entries until `limit` tokens.
+pub fn pack_sources(results: &[FoundryResult], limit: u32) -> String {
+    source_entries(results, limit).concat()
 }
 
 pub async fn agentic(
@@ -724,50 +887,25 @@ pub async fn agentic(
     let plan = if a.effort == Effort::Low {
         Plan::Single(a.query.clone())
     } else {
-        let t = Instant::now();
-        let plan = decompose::decompose(&a.query, a.effort.max_parts());
-        let subs = plan.sub_queries();
-        let kind = match &plan {
-            Plan::Single(_) => "single",
-            Plan::Parallel(_) => "parallel",
-            Plan::Bridge { .. } => "bridge",
-        };
-        run.push_step(
-            "decompose",
-            a.query.clone(),
-            subs.len(),
-            0,
-            t.elapsed(),
-            format!("{kind}: {}", subs.join(" | ")),
-        );
-        plan
+        run.plan().await
     };
     match plan {
         Plan::Single(q) => run.parallel(vec![q]).await?,
         Plan::Parallel(qs) => run.parallel(qs).await?,
         Plan::Bridge { first, follow_up } => run.bridge(first, follow_up).await?,
     }
+    run.results.sort_by(|x, y| y.score.total_cmp(&x.score));
+    let limit = (a.token_budget as f32 * CONTEXT_SHARE) as u32;
+    let entries = source_entries(&run.results, limit);
+    let context = entries.concat();
+    let answer = run.synthesize(&entries, &context).await;
     let Run {
-        mut results,
-        mut steps,
+        results,
+        steps,
         tokens_used,
         truncated_opt,
         ..
     } = run;
-    results.sort_by(|x, y| y.score.total_cmp(&x.score));
-    let t = Instant::now();
-    let limit = (a.token_budget as f32 * CONTEXT_SHARE) as u32;
-    let context = pack_sources(&results, limit);
-    let context_tokens = tokens(&context);
-    steps.push(FoundryStep {
-        step_number: steps.len() as u32 + 1,
-        action: "synthesize".into(),
-        input: a.query.clone(),
-        result_count: context.matches("[Source ").count() as u32,
-        tokens: context_tokens,
-        latency_ms: ms(t.elapsed()),
-        detail: "no llm configured: context only".into(),
-    });
     tracing::info!(
         tenant = %a.tenant_id,
         steps = steps.len(),
@@ -778,7 +916,7 @@ pub async fn agentic(
     );
     Ok(FoundryResponse {
         request_id,
-        answer: String::new(),
+        answer,
         results,
         steps,
         total_tokens_used: tokens_used,
