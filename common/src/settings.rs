@@ -410,6 +410,9 @@ pub struct LlmSettings {
     pub timeout_ms: u64,
     /// Budget of HyDE hypothesis generation; on expiry it is skipped.
     pub hyde_timeout_ms: u64,
+    /// Hypotheses asked for per conversation-window query (1..=8); each
+    /// costs one more vector search in the pipeline.
+    pub hyde_hypotheses: usize,
 }
 
 impl Default for LlmSettings {
@@ -420,6 +423,7 @@ impl Default for LlmSettings {
             api_key_env_opt: None,
             timeout_ms: 10_000,
             hyde_timeout_ms: 2_000,
+            hyde_hypotheses: 2,
         }
     }
 }
@@ -436,6 +440,12 @@ pub struct WorkingMemorySettings {
     pub default_ttl_ms: u64,
     /// Count at which a retrieval shape becomes a concept candidate.
     pub demand_threshold: u64,
+    /// Upper bound on a fragment's `metadata.ttl_ms`.
+    pub max_ttl_ms: u64,
+    /// Embedding cosine at which a fragment matches a query without shared words.
+    pub match_similarity: f32,
+    /// Distinct shapes counted per tenant; new shapes past it are dropped.
+    pub max_demand_shapes: usize,
 }
 
 impl Default for WorkingMemorySettings {
@@ -445,6 +455,9 @@ impl Default for WorkingMemorySettings {
             max_sessions: 10_000,
             default_ttl_ms: 3_600_000,
             demand_threshold: 5,
+            max_ttl_ms: 7 * 24 * 3_600_000,
+            match_similarity: 0.5,
+            max_demand_shapes: 1024,
         }
     }
 }

@@ -24,9 +24,9 @@ use engram_proto::search_service_client::SearchServiceClient;
 use engram_proto::{
     AddEdgesRequest, AddEdgesResponse, ContradictionsRequest, ContradictionsResponse,
     DeleteRequest, DeleteResponse, EmbedRequest, EmbedResponse, GetRequest, GetResponse,
-    KeywordSearchRequest, PprRequest, PprResponse, ScoreRequest, ScoreResponse, SearchResponse,
-    StoreFeedbackRequest, StoreFeedbackResponse, UpsertRequest, UpsertResponse,
-    VectorSearchRequest,
+    KeywordSearchRequest, NeighborsRequest, NeighborsResponse, PprRequest, PprResponse,
+    ScoreRequest, ScoreResponse, SearchResponse, StoreFeedbackRequest, StoreFeedbackResponse,
+    UpsertRequest, UpsertResponse, VectorSearchRequest,
 };
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -501,6 +501,8 @@ pub struct Downstreams {
     pub store_feedback: Down<StoreFeedbackRequest, StoreFeedbackResponse>,
     pub ppr: Down<PprRequest, PprResponse>,
     pub contradictions: Down<ContradictionsRequest, ContradictionsResponse>,
+    /// Causal expansion for working-memory fallback (`GetMemory`).
+    pub neighbors: Down<NeighborsRequest, NeighborsResponse>,
     pub score: Down<ScoreRequest, ScoreResponse>,
     /// The gateway's registry: downstream families and the pipeline's.
     pub metrics: Arc<Metrics>,
@@ -559,6 +561,7 @@ impl Downstreams {
         let s_feedback = spec("search.store_feedback", Duration::from_secs(2), false, 4);
         let s_ppr = spec("graph.ppr", ms(p.graph_timeout_ms), true, 32);
         let s_contra = spec("graph.contradictions", ms(p.graph_timeout_ms), true, 32);
+        let s_neighbors = spec("graph.neighbors", ms(p.graph_timeout_ms), true, 32);
         let s_score = spec("rerank.score", ms(p.rerank_timeout_ms), false, 16);
         let bs = b.budget_search.clone();
         let bg = b.budget_graph.clone();
@@ -648,8 +651,18 @@ impl Downstreams {
             contradictions: b.add(
                 &s_contra,
                 &bg,
-                rpc(graph, token.clone(), s_contra.timeout, |mut c, r| {
-                    Box::pin(async move { c.contradictions(r).await })
+                rpc(
+                    graph.clone(),
+                    token.clone(),
+                    s_contra.timeout,
+                    |mut c, r| Box::pin(async move { c.contradictions(r).await }),
+                ),
+            ),
+            neighbors: b.add(
+                &s_neighbors,
+                &bg,
+                rpc(graph, token.clone(), s_neighbors.timeout, |mut c, r| {
+                    Box::pin(async move { c.neighbors(r).await })
                 }),
             ),
             score: b.add(

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod cache;
 pub mod conversation;
 pub mod decompose;
+pub mod demand;
 pub mod downstream;
 pub mod error;
 pub mod evidence;
@@ -20,6 +21,7 @@ pub mod router;
 pub mod search;
 pub mod service;
 pub mod validation;
+pub mod working;
 
 use std::future::Future;
 
@@ -27,6 +29,7 @@ use engram_common::Settings;
 use engram_proto::knowledge_foundry_service_server::KnowledgeFoundryServiceServer;
 use engram_proto::memory_service_server::MemoryServiceServer;
 use engram_proto::retrieval_service_server::RetrievalServiceServer;
+use engram_proto::working_memory_service_server::WorkingMemoryServiceServer;
 use tokio::net::TcpListener;
 use tonic::service::Routes;
 
@@ -64,12 +67,18 @@ pub async fn serve_gateway(
         .await;
     reporter.set_serving::<MemoryServiceServer<Gateway>>().await;
     reporter
+        .set_serving::<WorkingMemoryServiceServer<working::Working>>()
+        .await;
+    reporter
         .set_serving::<KnowledgeFoundryServiceServer<foundry::Foundry>>()
         .await;
     let routes = Routes::new(RetrievalServiceServer::new(conversation::FailOpen(
         gateway.clone(),
     )))
     .add_service(KnowledgeFoundryServiceServer::new(foundry::Foundry(
+        gateway.clone(),
+    )))
+    .add_service(WorkingMemoryServiceServer::new(working::Working(
         gateway.clone(),
     )))
     .add_service(MemoryServiceServer::new(gateway));

@@ -174,6 +174,12 @@ impl Metrics {
         }
     }
 
+    /// Lets other gateway modules (demand tracking, working memory) add
+    /// their families to the same per-gateway registry.
+    pub fn register(&self, c: Box<dyn prometheus::core::Collector>) -> prometheus::Result<()> {
+        self.registry.register(c)
+    }
+
     /// Prometheus text of the registry after refreshing scrape-time gauges.
     pub fn render(
         &self,

@@ -23,6 +23,7 @@ use tracing::Instrument;
 use crate::assembly;
 use crate::auth::Authenticator;
 use crate::cache::{CacheKey, Caches};
+use crate::demand::{Demand, Shape, Surface};
 use crate::downstream::{DownstreamError, Downstreams, call};
 use crate::error::Error;
 use crate::feedback::{FeedbackQueue, QUEUE_CAPACITY};
@@ -30,6 +31,7 @@ use crate::llm::LlmClient;
 use crate::router::{self, Mode, Query, Raw, Route};
 use crate::search::{self, Plan};
 use crate::validation;
+use crate::working::{self, WorkingMemory, WorkingWrite};
 
 /// Below this, an attempt's answer is "low" and the next attempt broadens.
 const LOW_CONFIDENCE: f32 = 0.05;
@@ -51,6 +53,8 @@ struct Inner {
     caches: Caches,
     feedback: FeedbackQueue,
     llm_opt: Option<LlmClient>,
+    working: WorkingMemory,
+    demand: Demand,
 }
 
 /// What one attempt produced.
@@ -150,10 +154,10 @@ fn broaden(f: &Filters) -> Filters {
 impl Gateway {
     pub fn new(settings: Settings) -> anyhow::Result<Self> {
         let ds = Downstreams::connect(&settings)?;
-        Ok(Self::with_downstreams(settings, ds))
+        Self::with_downstreams(settings, ds)
     }
 
-    pub fn with_downstreams(settings: Settings, ds: Downstreams) -> Self {
+    pub fn with_downstreams(settings: Settings, ds: Downstreams) -> anyhow::Result<Self> {
         let p = &settings.pipeline;
         let caches = Caches::new(Duration::from_millis(p.cache_ttl_ms), p.cache_similarity);
         let feedback = FeedbackQueue::spawn(ds.clone(), QUEUE_CAPACITY);
@@ -162,7 +166,14 @@ impl Gateway {
             tracing::warn!(error = %e, "llm client unavailable, rule-based paths only");
             None
         });
-        Self {
+        let working = WorkingMemory::new(&settings.working)?;
+        working.register(&ds.metrics)?;
+        let demand = Demand::new(
+            settings.working.demand_threshold,
+            settings.working.max_demand_shapes,
+        )?;
+        demand.register(&ds.metrics)?;
+        Ok(Self {
             inner: Arc::new(Inner {
                 settings,
                 ds,
@@ -170,8 +181,20 @@ impl Gateway {
                 caches,
                 feedback,
                 llm_opt,
+                working,
+                demand,
             }),
-        }
+        })
+    }
+
+    /// Layer 6's in-process session store.
+    pub fn working(&self) -> &WorkingMemory {
+        &self.inner.working
+    }
+
+    /// Retrieval shape counters (every Retrieve and GetMemory).
+    pub fn demand(&self) -> &Demand {
+        &self.inner.demand
     }
 
     /// The optional LLM endpoint; `None` unless `[llm] endpoint_opt` is set.
@@ -228,8 +251,33 @@ impl Gateway {
     }
 
     /// The whole pipeline for an authenticated, validated query; every
-    /// outcome is counted and logged once.
+    /// outcome is counted and logged once, and its shape counted as demand.
     pub async fn retrieve(
+        &self,
+        identity: Identity,
+        q: Query,
+        start: Instant,
+        deadline: Instant,
+    ) -> Result<RetrieveResponse, Error> {
+        let tenant = identity.tenant.clone();
+        let requested = Shape::requested_of_retrieve(&q);
+        let r = self.retrieve_unobserved(identity, q, start, deadline).await;
+        if let Ok(resp) = &r
+            && resp.skip_reason != SkipReason::ContextSufficient as i32
+            && resp.skip_reason != SkipReason::NoRetrievalNeeded as i32
+        {
+            let shape = Shape {
+                requested,
+                observed: Shape::observed_of(&resp.records),
+            };
+            self.inner.demand.observe(&tenant, Surface::Retrieve, shape);
+        }
+        r
+    }
+
+    /// [`Self::retrieve`] without the demand count, for surfaces (GetMemory)
+    /// that count their own shape.
+    pub(crate) async fn retrieve_unobserved(
         &self,
         identity: Identity,
         q: Query,
@@ -848,14 +896,41 @@ impl MemoryService for Gateway {
         for m in &req.memories {
             Self::check_write_trust(&identity, m.access_level, "memories.access_level")?;
         }
+        // Working-scope memories stay in this process; the rest go to
+        // search-svc. Every working one is validated before anything is written.
+        let mut working_at = Vec::new();
+        let mut writes = Vec::new();
+        let mut stored = Vec::with_capacity(req.memories.len());
+        for (i, m) in req.memories.into_iter().enumerate() {
+            if working::is_working(&m) {
+                working_at.push(i);
+                writes.push(WorkingWrite::from_memory(m, &self.inner.settings.working)?);
+            } else {
+                stored.push(m);
+            }
+        }
         let tenant = identity.tenant.clone();
         let identity = Arc::new(identity);
-        let r = call(&self.inner.ds.upsert, &identity, req).await;
-        // Even a failed batch may have written part of it.
-        self.inner.caches.invalidate_tenant(&tenant);
-        let r = r.map_err(|e| ds_err("search", e))?;
-        tracing::info!(tenant = %tenant, count = r.results.len(), "upserted memories");
-        Ok(Response::new(r))
+        let mut results = Vec::new();
+        if !stored.is_empty() {
+            let r = call(
+                &self.inner.ds.upsert,
+                &identity,
+                UpsertRequest { memories: stored },
+            )
+            .await;
+            // Even a failed batch may have written part of it.
+            self.inner.caches.invalidate_tenant(&tenant);
+            results = r.map_err(|e| ds_err("search", e))?.results;
+            tracing::info!(tenant = %tenant, count = results.len(), "upserted memories");
+        }
+        if !writes.is_empty() {
+            let wm = self.write_working(&identity, writes).await;
+            for (i, r) in working_at.into_iter().zip(wm) {
+                results.insert(i.min(results.len()), r);
+            }
+        }
+        Ok(Response::new(UpsertResponse { results }))
     }
 
     async fn delete(
@@ -870,9 +945,11 @@ impl MemoryService for Gateway {
             );
         }
         let tenant = identity.tenant.clone();
+        let from_working = self.inner.working.delete(&identity, &req.ids);
         let r = call(&self.inner.ds.delete, &Arc::new(identity), req).await;
         self.inner.caches.invalidate_tenant(&tenant);
-        let r = r.map_err(|e| ds_err("search", e))?;
+        let mut r = r.map_err(|e| ds_err("search", e))?;
+        r.deleted += from_working;
         tracing::info!(tenant = %tenant, count = r.deleted, "deleted memories");
         Ok(Response::new(r))
     }
