@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use engram_common::AccessLevel;
 use engram_proto::{DemandShape, Filters, GetDemandResponse, ScoredMemory};
 use parking_lot::Mutex;
 use prometheus::{IntCounterVec, IntGauge, Opts};
@@ -139,11 +140,14 @@ struct Counted {
     count: u64,
 }
 
+/// Shapes are kept per trust level of the caller that produced them: the
+/// observed memory types of a sensitive caller's retrievals are themselves
+/// information, so a caller only ever sees shapes counted at its level or
+/// below (summed over those levels).
 #[derive(Default)]
 struct TenantDemand {
-    shapes: HashMap<String, Counted>,
-    observations: u64,
-    candidates: u32,
+    shapes: HashMap<(i16, String), Counted>,
+    observations: HashMap<i16, u64>,
 }
 
 pub struct Demand {
@@ -202,16 +206,16 @@ impl Demand {
 
     /// Counts one retrieval; cheap (one short lock), so it runs inline on
     /// the request path.
-    pub fn observe(&self, tenant: &str, surface: Surface, shape: Shape) {
+    pub fn observe(&self, tenant: &str, trust: AccessLevel, surface: Surface, shape: Shape) {
         self.observed.with_label_values(&[surface.label()]).inc();
-        let key = shape.key();
+        let key = (trust.as_i16(), shape.key());
         let mut tenants = self.tenants.lock();
         if !tenants.contains_key(tenant) && tenants.len() >= MAX_TENANTS {
             self.dropped.with_label_values(&["tenants"]).inc();
             return;
         }
         let t = tenants.entry(tenant.to_string()).or_default();
-        t.observations += 1;
+        *t.observations.entry(trust.as_i16()).or_default() += 1;
         let n = t.shapes.len();
         let c = match t.shapes.get_mut(&key) {
             Some(c) => c,
@@ -226,7 +230,6 @@ impl Demand {
         };
         c.count += 1;
         if c.count == self.threshold {
-            t.candidates += 1;
             self.candidates.inc();
             tracing::info!(
                 tenant = %tenant,
@@ -237,8 +240,9 @@ impl Demand {
         }
     }
 
-    /// The tenant's shapes, most requested first (ties by shape key).
-    pub fn snapshot(&self, tenant: &str, limit: usize) -> GetDemandResponse {
+    /// The tenant's shapes counted at `trust` or below, most requested first
+    /// (ties by shape key).
+    pub fn snapshot(&self, tenant: &str, trust: AccessLevel, limit: usize) -> GetDemandResponse {
         let tenants = self.tenants.lock();
         let Some(t) = tenants.get(tenant) else {
             return GetDemandResponse {
@@ -246,23 +250,35 @@ impl Demand {
                 ..Default::default()
             };
         };
-        let mut shapes: Vec<DemandShape> = t
-            .shapes
-            .iter()
-            .map(|(k, c)| DemandShape {
-                shape: k.clone(),
-                requested: c.shape.requested.iter().cloned().collect(),
-                observed_types: c.shape.observed.iter().cloned().collect(),
-                count: c.count,
-                concept_candidate: c.count >= self.threshold,
+        let level = trust.as_i16();
+        let mut merged: HashMap<&str, (&Shape, u64)> = HashMap::new();
+        for ((l, k), c) in &t.shapes {
+            if *l <= level {
+                merged.entry(k.as_str()).or_insert((&c.shape, 0)).1 += c.count;
+            }
+        }
+        let mut shapes: Vec<DemandShape> = merged
+            .into_iter()
+            .map(|(k, (shape, count))| DemandShape {
+                shape: k.to_string(),
+                requested: shape.requested.iter().cloned().collect(),
+                observed_types: shape.observed.iter().cloned().collect(),
+                count,
+                concept_candidate: count >= self.threshold,
             })
             .collect();
+        let candidates = shapes.iter().filter(|s| s.concept_candidate).count();
         shapes.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.shape.cmp(&b.shape)));
         shapes.truncate(limit);
         GetDemandResponse {
             shapes,
-            observations: t.observations,
-            concept_candidates: t.candidates,
+            observations: t
+                .observations
+                .iter()
+                .filter(|(l, _)| **l <= level)
+                .map(|(_, n)| n)
+                .sum(),
+            concept_candidates: u32::try_from(candidates).unwrap_or(u32::MAX),
             threshold: self.threshold,
         }
     }
@@ -292,20 +308,47 @@ mod tests {
     fn threshold_makes_a_candidate_per_tenant() {
         let d = Demand::new(3, 10).expect("metrics");
         for _ in 0..2 {
-            d.observe("t1", Surface::Retrieve, shape(&["a"], &["episodic"]));
+            d.observe(
+                "t1",
+                AccessLevel::Internal,
+                Surface::Retrieve,
+                shape(&["a"], &["episodic"]),
+            );
         }
-        d.observe("t2", Surface::Retrieve, shape(&["a"], &["episodic"]));
-        let s = d.snapshot("t1", 10);
+        d.observe(
+            "t2",
+            AccessLevel::Internal,
+            Surface::Retrieve,
+            shape(&["a"], &["episodic"]),
+        );
+        let s = d.snapshot("t1", AccessLevel::Internal, 10);
         assert_eq!(s.concept_candidates, 0);
         assert_eq!(s.shapes[0].count, 2);
-        d.observe("t1", Surface::GetMemory, shape(&["a"], &["episodic"]));
-        d.observe("t1", Surface::GetMemory, shape(&["a"], &["episodic"]));
-        let s = d.snapshot("t1", 10);
+        d.observe(
+            "t1",
+            AccessLevel::Internal,
+            Surface::GetMemory,
+            shape(&["a"], &["episodic"]),
+        );
+        d.observe(
+            "t1",
+            AccessLevel::Internal,
+            Surface::GetMemory,
+            shape(&["a"], &["episodic"]),
+        );
+        let s = d.snapshot("t1", AccessLevel::Internal, 10);
         assert_eq!(s.concept_candidates, 1);
         assert_eq!(s.observations, 4);
         assert!(s.shapes[0].concept_candidate);
-        assert_eq!(d.snapshot("t2", 10).shapes[0].count, 1);
-        assert!(d.snapshot("t3", 10).shapes.is_empty());
+        assert_eq!(
+            d.snapshot("t2", AccessLevel::Internal, 10).shapes[0].count,
+            1
+        );
+        assert!(
+            d.snapshot("t3", AccessLevel::Internal, 10)
+                .shapes
+                .is_empty()
+        );
         assert_eq!(d.candidates.get(), 1);
     }
 
@@ -313,11 +356,47 @@ mod tests {
     fn shape_table_is_bounded() {
         let d = Demand::new(5, 2).expect("metrics");
         for i in 0..5 {
-            d.observe("t", Surface::Retrieve, shape(&[&i.to_string()], &[]));
+            d.observe(
+                "t",
+                AccessLevel::Internal,
+                Surface::Retrieve,
+                shape(&[&i.to_string()], &[]),
+            );
         }
-        let s = d.snapshot("t", 10);
+        let s = d.snapshot("t", AccessLevel::Internal, 10);
         assert_eq!(s.shapes.len(), 2);
         assert_eq!(s.observations, 5);
         assert_eq!(d.dropped.with_label_values(&["shapes"]).get(), 3);
+    }
+
+    #[test]
+    fn a_caller_sees_only_shapes_counted_at_its_level_or_below() {
+        let d = Demand::new(2, 10).expect("metrics");
+        d.observe(
+            "t",
+            AccessLevel::Sensitive,
+            Surface::Retrieve,
+            shape(&["a"], &["secret"]),
+        );
+        d.observe(
+            "t",
+            AccessLevel::Public,
+            Surface::Retrieve,
+            shape(&["a"], &["note"]),
+        );
+        d.observe(
+            "t",
+            AccessLevel::Internal,
+            Surface::Retrieve,
+            shape(&["a"], &["note"]),
+        );
+        let low = d.snapshot("t", AccessLevel::Public, 10);
+        assert_eq!(low.shapes.len(), 1);
+        assert_eq!(low.shapes[0].observed_types, vec!["note".to_string()]);
+        assert_eq!((low.shapes[0].count, low.observations), (1, 1));
+        let mid = d.snapshot("t", AccessLevel::Internal, 10);
+        assert_eq!((mid.shapes[0].count, mid.concept_candidates), (2, 1));
+        let high = d.snapshot("t", AccessLevel::Sensitive, 10);
+        assert_eq!((high.shapes.len(), high.observations), (2, 3));
     }
 }

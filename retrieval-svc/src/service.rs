@@ -260,6 +260,7 @@ impl Gateway {
         deadline: Instant,
     ) -> Result<RetrieveResponse, Error> {
         let tenant = identity.tenant.clone();
+        let trust = identity.trust;
         let requested = Shape::requested_of_retrieve(&q);
         let r = self.retrieve_unobserved(identity, q, start, deadline).await;
         if let Ok(resp) = &r
@@ -270,7 +271,9 @@ impl Gateway {
                 requested,
                 observed: Shape::observed_of(&resp.records),
             };
-            self.inner.demand.observe(&tenant, Surface::Retrieve, shape);
+            self.inner
+                .demand
+                .observe(&tenant, trust, Surface::Retrieve, shape);
         }
         r
     }

@@ -763,6 +763,7 @@ impl Gateway {
         let observed = resp.items.iter().map(|i| i.memory_type.clone()).collect();
         self.demand().observe(
             &identity.tenant,
+            identity.trust,
             Surface::GetMemory,
             Shape {
                 requested,
@@ -1113,9 +1114,11 @@ impl WorkingMemoryService for Working {
             )
             .into());
         }
-        Ok(Response::new(
-            self.0.demand().snapshot(&identity.tenant, limit as usize),
-        ))
+        Ok(Response::new(self.0.demand().snapshot(
+            &identity.tenant,
+            identity.trust,
+            limit as usize,
+        )))
     }
 }
 
