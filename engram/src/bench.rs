@@ -33,8 +33,8 @@ use rand::SeedableRng;
 
 use crate::client::Client;
 use crate::eval::{load_2wiki, percentile};
-use crate::stack::{Service, Stack};
 use crate::split::SplitStack;
+use crate::stack::{Service, Stack};
 
 pub struct BenchArgs {
     pub memories: usize,
@@ -547,12 +547,28 @@ pub async fn run(
     let mut stages: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut degraded: BTreeMap<String, usize> = BTreeMap::new();
     let mut errors: BTreeMap<String, usize> = BTreeMap::new();
-    for (label, skip_rerank) in [("no_rerank", true), ("rerank", false)] {
+    // The contract's passes run at the requested concurrency; the sequential
+    // ones (one query in flight) show latency without queueing, which on
+    // two cores is most of the concurrent numbers.
+    let mut seq = serde_json::Map::new();
+    let mut seq_stages: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let n_seq = args.queries.min(300);
+    for (label, skip_rerank, sequential) in [
+        ("no_rerank", true, false),
+        ("rerank", false, false),
+        ("no_rerank", true, true),
+        ("rerank", false, true),
+    ] {
+        let (n, conc) = if sequential {
+            (n_seq, 1)
+        } else {
+            (args.queries, args.concurrency.max(1))
+        };
         if progress {
-            eprintln!("{} queries, {label}", args.queries);
+            eprintln!("{n} queries, {label}, concurrency {conc}");
         }
         let t = Instant::now();
-        let results: Vec<anyhow::Result<Timed>> = futures::stream::iter(0..args.queries)
+        let results: Vec<anyhow::Result<Timed>> = futures::stream::iter(0..n)
             .map(|i| {
                 let mut c = client.clone();
                 let text = questions[i % questions.len()].clone();
@@ -588,29 +604,40 @@ pub async fn run(
                     anyhow::Ok((t.elapsed().as_secs_f64() * 1000.0, st))
                 }
             })
-            .buffer_unordered(args.concurrency.max(1))
+            .buffer_unordered(conc)
             .collect()
             .await;
         let wall = t.elapsed().as_secs_f64();
+        let tag = if sequential {
+            format!("sequential_{label}")
+        } else {
+            label.to_string()
+        };
         let mut lat = Vec::new();
         for r in results {
             let (ms, st) = r?;
             lat.push(ms);
             for (stage, v) in st {
                 if let Some(code) = stage.strip_prefix("error:") {
-                    *errors.entry(format!("{label}:{code}")).or_default() += 1;
+                    *errors.entry(format!("{tag}:{code}")).or_default() += 1;
                 } else if let Some(d) = stage.strip_prefix("degraded:") {
-                    *degraded.entry(format!("{label}:{d}")).or_default() += 1;
+                    *degraded.entry(format!("{tag}:{d}")).or_default() += 1;
+                } else if skip_rerank && sequential {
+                    seq_stages.entry(stage).or_default().push(v);
                 } else if skip_rerank {
                     stages.entry(stage).or_default().push(v);
                 }
             }
         }
-        qps.insert(
-            label.into(),
-            serde_json::json!(round1(lat.len() as f64 / wall)),
-        );
-        e2e.insert(label.into(), pcts(&mut lat));
+        if sequential {
+            seq.insert(label.into(), pcts(&mut lat));
+        } else {
+            qps.insert(
+                label.into(),
+                serde_json::json!(round1(lat.len() as f64 / wall)),
+            );
+            e2e.insert(label.into(), pcts(&mut lat));
+        }
     }
 
     // Floor: a bare pgvector top-10 on the same rows, same tenant predicate
@@ -646,13 +673,16 @@ pub async fn run(
         Err(e) => serde_json::json!(format!("failed: {e:#}")),
     };
 
-    let stages_ms: serde_json::Map<String, serde_json::Value> = stages
-        .into_iter()
-        .map(|(k, mut v)| {
-            let p = pcts(&mut v);
-            (k, serde_json::json!({"p50": p["p50"], "p95": p["p95"]}))
-        })
-        .collect();
+    let stage_pcts = |m: BTreeMap<String, Vec<f64>>| -> serde_json::Map<String, serde_json::Value> {
+        m.into_iter()
+            .map(|(k, mut v)| {
+                let p = pcts(&mut v);
+                (k, serde_json::json!({"p50": p["p50"], "p95": p["p95"]}))
+            })
+            .collect()
+    };
+    let stages_ms = stage_pcts(stages);
+    let seq_stages_ms = stage_pcts(seq_stages);
     let ratio = |p: &str| {
         let f = floor[p].as_f64().unwrap_or(0.0);
         let e = e2e
@@ -670,6 +700,7 @@ pub async fn run(
         "qps": qps,
         "floor_ms": {"p50": floor["p50"], "p95": floor["p95"]},
         "stages_ms": stages_ms,
+        "sequential": {"queries": n_seq, "e2e_ms": seq, "stages_ms": seq_stages_ms},
         "rss_mb": stack.rss_mb(),
         "rss_note": match stack {
             Target::InProcess(_) => "--in-process: all services share this process; the value is its peak RSS (VmHWM), Postgres excluded",
