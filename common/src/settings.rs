@@ -225,6 +225,10 @@ pub struct GraphSettings {
     pub debounce_ms: u64,
     /// Upper bound on how long a burst of notifications can defer a rebuild.
     pub max_debounce_ms: u64,
+    /// Tenants whose graphs load in the background at start, so their first
+    /// query does not pay the load (seconds at 100K memories); `["*"]` =
+    /// every tenant with memories in Postgres at start.
+    pub preload_tenants: Vec<String>,
 }
 
 impl Default for GraphSettings {
@@ -241,6 +245,7 @@ impl Default for GraphSettings {
             home_weight: 5.0,
             debounce_ms: 300,
             max_debounce_ms: 3000,
+            preload_tenants: Vec::new(),
         }
     }
 }
@@ -248,7 +253,8 @@ impl Default for GraphSettings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RerankSettings {
-    /// Max tokens per (query, passage) pair.
+    /// Max tokens per (query, passage) pair. 128 keeps the same 2Wiki dev
+    /// recall as 256 at ~60 % of the cost (docs/benchmarks.md).
     pub max_length: usize,
     /// Requests allowed to wait for the model before ResourceExhausted.
     pub queue_capacity: usize,
@@ -257,7 +263,7 @@ pub struct RerankSettings {
 impl Default for RerankSettings {
     fn default() -> Self {
         Self {
-            max_length: 256,
+            max_length: 128,
             queue_capacity: 32,
         }
     }
