@@ -44,6 +44,9 @@ pub struct View {
     now: i64,
     /// The caller sees every memory: degrees need no recount.
     sees_all: bool,
+    /// Visibility is by access level alone (every namespace, nothing
+    /// historical to hide): index of the [`LevelTable`] to read.
+    level_opt: Option<usize>,
 }
 
 /// The tenant's entity names, fixed before memories are matched.
@@ -287,7 +290,10 @@ impl GraphBuilder {
         let mut wdeg = vec![0f32; n];
         for u in 0..n {
             let row = &mut adj[offsets[u]..offsets[u + 1]];
-            row.sort_unstable_by_key(|x| x.0);
+            // Parallel edges in a key both directions share, so an edge and
+            // its twin sit at the same position among them (the walk relies
+            // on it when it reads a hub's edges from its neighbours' rows).
+            row.sort_unstable_by_key(|x| (x.0, x.3, x.2, x.1.to_bits()));
             wdeg[u] = row.iter().map(|x| x.1).sum();
         }
         let max_access = self.attrs.iter().map(|a| a.access_level).max().unwrap_or(1);
@@ -295,6 +301,84 @@ impl GraphBuilder {
             .attrs
             .iter()
             .any(|a| a.retracted || a.valid_to_opt.is_some());
+        let mut mention_df = vec![0u32; n_ent];
+        let mut has_home = vec![false; n_ent];
+        for (e, (df, home)) in mention_df.iter_mut().zip(&mut has_home).enumerate() {
+            let u = m + e;
+            for k in &adj[offsets[u]..offsets[u + 1]] {
+                if k.3 == KIND_MENTION || k.3 == KIND_HOME {
+                    *df += 1;
+                    *home |= k.3 == KIND_HOME;
+                }
+            }
+        }
+        let mut by_level: HashMap<(u32, i16), LevelCount> = HashMap::new();
+        for a in &self.attrs {
+            let c = by_level
+                .entry((a.namespace, a.access_level))
+                .or_insert_with(|| LevelCount {
+                    namespace: a.namespace,
+                    access_level: a.access_level,
+                    all: 0,
+                    current: 0,
+                    valid_to: Vec::new(),
+                });
+            c.all += 1;
+            if !a.retracted {
+                match a.valid_to_opt {
+                    None => c.current += 1,
+                    Some(t) => c.valid_to.push(t),
+                }
+            }
+        }
+        let mut counts: Vec<LevelCount> = by_level.into_values().collect();
+        counts.sort_by_key(|c| (c.namespace, c.access_level));
+        for c in &mut counts {
+            c.valid_to.sort_unstable();
+        }
+        let levels: Vec<i16> = self.attrs.iter().map(|a| a.access_level).collect();
+        let mut distinct: Vec<i16> = levels.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        distinct.retain(|&l| l < max_access);
+        if distinct.len() > MAX_LEVEL_TABLES {
+            // Not the schema's 1..=4: restricted callers rescan rows.
+            distinct.clear();
+        }
+        let level_tables: Vec<LevelTable> = distinct
+            .iter()
+            .copied()
+            .map(|level| {
+                let sees = |x: u32| x == NO_GATE || x as usize >= m || levels[x as usize] <= level;
+                let vis = |k: &(u32, f32, u32, u16)| sees(k.2) && sees(k.0);
+                let vdeg = (0..n)
+                    .map(|u| {
+                        adj[offsets[u]..offsets[u + 1]]
+                            .iter()
+                            .filter(|k| vis(k))
+                            .map(|k| f64::from(k.1))
+                            .sum()
+                    })
+                    .collect();
+                let mut df = vec![0u32; n_ent];
+                let mut has_home = vec![false; n_ent];
+                for (e, (df, home)) in df.iter_mut().zip(&mut has_home).enumerate() {
+                    let u = m + e;
+                    for k in &adj[offsets[u]..offsets[u + 1]] {
+                        if (k.3 == KIND_MENTION || k.3 == KIND_HOME) && vis(k) {
+                            *df += 1;
+                            *home |= k.3 == KIND_HOME;
+                        }
+                    }
+                }
+                LevelTable {
+                    level,
+                    vdeg,
+                    df,
+                    has_home,
+                }
+            })
+            .collect();
         Graph {
             memory_ids: self.memory_ids,
             memory_index: self.memory_index,
@@ -311,6 +395,12 @@ impl GraphBuilder {
             undirected_edges: und.len(),
             max_access,
             any_historical,
+            mention_df,
+            has_home,
+            counts,
+            levels,
+            level_tables,
+            scratch: parking_lot::Mutex::new(Vec::new()),
         }
     }
 }
@@ -332,6 +422,94 @@ pub struct Graph {
     undirected_edges: usize,
     max_access: i16,
     any_historical: bool,
+    /// Per entity: memories mentioning it and whether one is its home, for
+    /// callers who see everything (linking a hub is then O(1)).
+    mention_df: Vec<u32>,
+    has_home: Vec<bool>,
+    /// Memory counts by (namespace, access level), so the visible count
+    /// (`PprResponse.memory_count`) never walks every memory.
+    counts: Vec<LevelCount>,
+    /// Access level per memory (compact, for level-only views).
+    levels: Vec<i16>,
+    /// One per access level below the highest (a few at most).
+    level_tables: Vec<LevelTable>,
+    /// Node-indexed scratch maps, one per concurrent walk, reused so a walk
+    /// allocates nothing of graph size and never hashes.
+    scratch: parking_lot::Mutex<Vec<Scratch>>,
+}
+
+/// What a caller who sees exactly the memories of level ≤ `level` sees,
+/// precomputed so restricted walks never rescan a hub's row.
+#[derive(Debug, Clone)]
+struct LevelTable {
+    level: i16,
+    /// Visible weighted degree per node, summed as the walk would.
+    vdeg: Vec<f64>,
+    /// Per entity: visible mentions, and whether one is a home mention.
+    df: Vec<u32>,
+    has_home: Vec<bool>,
+}
+
+/// Memories of one (namespace, access level).
+#[derive(Debug, Clone)]
+struct LevelCount {
+    namespace: u32,
+    access_level: i16,
+    all: usize,
+    /// Neither retracted nor with an end of validity.
+    current: usize,
+    /// Ends of validity (sorted) of the unretracted memories that have one.
+    valid_to: Vec<i64>,
+}
+
+/// Graph node → local index of the current walk. A bitmap says which nodes
+/// are touched (27 KB at 200K nodes: it stays in L1, and most lookups of a
+/// row scan are misses it answers); only touched nodes read `slot`. Both
+/// are cleared through the touched list, so reuse costs O(touched).
+#[derive(Default)]
+struct Scratch {
+    bits: Vec<u64>,
+    slot: Vec<u32>,
+    touched: Vec<u32>,
+}
+
+/// A walk's view of a [`Scratch`]: the touched set's node → local index.
+struct LocalIndex {
+    scratch: Scratch,
+}
+
+impl LocalIndex {
+    fn new(mut scratch: Scratch, nodes: usize) -> Self {
+        if scratch.slot.len() != nodes {
+            scratch.bits = vec![0; nodes.div_ceil(64)];
+            scratch.slot = vec![0; nodes];
+            scratch.touched.clear();
+        }
+        Self { scratch }
+    }
+
+    #[inline]
+    fn get(&self, v: u32) -> Option<u32> {
+        let v = v as usize;
+        (self.scratch.bits[v >> 6] & (1u64 << (v & 63)) != 0).then(|| self.scratch.slot[v])
+    }
+
+    #[inline]
+    fn insert(&mut self, v: u32, li: u32) {
+        let i = v as usize;
+        self.scratch.bits[i >> 6] |= 1u64 << (i & 63);
+        self.scratch.slot[i] = li;
+        self.scratch.touched.push(v);
+    }
+
+    /// Empties the map for the next walk.
+    fn finish(mut self) -> Scratch {
+        for &v in &self.scratch.touched {
+            self.scratch.bits[v as usize >> 6] = 0;
+        }
+        self.scratch.touched.clear();
+        self.scratch
+    }
 }
 
 /// A memory an entity walk found, with the entities that sent it most mass.
@@ -362,6 +540,10 @@ pub enum NodeBudget {
 }
 
 const ENTITY_FACTOR: usize = 20;
+/// Access levels below the highest that get precomputed degrees.
+const MAX_LEVEL_TABLES: usize = 4;
+/// Scratch maps kept per graph: more concurrent walks allocate their own.
+const MAX_SCRATCH: usize = 16;
 
 #[derive(Debug, Clone)]
 pub struct PprParams {
@@ -418,6 +600,11 @@ impl Graph {
         self.undirected_edges
     }
 
+    /// Number of stored edges at node `n` (both directions), for diagnostics.
+    pub fn degree(&self, n: u32) -> usize {
+        self.edges(n).len()
+    }
+
     pub fn memory_id(&self, m: u32) -> Uuid {
         self.memory_ids[m as usize]
     }
@@ -461,12 +648,24 @@ impl Graph {
                 Some(Some(_)) => self.namespaces.len() <= 1,
                 Some(None) => self.memory_ids.is_empty(),
             };
+        let level_only = (include_historical || !self.any_historical)
+            && match namespace_opt {
+                None => true,
+                Some(Some(_)) => self.namespaces.len() <= 1,
+                Some(None) => false,
+            };
+        // The highest level at or below trust decides what a level-only
+        // caller sees (tables cover every level below the highest).
+        let level_opt = (level_only && !sees_all)
+            .then(|| self.level_tables.iter().rposition(|t| t.level <= trust))
+            .flatten();
         View {
             trust,
             namespace_opt,
             include_historical,
             now: unix_now(),
             sees_all,
+            level_opt,
         }
     }
 
@@ -489,11 +688,17 @@ impl Graph {
         !self.is_memory_node(n) || view.sees_all || self.memory_visible(n, view)
     }
 
+    #[inline]
     fn edge_visible(&self, e: usize, view: &View) -> bool {
         if view.sees_all {
             return true;
         }
         let g = self.gates[e];
+        if view.level_opt.is_some() {
+            let t = self.targets[e] as usize;
+            return (g == NO_GATE || self.levels[g as usize] <= view.trust)
+                && (t >= self.levels.len() || self.levels[t] <= view.trust);
+        }
         (g == NO_GATE || self.memory_visible(g, view)) && self.node_visible(self.targets[e], view)
     }
 
@@ -501,6 +706,9 @@ impl Graph {
     fn visible_degree(&self, n: u32, view: &View) -> f64 {
         if view.sees_all {
             return f64::from(self.wdeg[n as usize]);
+        }
+        if let Some(t) = view.level_opt {
+            return self.level_tables[t].vdeg[n as usize];
         }
         self.edges(n)
             .filter(|&e| self.edge_visible(e, view))
@@ -512,9 +720,23 @@ impl Graph {
         if view.sees_all {
             return self.memory_ids.len();
         }
-        (0..self.memory_ids.len() as u32)
-            .filter(|&m| self.memory_visible(m, view))
-            .count()
+        let ns_ok = |ns: u32| match view.namespace_opt {
+            None => true,
+            Some(Some(want)) => want == ns,
+            Some(None) => false,
+        };
+        self.counts
+            .iter()
+            .filter(|c| c.access_level <= view.trust && ns_ok(c.namespace))
+            .map(|c| {
+                if view.include_historical {
+                    c.all
+                } else {
+                    // Valid while `valid_to > now`.
+                    c.current + c.valid_to.len() - c.valid_to.partition_point(|&t| t <= view.now)
+                }
+            })
+            .sum()
     }
 
     /// Entities named in `text`, with their document frequency among the
@@ -526,16 +748,23 @@ impl Graph {
         });
         let mut out = Vec::new();
         for (name, e) in found {
-            let node = self.entity_node(e);
-            let mut df = 0u32;
-            let mut has_home = false;
-            for idx in self.edges(node) {
-                let k = self.kinds[idx];
-                if (k == KIND_MENTION || k == KIND_HOME) && self.edge_visible(idx, view) {
-                    df += 1;
-                    has_home |= k == KIND_HOME;
+            let (df, has_home) = if view.sees_all {
+                (self.mention_df[e as usize], self.has_home[e as usize])
+            } else if let Some(t) = view.level_opt {
+                let t = &self.level_tables[t];
+                (t.df[e as usize], t.has_home[e as usize])
+            } else {
+                let mut df = 0u32;
+                let mut has_home = false;
+                for idx in self.edges(self.entity_node(e)) {
+                    let k = self.kinds[idx];
+                    if (k == KIND_MENTION || k == KIND_HOME) && self.edge_visible(idx, view) {
+                        df += 1;
+                        has_home |= k == KIND_HOME;
+                    }
                 }
-            }
+                (df, has_home)
+            };
             if df > 0 {
                 out.push(LinkedEntity {
                     entity: e,
@@ -566,8 +795,34 @@ impl Graph {
     ///    `max_iter` or an L1 change below `tol`.
     ///
     /// When the budget and hops cover the component this is exact PPR.
+    ///
+    /// Cost follows the touched set: the touched map is a reused bitmap +
+    /// slot array (no hashing, nothing of graph size allocated per call),
+    /// a push reads its row once, the local system reads a hub's edges from
+    /// its touched neighbours' rows instead of searching the hub's row for
+    /// every touched node, and restricted callers read precomputed
+    /// per-level degrees. `reference::ppr_reference` (tests) is the walk as
+    /// first written; the property test `walk_equals_the_reference_walk`
+    /// holds the two bit-for-bit equal.
     pub fn ppr(&self, seeds: &[(u32, f64)], view: &View, p: &PprParams) -> PprOutcome {
-        let mut local: HashMap<u32, u32> = HashMap::new();
+        let scratch = self.scratch.lock().pop().unwrap_or_default();
+        let mut local = LocalIndex::new(scratch, self.wdeg.len());
+        let out = self.ppr_in(&mut local, seeds, view, p);
+        let scratch = local.finish();
+        let mut pool = self.scratch.lock();
+        if pool.len() < MAX_SCRATCH {
+            pool.push(scratch);
+        }
+        out
+    }
+
+    fn ppr_in(
+        &self,
+        local: &mut LocalIndex,
+        seeds: &[(u32, f64)],
+        view: &View,
+        p: &PprParams,
+    ) -> PprOutcome {
         let mut nodes: Vec<u32> = Vec::new();
         let mut hop: Vec<u8> = Vec::new();
         let mut resid: Vec<f64> = Vec::new();
@@ -593,8 +848,8 @@ impl Graph {
             if w <= 0.0 || !self.node_visible(n, view) || (n as usize) >= self.wdeg.len() {
                 continue;
             }
-            let li = match local.get(&n) {
-                Some(&li) => li,
+            let li = match local.get(n) {
+                Some(li) => li,
                 None => {
                     let is_mem = self.is_memory_node(n);
                     if !fits(
@@ -635,7 +890,8 @@ impl Graph {
         let max_pushes = (p.max_iter as usize).max(1) * p.max_nodes.max(1);
         let max_scans = 4_000_000usize;
         let (mut pushes, mut scans) = (0usize, 0usize);
-        let mut new_nbrs: Vec<u32> = Vec::new();
+        // (neighbour, first edge, end of its edges) of a push's new neighbours.
+        let mut new_runs: Vec<(u32, u32, u32)> = Vec::new();
         while let Some((_, li)) = heap.pop() {
             let u = nodes[li as usize];
             let r = resid[li as usize];
@@ -664,43 +920,64 @@ impl Graph {
             let spread = d * r;
             let range = self.edges(u);
             scans += range.len();
-            // New neighbours first, to decide whether this push may admit.
-            new_nbrs.clear();
             let can_grow = hop[li as usize] < p.max_hops;
-            if can_grow {
-                for e in range.clone() {
-                    let v = self.targets[e];
-                    if !local.contains_key(&v) && self.edge_visible(e, view) {
-                        new_nbrs.push(v);
-                    }
+            // One pass: neighbours already touched take their share now;
+            // new visible ones (runs of edges to one target, rows being
+            // sorted by target) wait for the admission decision below.
+            new_runs.clear();
+            let mut e = range.start;
+            while e < range.end {
+                let v = self.targets[e];
+                let mut run_end = e + 1;
+                while run_end < range.end && self.targets[run_end] == v {
+                    run_end += 1;
                 }
-                new_nbrs.dedup();
+                match local.get(v) {
+                    Some(lv) => self.spread_run(
+                        e..run_end,
+                        lv,
+                        (spread, deg),
+                        eps,
+                        view,
+                        &mut resid,
+                        &mut heap,
+                    ),
+                    None if can_grow && (e..run_end).any(|x| self.edge_visible(x, view)) => {
+                        new_runs.push((v, e as u32, run_end as u32));
+                    }
+                    None => {}
+                }
+                e = run_end;
             }
-            let mut add_m = new_nbrs.iter().filter(|&&v| self.is_memory_node(v)).count();
-            let mut add_e = new_nbrs.len() - add_m;
+            let mut add_m = new_runs.iter().filter(|r| self.is_memory_node(r.0)).count();
+            let mut add_e = new_runs.len() - add_m;
             let mut admit = can_grow && fits(mem_count, ent_count, add_m, add_e);
             if can_grow && !admit && hop[li as usize] == 0 {
                 // A seed hub: its heaviest neighbours still deserve a look,
-                // within half of what the budget has left.
+                // within half of what the budget has left; ties by node, the
+                // first edge to a neighbour carrying its weight.
                 let left = match p.budget {
                     NodeBudget::AllNodes => p.max_nodes.saturating_sub(mem_count + ent_count),
                     NodeBudget::MemoryNodes => mem_cap
                         .saturating_sub(mem_count)
                         .min(ent_cap.saturating_sub(ent_count)),
                 };
-                let weight_of = |v: u32| {
-                    let row = &self.targets[range.clone()];
-                    let at = range.start + row.partition_point(|&t| t < v);
-                    self.weights[at]
+                let keep = (left / 2).min(new_runs.len());
+                let w = |r: &(u32, u32, u32)| self.weights[r.1 as usize];
+                let order = |a: &(u32, u32, u32), b: &(u32, u32, u32)| {
+                    w(b).total_cmp(&w(a)).then(a.0.cmp(&b.0))
                 };
-                new_nbrs.sort_by(|&a, &b| weight_of(b).total_cmp(&weight_of(a)).then(a.cmp(&b)));
-                new_nbrs.truncate(left / 2);
-                add_m = new_nbrs.iter().filter(|&&v| self.is_memory_node(v)).count();
-                add_e = new_nbrs.len() - add_m;
-                admit = !new_nbrs.is_empty();
+                if keep > 0 && keep < new_runs.len() {
+                    new_runs.select_nth_unstable_by(keep - 1, order);
+                }
+                new_runs.truncate(keep);
+                new_runs.sort_unstable_by(order);
+                add_m = new_runs.iter().filter(|r| self.is_memory_node(r.0)).count();
+                add_e = new_runs.len() - add_m;
+                admit = !new_runs.is_empty();
             }
             if admit {
-                for &v in &new_nbrs {
+                for &(v, lo, hi) in &new_runs {
                     let lv = nodes.len() as u32;
                     local.insert(v, lv);
                     nodes.push(v);
@@ -708,27 +985,23 @@ impl Graph {
                     resid.push(0.0);
                     vdeg.push(f64::NAN);
                     seed_mass.push(0.0);
+                    self.spread_run(
+                        lo as usize..hi as usize,
+                        lv,
+                        (spread, deg),
+                        eps,
+                        view,
+                        &mut resid,
+                        &mut heap,
+                    );
                 }
                 mem_count += add_m;
                 ent_count += add_e;
             }
-            for e in range {
-                let v = self.targets[e];
-                let Some(&lv) = local.get(&v) else { continue };
-                if !self.edge_visible(e, view) {
-                    continue;
-                }
-                let share = spread * f64::from(self.weights[e]) / deg;
-                resid[lv as usize] += share;
-                let vfull = f64::from(self.wdeg[v as usize]).max(1e-12);
-                if resid[lv as usize] > eps * vfull {
-                    heap.push((Pri(resid[lv as usize] / vfull), lv));
-                }
-            }
         }
         let x = self.solve_local(
             &nodes,
-            &local,
+            local,
             &mut vdeg,
             &seed_mass,
             view,
@@ -751,7 +1024,7 @@ impl Graph {
                     if self.is_memory_node(v) || !self.edge_visible(e, view) {
                         continue;
                     }
-                    if let Some(&lv) = local.get(&v) {
+                    if let Some(lv) = local.get(v) {
                         let deg = vdeg[lv as usize];
                         if deg > 0.0 {
                             via.push((
@@ -778,11 +1051,38 @@ impl Graph {
         }
     }
 
+    /// Adds a push's share along the visible edges `run` (all to local node
+    /// `lv`), queueing `lv` when its residual is worth a push.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn spread_run(
+        &self,
+        run: std::ops::Range<usize>,
+        lv: u32,
+        (spread, deg): (f64, f64),
+        eps: f64,
+        view: &View,
+        resid: &mut [f64],
+        heap: &mut BinaryHeap<(Pri, u32)>,
+    ) {
+        for e in run {
+            if !self.edge_visible(e, view) {
+                continue;
+            }
+            let v = self.targets[e];
+            resid[lv as usize] += spread * f64::from(self.weights[e]) / deg;
+            let vfull = f64::from(self.wdeg[v as usize]).max(1e-12);
+            if resid[lv as usize] > eps * vfull {
+                heap.push((Pri(resid[lv as usize] / vfull), lv));
+            }
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn solve_local(
         &self,
         nodes: &[u32],
-        local: &HashMap<u32, u32>,
+        local: &LocalIndex,
         vdeg: &mut [f64],
         seed: &[f64],
         view: &View,
@@ -790,40 +1090,96 @@ impl Graph {
         deadline_hit: &mut bool,
     ) -> Vec<f64> {
         let n = nodes.len();
-        // Local CSR of transition probabilities u -> v.
-        let mut off = Vec::with_capacity(n + 1);
-        let mut to: Vec<u32> = Vec::new();
-        let mut prob: Vec<f64> = Vec::new();
-        off.push(0usize);
         for (li, &u) in nodes.iter().enumerate() {
             if vdeg[li].is_nan() {
                 vdeg[li] = self.visible_degree(u, view);
             }
-            let deg = vdeg[li];
-            if deg > 0.0 {
+        }
+        // Local CSR of transition probabilities u -> v, sources in local
+        // order, each source's entries in the order of its row. Hub rows
+        // (longer than 4n) are never scanned: every edge is stored in both
+        // directions, so a hub's edges to other nodes come from those
+        // nodes' scans (a twin has the same weight, gate and position among
+        // parallel edges); hub-to-hub edges are looked up in the hub's row.
+        let hub_slot: Vec<u32> = {
+            let mut h = 0u32;
+            nodes
+                .iter()
+                .map(|&u| {
+                    if self.edges(u).len() > 4 * n {
+                        h += 1;
+                        h - 1
+                    } else {
+                        u32::MAX
+                    }
+                })
+                .collect()
+        };
+        let mut small_off = vec![0usize; n + 1];
+        let mut small: Vec<(u32, f64)> = Vec::new();
+        // (hub slot, target, probability), in scan order.
+        let mut from_hubs: Vec<(u32, u32, f64)> = Vec::new();
+        for (li, &u) in nodes.iter().enumerate() {
+            if hub_slot[li] == u32::MAX {
+                let deg = vdeg[li];
+                for e in self.edges(u) {
+                    let Some(lv) = local.get(self.targets[e]) else {
+                        continue;
+                    };
+                    if !self.edge_visible(e, view) {
+                        continue;
+                    }
+                    let w = f64::from(self.weights[e]);
+                    if deg > 0.0 {
+                        small.push((lv, w / deg));
+                    }
+                    let (hs, vd) = (hub_slot[lv as usize], vdeg[lv as usize]);
+                    if hs != u32::MAX && vd > 0.0 {
+                        from_hubs.push((hs, li as u32, w / vd));
+                    }
+                }
+            } else if vdeg[li] > 0.0 {
                 let range = self.edges(u);
-                if range.len() > 4 * n {
-                    // A hub: look each touched node up in its sorted row.
-                    let row = &self.targets[range.clone()];
-                    for (lv, &v) in nodes.iter().enumerate() {
-                        let lo = row.partition_point(|&t| t < v);
-                        let hi = row.partition_point(|&t| t <= v);
-                        for e in range.start + lo..range.start + hi {
-                            if self.edge_visible(e, view) {
-                                to.push(lv as u32);
-                                prob.push(f64::from(self.weights[e]) / deg);
-                            }
+                let row = &self.targets[range.clone()];
+                for (lv, &v) in nodes.iter().enumerate() {
+                    if hub_slot[lv] == u32::MAX {
+                        continue;
+                    }
+                    let lo = row.partition_point(|&t| t < v);
+                    for e in range.start + lo..range.end {
+                        if self.targets[e] != v {
+                            break;
+                        }
+                        if self.edge_visible(e, view) {
+                            from_hubs.push((
+                                hub_slot[li],
+                                lv as u32,
+                                f64::from(self.weights[e]) / vdeg[li],
+                            ));
                         }
                     }
-                } else {
-                    for e in range {
-                        if let Some(&lv) = local.get(&self.targets[e])
-                            && self.edge_visible(e, view)
-                        {
-                            to.push(lv);
-                            prob.push(f64::from(self.weights[e]) / deg);
-                        }
-                    }
+                }
+            }
+            small_off[li + 1] = small.len();
+        }
+        // Stable: parallel edges keep their row order.
+        from_hubs.sort_by_key(|h| (h.0, h.1));
+        let mut off = Vec::with_capacity(n + 1);
+        let mut to: Vec<u32> = Vec::with_capacity(small.len() + from_hubs.len());
+        let mut prob: Vec<f64> = Vec::with_capacity(small.len() + from_hubs.len());
+        off.push(0usize);
+        let mut h = 0usize;
+        for li in 0..n {
+            if hub_slot[li] == u32::MAX {
+                for &(lv, pr) in &small[small_off[li]..small_off[li + 1]] {
+                    to.push(lv);
+                    prob.push(pr);
+                }
+            } else {
+                while h < from_hubs.len() && from_hubs[h].0 == hub_slot[li] {
+                    to.push(from_hubs[h].1);
+                    prob.push(from_hubs[h].2);
+                    h += 1;
                 }
             }
             off.push(to.len());
@@ -970,5 +1326,7 @@ fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;

@@ -11,8 +11,15 @@
 //! dictionary n-grams (n ≤ 8), seeds weighted 1/df; caller memory seeds are
 //! scaled by `graph.memory_seed_weight` (0.05) so they cannot drown entity
 //! seeds. Measured graph-only on 2Wiki dev questions 0–499 (example
-//! `twowiki`, release): R@2 74.7, R@5 92.4, PPR p50 3.1 ms / p95 7.2 ms with
-//! ≤ 1000 nodes touched.
+//! `twowiki`, release): R@2 74.7, R@5 92.4, PPR p50 2.0 ms / p95 2.7 ms with
+//! ≤ 1000 nodes touched. On the `engram bench` tenant at 100K memories
+//! (2.76M stored edges, entity hubs of degree up to 22K; example
+//! `bench_shape`, bench `ppr`) the service path runs at p50 ≈ 2–3 ms,
+//! p95 ≈ 3–5 ms on the shared 2-core machine, restricted callers included.
+//!
+//! `graph.preload_tenants` loads tenants in the background at start
+//! (`["*"]`: every tenant with memories) so their first query is not a
+//! multi-second load.
 
 pub mod error;
 pub mod graph;
@@ -59,12 +66,17 @@ pub async fn run(
         };
         tokio::spawn(async move { rep.set_service_status(SERVICE_NAME, status).await });
     }));
+    let preload = tokio::spawn(store::preload(
+        registry.clone(),
+        settings.graph.preload_tenants.clone(),
+    ));
     let opts = server::ServeOptions::from(&settings.listen);
     let svc = service::GraphSvc::new(registry, settings);
     let routes = Routes::new(GraphServiceServer::new(svc));
     let result = server::serve_with(listener, routes, health, opts, shutdown).await;
     listen.abort();
     debouncer.abort();
+    preload.abort();
     result?;
     Ok(())
 }

@@ -243,6 +243,42 @@ impl Registry {
     }
 }
 
+/// Loads the configured tenants one after the other (`["*"]` = every
+/// tenant with memories now); queries meanwhile load on demand as usual,
+/// sharing a load already under way. Failures are logged, never fatal.
+pub async fn preload(registry: Arc<Registry>, tenants: Vec<String>) {
+    if tenants.is_empty() {
+        return;
+    }
+    let tenants = if tenants.iter().any(|t| t == "*") {
+        match sqlx::query_scalar::<_, String>(
+            "SELECT DISTINCT tenant_id FROM memories ORDER BY tenant_id",
+        )
+        .fetch_all(&registry.pool)
+        .await
+        {
+            Ok(all) => all,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list tenants to preload");
+                return;
+            }
+        }
+    } else {
+        tenants
+    };
+    let started = std::time::Instant::now();
+    for tenant in &tenants {
+        if let Err(e) = registry.graph(tenant).await {
+            tracing::warn!(tenant = %tenant, error = %e, "tenant preload failed");
+        }
+    }
+    tracing::info!(
+        tenants = tenants.len(),
+        ms = started.elapsed().as_millis() as u64,
+        "preloaded tenant graphs"
+    );
+}
+
 #[derive(Debug, serde::Deserialize)]
 struct Change {
     tenant: String,

@@ -304,3 +304,77 @@ async fn graph_follows_postgres_through_notifications() {
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preloaded_tenants_are_loaded_before_any_query() {
+    let pool = engram_common::db::test_database()
+        .await
+        .expect("test database");
+    let tenant = format!("t-{}", Uuid::new_v4());
+    let lazy = format!("t-{}", Uuid::new_v4());
+    insert_memory(&pool, &tenant, "Lothair II", "Lothair II was a king.", 1).await;
+    insert_memory(
+        &pool,
+        &tenant,
+        "Teutberga",
+        "Teutberga married Lothair II.",
+        3,
+    )
+    .await;
+    insert_memory(&pool, &lazy, "Boso", "Boso the Elder.", 1).await;
+
+    let mut settings = engram_common::db::test_settings();
+    settings.auth.internal_token_opt = Some(TOKEN.into());
+    settings.graph.preload_tenants = vec![tenant.clone()];
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(graph_svc::run(
+        listener,
+        settings,
+        pool.clone(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect_timeout(Duration::from_secs(5));
+    let mut connected = None;
+    for _ in 0..50 {
+        if let Ok(ch) = channel.connect().await {
+            connected = Some(ch);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut c = GraphServiceClient::new(connected.expect("server up"));
+    // Stats never loads a graph: only the preload can make it loaded.
+    let mut stats = None;
+    for _ in 0..100 {
+        let s = c
+            .stats(req(StatsRequest {}, &tenant, AccessLevel::Public))
+            .await
+            .expect("stats")
+            .into_inner();
+        if s.loaded {
+            stats = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats = stats.expect("preloaded tenant never loaded");
+    // Counts are the tenant's whole graph, whatever the caller's trust.
+    assert_eq!(stats.memories, 2, "{stats:?}");
+    assert!(stats.entities >= 2 && stats.edges >= 2, "{stats:?}");
+    let other = c
+        .stats(req(StatsRequest {}, &lazy, AccessLevel::Public))
+        .await
+        .expect("stats")
+        .into_inner();
+    assert!(!other.loaded, "a tenant not preloaded loaded: {other:?}");
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+}
