@@ -177,7 +177,9 @@ pub struct ModelSettings {
     pub embedding_tokenizer_path_opt: Option<PathBuf>,
     /// Cross-encoder directory (model.onnx + tokenizer.json).
     pub cross_encoder_dir_opt: Option<PathBuf>,
-    /// ONNX Runtime intra-op threads; 0 = number of cores.
+    /// ONNX Runtime threads; 0 = number of cores. The embedder uses them as
+    /// intra-op threads; the cross-encoder as that many single-threaded
+    /// sessions scoring pairs side by side (1.35-1.6x faster on 2 cores).
     pub intra_threads: usize,
 }
 

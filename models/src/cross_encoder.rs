@@ -22,9 +22,15 @@ pub const MAX_PAIR_TOKENS: usize = 512;
 /// have kept, and a 64 KiB passage no longer costs a full tokenization.
 const BYTES_PER_TOKEN_CAP: usize = 32;
 
+/// More sessions than this only add memory (~25 MB each for the int8 model).
+const MAX_SESSIONS: usize = 8;
+
 pub struct CrossEncoder {
-    /// `Session::run` takes `&mut self`; inference is serialised per model.
-    session: Mutex<Session>,
+    /// `Session::run` takes `&mut self`, so one session runs one pair at a
+    /// time. Several single-threaded sessions score a request's pairs side
+    /// by side: a 128-token pair is too small for intra-op threads to keep
+    /// two cores busy, two pairs at once do.
+    sessions: Vec<Mutex<Session>>,
     tokenizer: Tokenizer,
     inputs: BertInputs,
     output: String,
@@ -39,8 +45,19 @@ impl std::fmt::Debug for CrossEncoder {
 }
 
 impl CrossEncoder {
-    /// `dir` holds `model.onnx` and `tokenizer.json`.
-    pub fn load(dir: &Path, intra_threads: usize) -> Result<Self, ModelError> {
+    /// `dir` holds `model.onnx` and `tokenizer.json`. `threads` (0 = the
+    /// machine's cores) is split into that many single-threaded sessions.
+    pub fn load(dir: &Path, threads: usize) -> Result<Self, ModelError> {
+        let n = crate::resolve_threads(threads).clamp(1, MAX_SESSIONS);
+        Self::load_with(dir, n, 1)
+    }
+
+    /// `sessions` sessions of `intra_threads` intra-op threads each.
+    pub fn load_with(
+        dir: &Path,
+        sessions: usize,
+        intra_threads: usize,
+    ) -> Result<Self, ModelError> {
         let model = dir.join("model.onnx");
         let session = crate::open_session(&model, intra_threads)?;
         let inputs = BertInputs::discover(&session)?;
@@ -52,9 +69,13 @@ impl CrossEncoder {
             .map(|o| o.name().to_string())
             .ok_or_else(|| ModelError::Output("model declares no outputs".into()))?;
         let tokenizer = crate::load_tokenizer(&dir.join("tokenizer.json"))?;
-        tracing::info!(model = %model.display(), "cross-encoder loaded");
+        let mut all = vec![Mutex::new(session)];
+        for _ in 1..sessions.max(1) {
+            all.push(Mutex::new(crate::open_session(&model, intra_threads)?));
+        }
+        tracing::info!(model = %model.display(), sessions = all.len(), intra_threads, "cross-encoder loaded");
         Ok(Self {
-            session: Mutex::new(session),
+            sessions: all,
             tokenizer,
             inputs,
             output,
@@ -88,19 +109,61 @@ impl CrossEncoder {
             return Ok(Vec::new());
         }
         let encodings = self.encode_pairs(query, passages, max_length)?;
-        let mut session = self
-            .session
-            .lock()
-            .map_err(|_| ModelError::Inference("model lock poisoned by an earlier panic".into()))?;
         // One pair per run, never a padded batch: the int8 model quantises
         // activations per batch, so batching moves a pair's logit by up to
         // 0.3 depending on its neighbours (1.41 instead of the reference
-        // 1.69 for the check pair). Unbatched scores are reproducible and
-        // cost about 20% more only when all passages have equal length.
-        encodings
-            .into_iter()
-            .map(|enc| self.run_one(&mut session, enc))
-            .collect()
+        // 1.69 for the check pair). Unbatched scores are reproducible; the
+        // sessions take pairs round-robin, each on its own thread.
+        let n = self.sessions.len().min(encodings.len()).max(1);
+        if n == 1 {
+            let mut session = self.lock(0)?;
+            return encodings
+                .into_iter()
+                .map(|enc| self.run_one(&mut session, enc))
+                .collect();
+        }
+        let mut shares: Vec<Vec<(usize, Encoding)>> = (0..n).map(|_| Vec::new()).collect();
+        for (i, enc) in encodings.into_iter().enumerate() {
+            shares[i % n].push((i, enc));
+        }
+        let mut logits = vec![0.0f32; passages.len()];
+        let results: Vec<Result<Vec<(usize, f32)>, ModelError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = shares
+                .into_iter()
+                .enumerate()
+                .map(|(k, share)| {
+                    scope.spawn(move || {
+                        let mut session = self.lock(k)?;
+                        share
+                            .into_iter()
+                            .map(|(i, enc)| Ok((i, self.run_one(&mut session, enc)?)))
+                            .collect()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ModelError::Inference(
+                            "cross-encoder thread panicked".into(),
+                        ))
+                    })
+                })
+                .collect()
+        });
+        for r in results {
+            for (i, logit) in r? {
+                logits[i] = logit;
+            }
+        }
+        Ok(logits)
+    }
+
+    fn lock(&self, k: usize) -> Result<std::sync::MutexGuard<'_, Session>, ModelError> {
+        self.sessions[k]
+            .lock()
+            .map_err(|_| ModelError::Inference("model lock poisoned by an earlier panic".into()))
     }
 
     fn run_one(&self, session: &mut Session, enc: Encoding) -> Result<f32, ModelError> {
@@ -252,6 +315,26 @@ mod tests {
     }
 
     #[test]
+    fn session_layout_does_not_change_scores() {
+        let dir = test_support::cross_encoder_dir();
+        let one = CrossEncoder::load_with(&dir, 1, 2).expect("one session");
+        let three = CrossEncoder::load_with(&dir, 3, 1).expect("three sessions");
+        let q = "who directed the film?";
+        let ps = [
+            "The film was directed by Jane Campion.",
+            "Kiwis are flightless birds.",
+            "Campion also wrote the screenplay, which won an award in 1993.",
+            "The river flows through the old town.",
+            "A director shapes the film.",
+        ];
+        let a = one.logits(q, &ps, 128).expect("one");
+        let b = three.logits(q, &ps, 128).expect("three");
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() < 1e-4, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
     fn pairs_are_truncated_to_max_length() {
         let ce = model();
         let long = "potassium ".repeat(3000);
@@ -284,7 +367,6 @@ mod tests {
     #[ignore]
     fn bench_cross_encoder_and_embedder() {
         use std::time::Instant;
-        let ce = model();
         // ~128 BERT tokens per passage.
         let passage = "The river flows through the old town, past the cathedral and the \
             market square, where merchants have sold wool, salt and wine since the twelfth \
@@ -295,26 +377,39 @@ mod tests {
             Every summer the town holds a regatta on the river, and the rowing clubs of three \
             neighbouring cities compete for a silver cup donated by a wool merchant.";
         let q = "when was the bridge over the river widened for trams?";
-        let n_tokens = ce
+        let single = model();
+        let n_tokens = single
             .tokenizer
             .encode_fast(passage, false)
             .map(|e| e.len())
             .unwrap_or(0);
         eprintln!("passage tokens: {n_tokens}");
-        for &(n, max_len) in &[(20usize, 256usize), (50, 256), (20, 128), (50, 128)] {
-            let ps: Vec<&str> = vec![passage; n];
-            let _ = ce.score(q, &ps, max_len).expect("warmup");
-            let mut times: Vec<f64> = (0..15)
-                .map(|_| {
-                    let t = Instant::now();
-                    let _ = ce.score(q, &ps, max_len).expect("score");
-                    t.elapsed().as_secs_f64() * 1000.0
-                })
-                .collect();
-            times.sort_by(f64::total_cmp);
-            let p50 = times[times.len() / 2];
-            let p95 = times[(times.len() * 95).div_ceil(100) - 1];
-            eprintln!("cross-encoder n={n} max_length={max_len}: p50 {p50:.0} ms, p95 {p95:.0} ms");
+        for (sessions, intra) in [(1usize, 2usize), (2, 1)] {
+            let ce = CrossEncoder::load_with(&test_support::cross_encoder_dir(), sessions, intra)
+                .expect("cross-encoder");
+            for &(n, max_len) in &[
+                (10usize, 128usize),
+                (20, 256),
+                (50, 256),
+                (20, 128),
+                (50, 128),
+            ] {
+                let ps: Vec<&str> = vec![passage; n];
+                let _ = ce.score(q, &ps, max_len).expect("warmup");
+                let mut times: Vec<f64> = (0..15)
+                    .map(|_| {
+                        let t = Instant::now();
+                        let _ = ce.score(q, &ps, max_len).expect("score");
+                        t.elapsed().as_secs_f64() * 1000.0
+                    })
+                    .collect();
+                times.sort_by(f64::total_cmp);
+                let p50 = times[times.len() / 2];
+                let p95 = times[(times.len() * 95).div_ceil(100) - 1];
+                eprintln!(
+                    "cross-encoder sessions={sessions}x{intra} n={n} max_length={max_len}: p50 {p50:.0} ms, p95 {p95:.0} ms"
+                );
+            }
         }
         let (m, t) = test_support::embedder_files();
         let e = crate::Embedder::load(&m, &t, 2).expect("embedder");
