@@ -316,6 +316,7 @@ mod tests {
 
     #[test]
     fn session_layout_does_not_change_scores() {
+        test_support::init();
         let dir = test_support::cross_encoder_dir();
         let one = CrossEncoder::load_with(&dir, 1, 2).expect("one session");
         let three = CrossEncoder::load_with(&dir, 3, 1).expect("three sessions");
