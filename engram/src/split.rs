@@ -111,8 +111,6 @@ impl SplitStack {
     }
 
     async fn wait_serving(&mut self, within: Duration) -> anyhow::Result<()> {
-        use tonic_health::pb::HealthCheckRequest;
-        use tonic_health::pb::health_client::HealthClient;
         let deadline = tokio::time::Instant::now() + within;
         for (svc, addr) in self.addrs.clone() {
             loop {
@@ -121,21 +119,7 @@ impl SplitStack {
                 {
                     bail!("{} process exited during start-up ({status})", svc.name());
                 }
-                let status = async {
-                    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                        .ok()?
-                        .connect()
-                        .await
-                        .ok()?;
-                    let r = HealthClient::new(ch)
-                        .check(HealthCheckRequest {
-                            service: svc.grpc_name().into(),
-                        })
-                        .await
-                        .ok()?;
-                    Some(r.into_inner().status)
-                }
-                .await;
+                let status = crate::stack::health_status(addr, svc).await;
                 match status {
                     Some(1) => break,
                     Some(2) if svc == Service::Rerank => break,

@@ -292,8 +292,6 @@ impl Stack {
     /// rerank may stay NOT_SERVING (no cross-encoder installed): the gateway
     /// then skips the relevance check, so that is a warning, not a failure.
     async fn wait_serving(&self, within: Duration) -> anyhow::Result<()> {
-        use tonic_health::pb::HealthCheckRequest;
-        use tonic_health::pb::health_client::HealthClient;
         let deadline = tokio::time::Instant::now() + within;
         for (svc, addr) in &self.addrs {
             loop {
@@ -303,22 +301,7 @@ impl Stack {
                         svc.name()
                     );
                 }
-                let status = async {
-                    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                        .ok()?
-                        .connect()
-                        .await
-                        .ok()?;
-                    let mut c = HealthClient::new(ch);
-                    let r = c
-                        .check(HealthCheckRequest {
-                            service: svc.grpc_name().into(),
-                        })
-                        .await
-                        .ok()?;
-                    Some(r.into_inner().status)
-                }
-                .await;
+                let status = health_status(*addr, *svc).await;
                 match status {
                     Some(1) => break,
                     Some(2) if *svc == Service::Rerank => {
@@ -377,6 +360,24 @@ impl Stack {
             db.close().await;
         }
     }
+}
+
+/// One grpc.health.v1 check of `svc` at `addr`; `None` when unreachable.
+pub async fn health_status(addr: SocketAddr, svc: Service) -> Option<i32> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect()
+        .await
+        .ok()?;
+    let r = HealthClient::new(ch)
+        .check(HealthCheckRequest {
+            service: svc.grpc_name().into(),
+        })
+        .await
+        .ok()?;
+    Some(r.into_inner().status)
 }
 
 pub fn sha256_hex(s: &str) -> String {
