@@ -170,6 +170,38 @@ async fn restart_on_an_existing_data_dir_keeps_data() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A parallel test binary (or a second `engram serve`) that adopts the
+/// running server must not stop it on exit: that once turned a whole CI run's
+/// queries into "the database system is shutting down".
+#[tokio::test]
+async fn an_adopted_server_outlives_its_adopter() -> anyhow::Result<()> {
+    let mut s = engram_common::db::test_settings();
+    let dir = format!("test-adopt-{}", uuid::Uuid::new_v4().simple());
+    s.database.embedded_data_dir = dir.clone().into();
+    let s2 = s.clone();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let owner = engram_common::pg::EmbeddedPostgres::start(&s2)?;
+        let adopter = engram_common::pg::EmbeddedPostgres::start(&s2)?;
+        assert_eq!(adopter.port(), owner.port());
+        drop(adopter);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let one: i32 = rt.block_on(async {
+            let pool = engram_common::db::connect(&owner.url(), 1).await?;
+            let one = sqlx::query_scalar("SELECT 1").fetch_one(&pool).await?;
+            pool.close().await;
+            anyhow::Ok(one)
+        })?;
+        assert_eq!(one, 1);
+        drop(owner);
+        Ok(())
+    })
+    .await??;
+    let _ = std::fs::remove_dir_all(s.home.join(dir));
+    Ok(())
+}
+
 #[test]
 fn missing_pip_is_one_clear_error() {
     let home = std::env::temp_dir().join(format!("engram-nopip-{}", uuid::Uuid::new_v4().simple()));

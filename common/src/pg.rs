@@ -2,6 +2,10 @@
 //! initdb refuses to run as root, so as root the server runs as a dedicated
 //! system user. `pg_ctl` daemonises the postmaster: if engram dies hard, the
 //! next start finds the running server through `postmaster.pid` and adopts it.
+//! An adopted server is never stopped by the adopter: another engram process
+//! (a second `engram serve`, a parallel test binary) may be using it, and
+//! stopping it under them turns their queries into "the database system is
+//! shutting down".
 
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -27,7 +31,8 @@ pub enum PgError {
     },
 }
 
-/// A running embedded server; stopped on [`EmbeddedPostgres::stop`] or drop.
+/// A running embedded server. One this handle started is stopped on
+/// [`EmbeddedPostgres::stop`] or drop; one it adopted is left running.
 #[derive(Debug)]
 pub struct EmbeddedPostgres {
     bin: PathBuf,
@@ -84,7 +89,8 @@ impl EmbeddedPostgres {
                 data,
                 run_as,
                 port,
-                stopped: false,
+                // Not ours to stop (see the module docs).
+                stopped: true,
             };
             pg.wait_ready()?;
             return Ok(pg);
@@ -149,11 +155,22 @@ impl EmbeddedPostgres {
                 .args(["-tAq", "-v", "ON_ERROR_STOP=1", "-c", sql])
                 .output()
         };
-        let out = psql(
-            &format!("SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'"),
-            "postgres",
-        )
-        .map_err(|e| step("psql", e.to_string()))?;
+        // A server found through its pid file may still be starting up (or
+        // not listening yet); give it the same 60 s `pg_ctl start -w` gets.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let out = loop {
+            let out = psql(
+                &format!("SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'"),
+                "postgres",
+            )
+            .map_err(|e| step("psql", e.to_string()))?;
+            let err = String::from_utf8_lossy(&out.stderr);
+            let transient = err.contains("starting up") || err.contains("Connection refused");
+            if out.status.success() || !transient || std::time::Instant::now() > deadline {
+                break out;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
         if !out.status.success() {
             return Err(step(
                 "connecting to embedded postgres",
