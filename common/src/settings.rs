@@ -192,6 +192,10 @@ pub struct SearchSettings {
     pub embed_batch_size: usize,
     /// Memories below this decay score are hidden unless include_historical.
     pub decay_floor: f32,
+    /// Most rows BM25 scores per keyword query: the GIN index is asked only
+    /// for the rarest query terms, while their summed document frequency fits
+    /// this budget (search-svc/src/keyword.rs explains why recall holds).
+    pub keyword_candidates: u32,
 }
 
 impl Default for SearchSettings {
@@ -203,6 +207,7 @@ impl Default for SearchSettings {
             keyword_scoring: "bm25".into(),
             embed_batch_size: 32,
             decay_floor: 0.1,
+            keyword_candidates: 2000,
         }
     }
 }
@@ -563,6 +568,11 @@ impl Settings {
                 "graph.max_nodes must be in 1..=1000".into(),
             ));
         }
+        if !(1..=100_000).contains(&self.search.keyword_candidates) {
+            return Err(SettingsError::Invalid(
+                "search.keyword_candidates must be in 1..=100000".into(),
+            ));
+        }
         if !["ts_rank_cd", "bm25"].contains(&self.search.keyword_scoring.as_str()) {
             return Err(SettingsError::Invalid(
                 "search.keyword_scoring must be ts_rank_cd or bm25".into(),
@@ -681,5 +691,18 @@ mod tests {
         let s = Settings::from_sources(None, &env(&[("DATABASE_URL", "postgres://x/y")]))
             .expect("settings");
         assert_eq!(s.database.url_opt.as_deref(), Some("postgres://x/y"));
+    }
+
+    #[test]
+    fn keyword_candidates_out_of_range_names_the_key() {
+        for bad in ["0", "100001"] {
+            let err =
+                Settings::from_sources(None, &env(&[("ENGRAM__SEARCH__KEYWORD_CANDIDATES", bad)]))
+                    .expect_err("out of range");
+            assert!(
+                err.to_string().contains("search.keyword_candidates"),
+                "{err}"
+            );
+        }
     }
 }

@@ -18,8 +18,9 @@
 //! terms matches most of a large tenant through words like "film" or
 //! "born", and scoring every match is what made keyword search slow. So the
 //! GIN index is asked only for the rarest terms, taken by ascending df while
-//! their summed df stays within [`CANDIDATE_BUDGET`] (at least the rarest
-//! one), at most that many rows; every query term still scores them. A
+//! their summed df stays within the candidate budget
+//! (`search.keyword_candidates`, at least the rarest one), at most that many
+//! rows; every query term still scores them. A
 //! document that matches only the common terms can only reach a low score
 //! (their idf is small), which is why this keeps the recall of exact BM25
 //! (2Wiki dev keyword R@2/R@5 measured in docs/benchmarks.md).
@@ -63,8 +64,14 @@ const B: f64 = 0.75;
 /// most 256 positions per lexeme anyway).
 pub const TERM_FREQUENCY: &str = "greatest(round(1 / (1.64493406685 - ts_rank('{1,1,1,1}', c.tsv, df.query)::float8 * 1.64493406685) - 0.5), 1)";
 
-/// Most rows BM25 scores per query (see the module doc).
-pub const CANDIDATE_BUDGET: i64 = 2000;
+/// How keyword hits are scored: the scoring, BM25's candidate budget and the
+/// decay floor applied when the request sets none.
+#[derive(Debug, Clone, Copy)]
+pub struct Ranking {
+    pub scoring: Scoring,
+    pub candidates: u32,
+    pub default_decay_floor: f32,
+}
 
 pub async fn search(
     pool: &PgPool,
@@ -72,12 +79,23 @@ pub async fn search(
     text: &str,
     filters: &SearchFilters,
     k: u32,
-    scoring: Scoring,
-    default_decay_floor: f32,
+    ranking: Ranking,
 ) -> Result<Vec<(MemoryRow, f32)>> {
+    let Ranking {
+        scoring,
+        candidates,
+        default_decay_floor,
+    } = ranking;
     let mut qb = match scoring {
         Scoring::TsRankCd => ts_rank_cd_query(identity, text, filters, k, default_decay_floor),
-        Scoring::Bm25 => bm25_query(identity, text, filters, k, default_decay_floor),
+        Scoring::Bm25 => bm25_query(
+            identity,
+            text,
+            filters,
+            k,
+            i64::from(candidates),
+            default_decay_floor,
+        ),
     };
     // Planned for these parameters every time. sqlx caches a named prepared
     // statement per connection, and after five executions Postgres may run it
@@ -123,6 +141,7 @@ fn bm25_query(
     text: &str,
     filters: &SearchFilters,
     k: u32,
+    budget: i64,
     default_decay_floor: f32,
 ) -> QueryBuilder<Postgres> {
     let tenant = identity.tenant.clone();
@@ -160,11 +179,11 @@ fn bm25_query(
     qb.push(", cq AS (SELECT string_agg(")
         .push(QUOTED_LEXEME)
         .push(", ' | ')::tsquery AS query FROM ranked WHERE rn = 1 OR cum <= ")
-        .push_bind(CANDIDATE_BUDGET)
+        .push_bind(budget)
         .push(")");
     qb.push(", cand AS MATERIALIZED (SELECT m.id, m.tsv, m.tsv_len FROM memories m, cq WHERE m.tsv @@ cq.query AND ");
     push_where(&mut qb, identity, filters, default_decay_floor);
-    qb.push(" LIMIT ").push_bind(CANDIDATE_BUDGET).push(")");
+    qb.push(" LIMIT ").push_bind(budget).push(")");
     // Score with every query term; fetch full rows only for the top k.
     qb.push(", scored AS (SELECT c.id, sum(df.idf * tf.tf * ")
         .push(K1 + 1.0)

@@ -49,6 +49,7 @@ struct Inner {
     embeddings: Embeddings,
     internal_token_opt: Option<String>,
     scoring: Scoring,
+    keyword_candidates: u32,
     decay_floor: f32,
     serve_opts: engram_common::server::ServeOptions,
 }
@@ -67,6 +68,7 @@ impl SearchSvc {
                 embeddings,
                 internal_token_opt: settings.auth.internal_token_opt.clone(),
                 scoring,
+                keyword_candidates: settings.search.keyword_candidates,
                 decay_floor: settings.search.decay_floor,
                 serve_opts: engram_common::server::ServeOptions::from(&settings.listen),
             }),
@@ -97,8 +99,11 @@ impl SearchSvc {
             &q.text,
             &q.filters,
             q.k,
-            scoring,
-            self.inner.decay_floor,
+            keyword::Ranking {
+                scoring,
+                candidates: self.inner.keyword_candidates,
+                default_decay_floor: self.inner.decay_floor,
+            },
         )
         .await?;
         Ok(rows::hits(rows))

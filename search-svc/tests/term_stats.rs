@@ -192,6 +192,42 @@ async fn hidden_levels_and_other_tenants_do_not_shift_scores() {
     assert_eq!(top.as_deref(), Some("the wombat of x"));
 }
 
+/// BM25 asks the GIN index only for the rarest terms while their summed df
+/// fits `search.keyword_candidates`: a budget of 3 keeps the one "okapi"
+/// memory and never touches the ten "river" ones, 2,000 scores them all.
+#[tokio::test]
+async fn the_candidate_budget_takes_the_rarest_terms_first() {
+    let t = tenant();
+    let id = ident(&t, "a", AccessLevel::Sensitive);
+    let mut memories: Vec<pb::Memory> = (0..10)
+        .map(|i| pb::Memory {
+            embedding: axis(i),
+            ..mem(
+                &Uuid::new_v4().to_string(),
+                "",
+                &format!("the river bend {i}"),
+            )
+        })
+        .collect();
+    memories.push(pb::Memory {
+        embedding: axis(20),
+        ..mem(&Uuid::new_v4().to_string(), "", "an okapi by the river")
+    });
+    let wide = start().await;
+    upsert(&mut wide.client.clone(), &id, memories).await;
+    let all = keyword(&mut wide.client.clone(), &id, "okapi river", None, 50).await;
+    assert_eq!(all.len(), 11);
+    let narrow = start_configured(embeddings(), |s| s.search.keyword_candidates = 3).await;
+    let few = keyword(&mut narrow.client.clone(), &id, "okapi river", None, 50).await;
+    assert_eq!(few.len(), 1, "{few:?}");
+    assert_eq!(
+        few[0].memory.as_ref().map(|m| m.content.as_str()),
+        Some("an okapi by the river")
+    );
+    // The kept memory is scored with every query term, as without a budget.
+    assert!((few[0].score - all[0].score).abs() < 1e-6);
+}
+
 /// keyword.rs recovers BM25's term frequency from ts_rank; a Postgres that
 /// ranked differently would silently change scores, so check it here.
 #[tokio::test]

@@ -30,10 +30,18 @@ pub struct Harness {
 }
 
 pub async fn start_with(embeddings: Embeddings, scoring: &str) -> Harness {
+    start_configured(embeddings, |s| s.search.keyword_scoring = scoring.into()).await
+}
+
+/// The service with test settings changed by `configure`.
+pub async fn start_configured(
+    embeddings: Embeddings,
+    configure: impl FnOnce(&mut engram_common::Settings),
+) -> Harness {
     let pool = test_database().await.expect("test database");
     let mut settings = test_settings();
     settings.auth.internal_token_opt = Some(TOKEN.into());
-    settings.search.keyword_scoring = scoring.into();
+    configure(&mut settings);
     let svc = SearchSvc::new(&settings, pool.clone(), embeddings).expect("svc");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
