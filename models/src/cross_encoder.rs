@@ -113,7 +113,8 @@ impl CrossEncoder {
         // activations per batch, so batching moves a pair's logit by up to
         // 0.3 depending on its neighbours (1.41 instead of the reference
         // 1.69 for the check pair). Unbatched scores are reproducible; the
-        // sessions take pairs round-robin, each on its own thread.
+        // sessions split the pairs by length (see `balance`), each on its
+        // own thread.
         let n = self.sessions.len().min(encodings.len()).max(1);
         if n == 1 {
             let mut session = self.lock(0)?;
@@ -122,10 +123,17 @@ impl CrossEncoder {
                 .map(|enc| self.run_one(&mut session, enc))
                 .collect();
         }
-        let mut shares: Vec<Vec<(usize, Encoding)>> = (0..n).map(|_| Vec::new()).collect();
-        for (i, enc) in encodings.into_iter().enumerate() {
-            shares[i % n].push((i, enc));
-        }
+        let lengths: Vec<usize> = encodings.iter().map(|e| e.get_ids().len()).collect();
+        let mut slots: Vec<Option<Encoding>> = encodings.into_iter().map(Some).collect();
+        let shares: Vec<Vec<(usize, Encoding)>> = balance(&lengths, n)
+            .into_iter()
+            .map(|share| {
+                share
+                    .into_iter()
+                    .filter_map(|i| slots[i].take().map(|enc| (i, enc)))
+                    .collect()
+            })
+            .collect();
         let mut logits = vec![0.0f32; passages.len()];
         let results: Vec<Result<Vec<(usize, f32)>, ModelError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = shares
@@ -258,10 +266,46 @@ fn cut_at(s: &str, max_bytes: usize) -> &str {
     &s[..end]
 }
 
+/// Splits pair indices over `n` sessions so their token totals are as even
+/// as greedy longest-first gets them. The request waits for the slowest
+/// session, and pair lengths vary up to `max_length`: round-robin could hand
+/// one session most of the long passages.
+fn balance(lengths: &[usize], n: usize) -> Vec<Vec<usize>> {
+    let n = n.max(1);
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    order.sort_by(|&a, &b| lengths[b].cmp(&lengths[a]).then(a.cmp(&b)));
+    let mut shares: Vec<(usize, Vec<usize>)> = (0..n).map(|_| (0, Vec::new())).collect();
+    for i in order {
+        if let Some(least) = shares.iter_mut().min_by_key(|(load, _)| *load) {
+            least.0 += lengths[i];
+            least.1.push(i);
+        }
+    }
+    shares.into_iter().map(|(_, share)| share).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::test_support;
+
+    #[test]
+    fn balance_evens_out_long_pairs() {
+        // Round-robin would give session 0 the three 128-token pairs.
+        let lengths = [128, 20, 128, 20, 128, 20];
+        let shares = balance(&lengths, 2);
+        let load = |s: &Vec<usize>| s.iter().map(|&i| lengths[i]).sum::<usize>();
+        assert_eq!(shares.len(), 2);
+        assert!(
+            load(&shares[0]).abs_diff(load(&shares[1])) <= 108,
+            "{shares:?}"
+        );
+        let mut all: Vec<usize> = shares.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..6).collect::<Vec<_>>());
+        assert_eq!(balance(&[5, 6], 1), vec![vec![1, 0]]);
+        assert_eq!(balance(&[], 2), vec![Vec::<usize>::new(), Vec::new()]);
+    }
 
     fn model() -> CrossEncoder {
         test_support::init();
