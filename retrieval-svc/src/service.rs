@@ -114,6 +114,36 @@ fn ds_err(service: &'static str, e: DownstreamError) -> Error {
 
 pub use engram_common::server::grpc_timeout;
 
+/// The route of retry `attempt` (>= 1) and whether the evidence fuses it,
+/// given the route the best attempt resolved to and the previous attempt's
+/// plan (`None` when a downstream was degraded in it, so repeating it may
+/// help). From the third attempt on the route goes one step up; a plan
+/// identical to the previous one goes up instead of running again, and when
+/// there is no step up left there is nothing new to try (`None`).
+fn escalate(
+    attempt: u32,
+    mut route: Route,
+    mut by_evidence: bool,
+    filters: &Filters,
+    previous_opt: Option<&(Route, bool, Filters)>,
+) -> Option<(Route, bool)> {
+    if attempt >= 2 {
+        route = route.next_up();
+        by_evidence = false;
+    }
+    let same = |route: Route, by_evidence: bool| {
+        previous_opt.is_some_and(|(r, e, f)| *r == route && *e == by_evidence && f == filters)
+    };
+    while same(route, by_evidence) {
+        if route.next_up() == route && !by_evidence {
+            return None;
+        }
+        route = route.next_up();
+        by_evidence = false;
+    }
+    Some((route, by_evidence))
+}
+
 /// Retry escalation: wider time window (2×, centred), lower confidence bar,
 /// consolidated memories included.
 fn broaden(f: &Filters) -> Filters {
@@ -466,22 +496,28 @@ impl Gateway {
         let mut by_evidence = q.mode == Mode::Auto;
         let mut best: Option<Attempt> = None;
         let mut retries = 0;
+        // What the previous attempt ran (its resolved route), unless a
+        // downstream was degraded in it: the same plan again would only
+        // repeat its answer at full cost.
+        let mut repeat_of: Option<(Route, bool, Filters)> = None;
         for attempt in 0..max_attempts {
             if attempt > 0 {
                 if Instant::now() + ASSEMBLY_RESERVE >= deadline {
                     break;
                 }
-                retries += 1;
-                self.inner.ds.metrics.observe_retry(attempt);
                 filters = broaden(&filters);
                 if let Some(b) = &best {
-                    // Escalate from where the evidence put the query.
+                    // Escalate from where the evidence put the query. An
+                    // evidence plan's route is a fixed point of
+                    // `evidence::route`, so it resolves to itself again.
                     route = b.route;
                 }
-                if attempt >= 2 {
-                    route = route.next_up();
-                    by_evidence = false;
+                match escalate(attempt, route, by_evidence, &filters, repeat_of.as_ref()) {
+                    Some((r, e)) => (route, by_evidence) = (r, e),
+                    None => break,
                 }
+                retries += 1;
+                self.inner.ds.metrics.observe_retry(attempt);
                 tracing::debug!(attempt, route = ?route, "broadening retrieval");
             }
             match self
@@ -497,6 +533,10 @@ impl Gateway {
                 .await
             {
                 Ok(a) => {
+                    repeat_of = a
+                        .degraded
+                        .is_empty()
+                        .then(|| (a.route, by_evidence, filters.clone()));
                     let good = !a.records.is_empty() && a.confidence >= LOW_CONFIDENCE;
                     let better = best.as_ref().is_none_or(|b| {
                         (b.records.is_empty() && !a.records.is_empty())
@@ -998,6 +1038,65 @@ impl MemoryService for Gateway {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_never_repeats_the_previous_plan() {
+        let f = Filters::default();
+        let prev = |r: Route, e: bool| Some((r, e, Filters::default()));
+        // Same route, evidence and filters as before: one step up instead.
+        assert_eq!(
+            escalate(
+                1,
+                Route::Simple,
+                true,
+                &f,
+                prev(Route::Simple, true).as_ref()
+            ),
+            Some((Route::MultiHop, false))
+        );
+        // A degraded previous attempt (no plan recorded) may be repeated.
+        assert_eq!(
+            escalate(1, Route::Simple, true, &f, None),
+            Some((Route::Simple, true))
+        );
+        // Broadened filters make it a different plan.
+        let wider = Filters {
+            include_consolidated: true,
+            ..Filters::default()
+        };
+        assert_eq!(
+            escalate(
+                1,
+                Route::Simple,
+                true,
+                &wider,
+                prev(Route::Simple, true).as_ref()
+            ),
+            Some((Route::Simple, true))
+        );
+        // The third attempt goes up from the best route, past a repeat...
+        assert_eq!(
+            escalate(
+                2,
+                Route::Simple,
+                true,
+                &f,
+                prev(Route::MultiHop, false).as_ref()
+            ),
+            Some((Route::Exploratory, false))
+        );
+        // ...and stops when exploratory already ran.
+        assert_eq!(
+            escalate(
+                2,
+                Route::MultiHop,
+                false,
+                &f,
+                prev(Route::Exploratory, false).as_ref()
+            ),
+            None
+        );
+    }
 
     #[tokio::test]
     async fn metrics_render_per_stack() {
