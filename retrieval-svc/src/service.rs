@@ -500,6 +500,7 @@ impl Gateway {
         // downstream was degraded in it: the same plan again would only
         // repeat its answer at full cost.
         let mut repeat_of: Option<(Route, bool, Filters)> = None;
+        let mut memo = validation::ScoreMemo::default();
         for attempt in 0..max_attempts {
             if attempt > 0 {
                 if Instant::now() + ASSEMBLY_RESERVE >= deadline {
@@ -529,6 +530,7 @@ impl Gateway {
                     &filters,
                     deadline,
                     &mut timings,
+                    &mut memo,
                 )
                 .await
             {
@@ -650,6 +652,7 @@ impl Gateway {
         filters: &Filters,
         deadline: Instant,
         timings: &mut Vec<StageLatency>,
+        memo: &mut validation::ScoreMemo,
     ) -> Result<Attempt, Error> {
         let p = &self.inner.settings.pipeline;
         let ds = &self.inner.ds;
@@ -714,6 +717,7 @@ impl Gateway {
                 p.relevance_threshold,
                 rerank_deadline,
                 &mut dropped,
+                memo,
             )
             .instrument(stage_span("rerank"))
             .await;

@@ -168,9 +168,22 @@ pub fn passage(m: &Memory) -> String {
     s
 }
 
-/// Cross-encoder over the top `top_n` in one batch. Returns false when the
-/// reranker could not be used (down, slow, malformed answer): the caller
-/// marks the stage degraded and keeps the candidates unchecked.
+/// Cross-encoder scores already computed in this request, by memory id and
+/// version: a retry re-ranks mostly the same memories, and scoring a pair
+/// again costs ~15 ms of CPU for the same number.
+#[derive(Debug, Default)]
+pub struct ScoreMemo(std::collections::HashMap<(String, i32), f32>);
+
+impl ScoreMemo {
+    fn key(m: &Memory) -> (String, i32) {
+        (m.id.clone(), m.version)
+    }
+}
+
+/// Cross-encoder over the top `top_n` in one batch (the pairs `memo` does
+/// not hold yet). Returns false when the reranker could not be used (down,
+/// slow, malformed answer): the caller marks the stage degraded and keeps
+/// the candidates unchecked.
 #[allow(clippy::too_many_arguments)]
 pub async fn relevance(
     ds: &Downstreams,
@@ -181,38 +194,56 @@ pub async fn relevance(
     threshold: f32,
     deadline: Instant,
     dropped: &mut Vec<DroppedCandidate>,
+    memo: &mut ScoreMemo,
 ) -> bool {
     let n = top_n.min(checked.len());
     if n == 0 {
         return true;
     }
-    let req = ScoreRequest {
-        query: query.to_string(),
-        candidates: checked[..n]
-            .iter()
-            .map(|c| passage(&c.cand.memory))
-            .collect(),
-        max_length: 0,
-    };
-    let scores = match tokio::time::timeout_at(deadline, call(&ds.score, identity, req)).await {
-        Ok(Ok(r)) if r.scores.len() == n => r.scores,
-        Ok(Ok(r)) => {
-            tracing::warn!(
-                expected = n,
-                got = r.scores.len(),
-                "rerank returned wrong count"
-            );
-            return false;
+    let fresh: Vec<&Memory> = checked[..n]
+        .iter()
+        .map(|c| &c.cand.memory)
+        .filter(|m| !memo.0.contains_key(&ScoreMemo::key(m)))
+        .collect();
+    if !fresh.is_empty() {
+        let req = ScoreRequest {
+            query: query.to_string(),
+            candidates: fresh.iter().map(|m| passage(m)).collect(),
+            max_length: 0,
+        };
+        let want = fresh.len();
+        let keys: Vec<(String, i32)> = fresh.into_iter().map(ScoreMemo::key).collect();
+        match tokio::time::timeout_at(deadline, call(&ds.score, identity, req)).await {
+            Ok(Ok(r)) if r.scores.len() == want => {
+                memo.0.extend(keys.into_iter().zip(r.scores));
+            }
+            Ok(Ok(r)) => {
+                tracing::warn!(
+                    expected = want,
+                    got = r.scores.len(),
+                    "rerank returned wrong count"
+                );
+                return false;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "rerank degraded");
+                return false;
+            }
+            Err(_) => {
+                tracing::warn!("rerank skipped at pipeline deadline");
+                return false;
+            }
         }
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "rerank degraded");
-            return false;
-        }
-        Err(_) => {
-            tracing::warn!("rerank skipped at pipeline deadline");
-            return false;
-        }
-    };
+    }
+    let scores: Vec<f32> = checked[..n]
+        .iter()
+        .map(|c| {
+            memo.0
+                .get(&ScoreMemo::key(&c.cand.memory))
+                .copied()
+                .unwrap_or(0.0)
+        })
+        .collect();
     let mut i = 0;
     checked.retain_mut(|c| {
         let keep = if i < n {

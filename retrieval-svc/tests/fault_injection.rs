@@ -219,6 +219,25 @@ impl RerankService for FakeRerank {
     }
 }
 
+/// Finds nothing relevant (every score 0.01, so every attempt is "low" and
+/// the gateway retries) and counts the pairs it is asked to score.
+#[derive(Default)]
+struct UnimpressedRerank {
+    pairs: AtomicU32,
+}
+
+#[tonic::async_trait]
+impl RerankService for UnimpressedRerank {
+    async fn score(&self, r: Request<ScoreRequest>) -> Result<Response<ScoreResponse>, Status> {
+        check(&r)?;
+        let n = r.into_inner().candidates.len();
+        self.pairs.fetch_add(n as u32, Ordering::SeqCst);
+        Ok(Response::new(ScoreResponse {
+            scores: vec![0.01; n],
+        }))
+    }
+}
+
 async fn serve<S>(svc: S) -> String
 where
     S: tonic::codegen::Service<
@@ -584,4 +603,42 @@ async fn everything_down_is_unavailable_and_auth_is_required() {
         .expect("skip")
         .into_inner();
     assert_eq!(r.skip_reason, SkipReason::NoRetrievalNeeded as i32);
+}
+
+/// Retries escalate, but a memory the cross-encoder already scored in this
+/// request is not scored again (the doubles return the same memories to
+/// every attempt, so only the first attempt's pairs reach the reranker).
+#[tokio::test]
+async fn retries_do_not_rescore_the_same_memories() {
+    let rerank = Arc::new(UnimpressedRerank::default());
+    let env = gateway(
+        serve(SearchServiceServer::from_arc(Arc::new(FakeSearch::default()))).await,
+        serve(GraphServiceServer::new(FakeGraph {
+            delay: Duration::ZERO,
+        }))
+        .await,
+        serve(RerankServiceServer::from_arc(rerank.clone())).await,
+    )
+    .await;
+    let mut c = client(&env).await;
+    let r = c
+        .retrieve(authed(q("what is the deploy procedure")))
+        .await
+        .expect("answer")
+        .into_inner();
+    assert!(r.retry_count >= 1, "retry_count {}", r.retry_count);
+    assert!(r.degraded_stages.is_empty(), "{:?}", r.degraded_stages);
+    let pairs = rerank.pairs.load(Ordering::SeqCst);
+    let distinct: std::collections::HashSet<&str> = r
+        .records
+        .iter()
+        .filter_map(|m| m.memory.as_ref().map(|m| m.id.as_str()))
+        .collect();
+    assert!(pairs > 0);
+    assert!(
+        pairs as usize <= distinct.len().max(10),
+        "{pairs} pairs scored for {} distinct memories over {} attempts",
+        distinct.len(),
+        r.retry_count + 1
+    );
 }
