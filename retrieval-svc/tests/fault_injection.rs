@@ -612,7 +612,10 @@ async fn everything_down_is_unavailable_and_auth_is_required() {
 async fn retries_do_not_rescore_the_same_memories() {
     let rerank = Arc::new(UnimpressedRerank::default());
     let env = gateway(
-        serve(SearchServiceServer::from_arc(Arc::new(FakeSearch::default()))).await,
+        serve(SearchServiceServer::from_arc(Arc::new(
+            FakeSearch::default(),
+        )))
+        .await,
         serve(GraphServiceServer::new(FakeGraph {
             delay: Duration::ZERO,
         }))
