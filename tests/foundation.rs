@@ -2,6 +2,7 @@
 //! idempotence, restart on an existing data dir, and clear start-up errors.
 
 use engram::stack::{Stack, StackOptions};
+use engram_common::Settings;
 use engram_tests::{TestStack, settings};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -125,18 +126,34 @@ async fn port_in_use_is_one_clear_error() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn restart_on_an_existing_data_dir_keeps_data() -> anyhow::Result<()> {
+/// Runs `body` on a blocking thread with a current-thread runtime and
+/// settings for a fresh embedded data dir of its own (removed afterwards):
+/// for tests that start and stop servers, which must never touch the shared
+/// test Postgres.
+async fn with_own_data_dir(
+    prefix: &str,
+    body: impl FnOnce(&Settings, &tokio::runtime::Runtime) -> anyhow::Result<()> + Send + 'static,
+) -> anyhow::Result<()> {
     let mut s = engram_common::db::test_settings();
-    let dir = format!("test-restart-{}", uuid::Uuid::new_v4().simple());
+    let dir = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
     s.database.embedded_data_dir = dir.clone().into();
     let s2 = s.clone();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        let mut pg = engram_common::pg::EmbeddedPostgres::start(&s2)?;
-        let url = pg.url();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        body(&s2, &rt)
+    })
+    .await??;
+    let _ = std::fs::remove_dir_all(s.home.join(dir));
+    Ok(())
+}
+
+#[tokio::test]
+async fn restart_on_an_existing_data_dir_keeps_data() -> anyhow::Result<()> {
+    with_own_data_dir("test-restart", |s, rt| {
+        let mut pg = engram_common::pg::EmbeddedPostgres::start(s)?;
+        let url = pg.url();
         rt.block_on(async {
             let pool = engram_common::db::connect(&url, 2).await?;
             engram_common::db::MIGRATOR.run(&pool).await?;
@@ -150,7 +167,7 @@ async fn restart_on_an_existing_data_dir_keeps_data() -> anyhow::Result<()> {
             anyhow::Ok(())
         })?;
         pg.stop();
-        let pg = engram_common::pg::EmbeddedPostgres::start(&s2)?;
+        let pg = engram_common::pg::EmbeddedPostgres::start(s)?;
         let url = pg.url();
         let v: i32 = rt.block_on(async {
             let pool = engram_common::db::connect(&url, 2).await?;
@@ -165,9 +182,7 @@ async fn restart_on_an_existing_data_dir_keeps_data() -> anyhow::Result<()> {
         drop(pg);
         Ok(())
     })
-    .await??;
-    let _ = std::fs::remove_dir_all(s.home.join(dir));
-    Ok(())
+    .await
 }
 
 /// A parallel test binary (or a second `engram serve`) that adopts the
@@ -175,18 +190,11 @@ async fn restart_on_an_existing_data_dir_keeps_data() -> anyhow::Result<()> {
 /// queries into "the database system is shutting down".
 #[tokio::test]
 async fn an_adopted_server_outlives_its_adopter() -> anyhow::Result<()> {
-    let mut s = engram_common::db::test_settings();
-    let dir = format!("test-adopt-{}", uuid::Uuid::new_v4().simple());
-    s.database.embedded_data_dir = dir.clone().into();
-    let s2 = s.clone();
-    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        let owner = engram_common::pg::EmbeddedPostgres::start(&s2)?;
-        let adopter = engram_common::pg::EmbeddedPostgres::start(&s2)?;
+    with_own_data_dir("test-adopt", |s, rt| {
+        let owner = engram_common::pg::EmbeddedPostgres::start(s)?;
+        let adopter = engram_common::pg::EmbeddedPostgres::start(s)?;
         assert_eq!(adopter.port(), owner.port());
         drop(adopter);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         let one: i32 = rt.block_on(async {
             let pool = engram_common::db::connect(&owner.url(), 1).await?;
             let one = sqlx::query_scalar("SELECT 1").fetch_one(&pool).await?;
@@ -197,9 +205,7 @@ async fn an_adopted_server_outlives_its_adopter() -> anyhow::Result<()> {
         drop(owner);
         Ok(())
     })
-    .await??;
-    let _ = std::fs::remove_dir_all(s.home.join(dir));
-    Ok(())
+    .await
 }
 
 #[test]

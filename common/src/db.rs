@@ -120,8 +120,8 @@ pub async fn connect_with(
 /// For tests: one Postgres shared by every test process of a run. Uses
 /// `ENGRAM_TEST_DATABASE_URL` when set, else starts or adopts the embedded
 /// server in `<workspace>/.engram/test-pgdata` (left running for the other
-/// test binaries; scripts/test stops it at the end). Isolation between tests comes from
-/// unique tenant ids, never from separate databases.
+/// test binaries; scripts/test stops it at the end). Isolation between
+/// tests comes from unique tenant ids, never from separate databases.
 pub async fn test_database() -> Result<PgPool, DbError> {
     let url = test_database_url().await?;
     let pool = connect(&url, 8).await?;

@@ -119,24 +119,15 @@ impl CrossEncoder {
         if n == 1 {
             let mut session = self.lock(0)?;
             return encodings
-                .into_iter()
+                .iter()
                 .map(|enc| self.run_one(&mut session, enc))
                 .collect();
         }
         let lengths: Vec<usize> = encodings.iter().map(|e| e.get_ids().len()).collect();
-        let mut slots: Vec<Option<Encoding>> = encodings.into_iter().map(Some).collect();
-        let shares: Vec<Vec<(usize, Encoding)>> = balance(&lengths, n)
-            .into_iter()
-            .map(|share| {
-                share
-                    .into_iter()
-                    .filter_map(|i| slots[i].take().map(|enc| (i, enc)))
-                    .collect()
-            })
-            .collect();
+        let encodings = &encodings;
         let mut logits = vec![0.0f32; passages.len()];
         let results: Vec<Result<Vec<(usize, f32)>, ModelError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = shares
+            let handles: Vec<_> = balance(&lengths, n)
                 .into_iter()
                 .enumerate()
                 .map(|(k, share)| {
@@ -144,7 +135,7 @@ impl CrossEncoder {
                         let mut session = self.lock(k)?;
                         share
                             .into_iter()
-                            .map(|(i, enc)| Ok((i, self.run_one(&mut session, enc)?)))
+                            .map(|i| Ok((i, self.run_one(&mut session, &encodings[i])?)))
                             .collect()
                     })
                 })
@@ -174,8 +165,8 @@ impl CrossEncoder {
             .map_err(|_| ModelError::Inference("model lock poisoned by an earlier panic".into()))
     }
 
-    fn run_one(&self, session: &mut Session, enc: Encoding) -> Result<f32, ModelError> {
-        let inputs = Batch::from_encodings(std::slice::from_ref(&enc)).into_inputs(self.inputs)?;
+    fn run_one(&self, session: &mut Session, enc: &Encoding) -> Result<f32, ModelError> {
+        let inputs = Batch::from_encodings(std::slice::from_ref(enc)).into_inputs(self.inputs)?;
         let outputs = session
             .run(inputs)
             .map_err(|e| ModelError::Inference(e.to_string()))?;

@@ -1045,59 +1045,37 @@ mod tests {
 
     #[test]
     fn a_retry_never_repeats_the_previous_plan() {
+        use Route::*;
         let f = Filters::default();
-        let prev = |r: Route, e: bool| Some((r, e, Filters::default()));
+        // `escalate` after a previous attempt that ran `prev` on filters `f`.
+        let after = |attempt, route, evidence, filters: &Filters, prev: Option<(Route, bool)>| {
+            let prev = prev.map(|(r, e)| (r, e, Filters::default()));
+            escalate(attempt, route, evidence, filters, prev.as_ref())
+        };
         // Same route, evidence and filters as before: one step up instead.
         assert_eq!(
-            escalate(
-                1,
-                Route::Simple,
-                true,
-                &f,
-                prev(Route::Simple, true).as_ref()
-            ),
-            Some((Route::MultiHop, false))
+            after(1, Simple, true, &f, Some((Simple, true))),
+            Some((MultiHop, false))
         );
         // A degraded previous attempt (no plan recorded) may be repeated.
-        assert_eq!(
-            escalate(1, Route::Simple, true, &f, None),
-            Some((Route::Simple, true))
-        );
+        assert_eq!(after(1, Simple, true, &f, None), Some((Simple, true)));
         // Broadened filters make it a different plan.
         let wider = Filters {
             include_consolidated: true,
             ..Filters::default()
         };
         assert_eq!(
-            escalate(
-                1,
-                Route::Simple,
-                true,
-                &wider,
-                prev(Route::Simple, true).as_ref()
-            ),
-            Some((Route::Simple, true))
+            after(1, Simple, true, &wider, Some((Simple, true))),
+            Some((Simple, true))
         );
         // The third attempt goes up from the best route, past a repeat...
         assert_eq!(
-            escalate(
-                2,
-                Route::Simple,
-                true,
-                &f,
-                prev(Route::MultiHop, false).as_ref()
-            ),
-            Some((Route::Exploratory, false))
+            after(2, Simple, true, &f, Some((MultiHop, false))),
+            Some((Exploratory, false))
         );
         // ...and stops when exploratory already ran.
         assert_eq!(
-            escalate(
-                2,
-                Route::MultiHop,
-                false,
-                &f,
-                prev(Route::Exploratory, false).as_ref()
-            ),
+            after(2, MultiHop, false, &f, Some((Exploratory, false))),
             None
         );
     }

@@ -306,6 +306,19 @@ async fn healthy_env(graph_delay: Duration) -> (Env, Arc<FakeSearch>) {
     (env, search)
 }
 
+/// Healthy search and graph doubles in front of the reranker at `rerank`.
+async fn env_with_reranker(rerank: String) -> Env {
+    gateway(
+        serve(SearchServiceServer::new(FakeSearch::default())).await,
+        serve(GraphServiceServer::new(FakeGraph {
+            delay: Duration::ZERO,
+        }))
+        .await,
+        rerank,
+    )
+    .await
+}
+
 fn authed<T>(msg: T) -> Request<T> {
     let mut r = Request::new(msg);
     r.metadata_mut().insert(
@@ -544,16 +557,7 @@ async fn cache_hits_and_writes_invalidate() {
 
 #[tokio::test]
 async fn dead_reranker_is_skipped_and_marked() {
-    let search = Arc::new(FakeSearch::default());
-    let env = gateway(
-        serve(SearchServiceServer::from_arc(search)).await,
-        serve(GraphServiceServer::new(FakeGraph {
-            delay: Duration::ZERO,
-        }))
-        .await,
-        dead().await,
-    )
-    .await;
+    let env = env_with_reranker(dead().await).await;
     let mut c = client(&env).await;
     let r = c
         .retrieve(authed(q("what is the deploy procedure")))
@@ -611,18 +615,7 @@ async fn everything_down_is_unavailable_and_auth_is_required() {
 #[tokio::test]
 async fn retries_do_not_rescore_the_same_memories() {
     let rerank = Arc::new(UnimpressedRerank::default());
-    let env = gateway(
-        serve(SearchServiceServer::from_arc(Arc::new(
-            FakeSearch::default(),
-        )))
-        .await,
-        serve(GraphServiceServer::new(FakeGraph {
-            delay: Duration::ZERO,
-        }))
-        .await,
-        serve(RerankServiceServer::from_arc(rerank.clone())).await,
-    )
-    .await;
+    let env = env_with_reranker(serve(RerankServiceServer::from_arc(rerank.clone())).await).await;
     let mut c = client(&env).await;
     let r = c
         .retrieve(authed(q("what is the deploy procedure")))

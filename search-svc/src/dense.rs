@@ -33,14 +33,7 @@ pub async fn search(
         .push(" LIMIT ")
         .push_bind(i64::from(k));
 
-    // Not a named prepared statement: after five runs Postgres may switch a
-    // named one to a generic plan, which cannot see that the tenant holds
-    // most of the table (see `keyword::search`).
-    let rows: Vec<ScoredRow> = qb
-        .build_query_as()
-        .persistent(false)
-        .fetch_all(pool)
-        .await?;
+    let rows = ScoredRow::fetch_all(qb, pool).await?;
 
     let mut rows: Vec<(MemoryRow, f32)> = rows
         .into_iter()

@@ -20,10 +20,10 @@
 //! GIN index is asked only for the rarest terms, taken by ascending df while
 //! their summed df stays within the candidate budget
 //! (`search.keyword_candidates`, at least the rarest one), at most that many
-//! rows; every query term still scores them. A
-//! document that matches only the common terms can only reach a low score
-//! (their idf is small), which is why this keeps the recall of exact BM25
-//! (2Wiki dev keyword R@2/R@5 measured in docs/benchmarks.md).
+//! rows; every query term still scores them. A document that matches only
+//! the common terms can only reach a low score (their idf is small), which
+//! is why this keeps the recall of exact BM25 (2Wiki dev keyword R@2/R@5
+//! measured in docs/benchmarks.md).
 
 use engram_common::Identity;
 use sqlx::{PgPool, Postgres, QueryBuilder};
@@ -86,7 +86,7 @@ pub async fn search(
         candidates,
         default_decay_floor,
     } = ranking;
-    let mut qb = match scoring {
+    let qb = match scoring {
         Scoring::TsRankCd => ts_rank_cd_query(identity, text, filters, k, default_decay_floor),
         Scoring::Bm25 => bm25_query(
             identity,
@@ -97,17 +97,7 @@ pub async fn search(
             default_decay_floor,
         ),
     };
-    // Planned for these parameters every time. sqlx caches a named prepared
-    // statement per connection, and after five executions Postgres may run it
-    // with a generic plan: on the 100K bench tenant that plan took 50-230 ms
-    // where the custom one takes 6-22 ms (the candidate budget and the
-    // tenant's share of the table are invisible to it). The extra parse is
-    // well under a millisecond.
-    let rows: Vec<ScoredRow> = qb
-        .build_query_as()
-        .persistent(false)
-        .fetch_all(pool)
-        .await?;
+    let rows = ScoredRow::fetch_all(qb, pool).await?;
     Ok(rows
         .into_iter()
         .map(|r| (r.memory, r.score as f32))
