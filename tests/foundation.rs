@@ -44,6 +44,24 @@ async fn demo_path_returns_real_results() -> anyhow::Result<()> {
             .is_some_and(|p| p.strategies.iter().any(|s| s.strategy == "graph"))),
         "multi-hop answer has no graph provenance"
     );
+    // Agentic retrieval bridges it: the project first, then its lead.
+    let agentic =
+        engram::demo::run_agentic(&mut client, &ts.tenant, engram::demo::BRIDGE_QUERY).await?;
+    let rendered = engram::demo::render_agentic(engram::demo::BRIDGE_QUERY, &agentic);
+    assert!(
+        agentic
+            .steps
+            .iter()
+            .any(|s| s.detail == "bridge entity: Project Atlas"),
+        "{rendered}"
+    );
+    assert!(
+        agentic
+            .results
+            .iter()
+            .any(|x| x.text.contains("engineering lead of Project Atlas")),
+        "{rendered}"
+    );
     // Loading twice is idempotent (stable ids).
     engram::demo::load_sample(&mut client, &ts.tenant).await?;
     let r2 = engram::demo::run_query(&mut client, "oat-milk flat white").await?;

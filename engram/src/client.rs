@@ -1,5 +1,6 @@
 //! The CLI's gRPC client: the public gateway with an API key attached.
 
+use engram_proto::knowledge_foundry_service_client::KnowledgeFoundryServiceClient;
 use engram_proto::memory_service_client::MemoryServiceClient;
 use engram_proto::retrieval_service_client::RetrievalServiceClient;
 use tonic::metadata::MetadataValue;
@@ -20,12 +21,15 @@ pub type Retrieval =
     RetrievalServiceClient<tonic::service::interceptor::InterceptedService<Channel, ApiKey>>;
 pub type Memories =
     MemoryServiceClient<tonic::service::interceptor::InterceptedService<Channel, ApiKey>>;
+pub type Foundry =
+    KnowledgeFoundryServiceClient<tonic::service::interceptor::InterceptedService<Channel, ApiKey>>;
 
-/// Both public clients over one channel.
+/// The public clients over one channel.
 #[derive(Clone)]
 pub struct Client {
     pub retrieval: Retrieval,
     pub memories: Memories,
+    pub foundry: Foundry,
 }
 
 impl Client {
@@ -41,6 +45,8 @@ impl Client {
         })?);
         Ok(Self {
             retrieval: RetrievalServiceClient::with_interceptor(channel.clone(), key.clone())
+                .max_decoding_message_size(64 << 20),
+            foundry: KnowledgeFoundryServiceClient::with_interceptor(channel.clone(), key.clone())
                 .max_decoding_message_size(64 << 20),
             memories: MemoryServiceClient::with_interceptor(channel, key)
                 .max_decoding_message_size(64 << 20)

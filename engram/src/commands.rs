@@ -121,6 +121,8 @@ pub async fn demo_on(stack: &Stack) -> anyhow::Result<String> {
         let r = demo::run_query(&mut client, q).await?;
         out.push_str(&demo::render(q, &r));
     }
+    let r = demo::run_agentic(&mut client, "default", demo::BRIDGE_QUERY).await?;
+    out.push_str(&demo::render_agentic(demo::BRIDGE_QUERY, &r));
     Ok(out)
 }
 

@@ -5,7 +5,10 @@
 
 use std::fmt::Write as _;
 
-use engram_proto::{AddEdgesRequest, QueryRoute, RetrieveRequest, RetrieveResponse, UpsertRequest};
+use engram_proto::{
+    AddEdgesRequest, AgenticRetrieveRequest, FoundryResponse, QueryRoute, RetrieveRequest,
+    RetrieveResponse, UpsertRequest,
+};
 
 use crate::client::Client;
 use crate::ingest;
@@ -14,12 +17,17 @@ pub const SAMPLE: &str = include_str!("demo.jsonl");
 
 /// Queries the demo runs, each chosen to show one part of the pipeline.
 pub const QUERIES: &[&str] = &[
-    "Who leads the project that migrates the billing system?",
+    BRIDGE_QUERY,
     "When does Alice prefer to have meetings?",
     "What is the deadline for the Atlas migration?",
     "Who is the contact at the customer that gets invoices from billing, and when can I call him?",
     "hello!",
 ];
+
+/// A bridge question: one pass finds the project but not its lead, so the
+/// demo also asks it through agentic retrieval, which looks up the project
+/// first and then asks who leads it.
+pub const BRIDGE_QUERY: &str = "Who leads the project that migrates the billing system?";
 
 /// Loads the sample (idempotent: stable ids).
 pub async fn load_sample(client: &mut Client, tenant: &str) -> anyhow::Result<usize> {
@@ -136,6 +144,52 @@ pub fn render(query: &str, r: &RetrieveResponse) -> String {
         for line in r.context_block.lines() {
             let _ = writeln!(out, "    | {line}");
         }
+    }
+    out
+}
+
+/// Agentic retrieval with rule-based decomposition (no LLM).
+pub async fn run_agentic(
+    client: &mut Client,
+    tenant: &str,
+    text: &str,
+) -> anyhow::Result<FoundryResponse> {
+    let r = client
+        .foundry
+        .retrieve_agentic(AgenticRetrieveRequest {
+            query: text.to_string(),
+            tenant_id: tenant.to_string(),
+            reasoning_effort: "medium".into(),
+            ..Default::default()
+        })
+        .await?;
+    Ok(r.into_inner())
+}
+
+pub fn render_agentic(query: &str, r: &FoundryResponse) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n> {query}  (agentic, reasoning_effort=medium)\n  latency={:.1}ms tokens={}",
+        r.total_latency_ms, r.total_tokens_used
+    );
+    for s in &r.steps {
+        let _ = writeln!(
+            out,
+            "  step {} {}: {:?} -> {} results{}",
+            s.step_number,
+            s.action,
+            s.input,
+            s.result_count,
+            if s.detail.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", s.detail)
+            }
+        );
+    }
+    for (i, x) in r.results.iter().enumerate() {
+        let _ = writeln!(out, "  {}. [{:.3}] {}", i + 1, x.score, x.text);
     }
     out
 }

@@ -279,6 +279,41 @@ fn bridge(q: &str) -> Option<(String, String)> {
         follow.extend(&words[i + 2..]);
         return Some((format!("{relation} of {owner}"), follow.join(" ")));
     }
+    relative_clause(&words)
+}
+
+/// "the <noun> that|which|who <clause>": the description names the bridge
+/// ("Who leads the project that migrates billing?"), so it is asked first
+/// and the outer question is asked about whatever it finds.
+fn relative_clause(words: &[&str]) -> Option<(String, String)> {
+    for i in 1..words.len().saturating_sub(3) {
+        let the = trim_punct(words[i]).to_lowercase();
+        let noun = words[i + 1];
+        let rel = words[i + 2].to_lowercase();
+        if !(the == "the" || the == "a")
+            || is_cap(noun)
+            || ends_clause(noun)
+            || !["that", "which", "who"].contains(&rel.as_str())
+        {
+            continue;
+        }
+        let end = (i + 3..words.len())
+            .find(|&j| ends_clause(words[j]))
+            .unwrap_or(words.len() - 1);
+        if end < i + 4 {
+            continue;
+        }
+        let last = words[end];
+        let bare_last = last.trim_end_matches([',', ';', ':', '?', '!', '.']);
+        let mut clause: Vec<&str> = words[i + 3..end].to_vec();
+        clause.push(bare_last);
+        let first = format!("{} {} {}", trim_punct(noun), rel, clause.join(" "));
+        let slot = format!("{SLOT}{}", &last[bare_last.len()..]);
+        let mut follow: Vec<&str> = words[..i].to_vec();
+        follow.push(&slot);
+        follow.extend(&words[end + 1..]);
+        return Some((first, follow.join(" ")));
+    }
     None
 }
 
@@ -342,19 +377,32 @@ pub fn decompose(query: &str, max_parts: usize) -> Plan {
     }
 }
 
-/// The entity a bridge's best hit contributes: a name in the hit (its
-/// stored entities first) that the question does not already mention.
-pub fn bridge_entity(hit_text: &str, hit_entities: &[String], question: &str) -> Option<String> {
-    let q = question.to_lowercase();
+/// The entity a bridge's hits contribute: a name the question does not
+/// already mention. A name carrying the description's head noun wins from
+/// any of the top hits ("the project that ..." -> "Project Atlas"), since
+/// the best-scoring hit often only shares the description's words; else
+/// the best hit's first fresh name (its stored entities first).
+pub fn bridge_entity(hits: &[(&str, &[String])], asked: &str) -> Option<String> {
+    let q = asked.to_lowercase();
     let fresh = |e: &String| {
         let l = e.to_lowercase();
         !l.is_empty() && !q.contains(&l) && !l.split(' ').all(|w| q.contains(w))
     };
-    hit_entities
-        .iter()
-        .find(|e| fresh(e) && e.chars().next().is_some_and(char::is_uppercase))
-        .cloned()
-        .or_else(|| named_spans(hit_text).into_iter().find(|e| fresh(e)))
+    let names = |(text, entities): &(&str, &[String])| -> Vec<String> {
+        let mut v: Vec<String> = entities
+            .iter()
+            .filter(|e| fresh(e) && e.chars().next().is_some_and(char::is_uppercase))
+            .cloned()
+            .collect();
+        v.extend(named_spans(text).into_iter().filter(|e| fresh(e)));
+        v
+    };
+    let head = q.split_whitespace().next().unwrap_or_default().to_string();
+    let with_head = |e: &String| head.len() > 2 && e.to_lowercase().split(' ').any(|w| w == head);
+    hits.iter()
+        .flat_map(&names)
+        .find(with_head)
+        .or_else(|| hits.first().and_then(|h| names(h).into_iter().next()))
 }
 
 #[cfg(test)]
@@ -418,6 +466,28 @@ mod tests {
             }
         );
         assert_eq!(
+            decompose("Who leads the project that migrates the billing system?", 4),
+            Plan::Bridge {
+                first: "project that migrates the billing system".into(),
+                follow_up: "Who leads {}?".into(),
+            }
+        );
+        assert_eq!(
+            decompose(
+                "What is the name of the company which bought Globex, and why?",
+                4
+            ),
+            Plan::Bridge {
+                first: "company which bought Globex".into(),
+                follow_up: "What is the name of {}, and why?".into(),
+            }
+        );
+        // A clause of one word is no description.
+        assert_eq!(
+            decompose("who is the one that left", 4),
+            Plan::Single("who is the one that left".into())
+        );
+        assert_eq!(
             decompose("When was Inception's director born?", 4),
             Plan::Bridge {
                 first: "director of Inception".into(),
@@ -448,22 +518,39 @@ mod tests {
     }
 
     #[test]
-    fn bridge_entity_is_a_new_name_from_the_hit() {
+    fn bridge_entity_is_a_new_name_from_the_hits() {
         let hit = "Inception is a 2010 film written and directed by Christopher Nolan.";
+        let none: &[String] = &[];
         assert_eq!(
-            bridge_entity(hit, &[], "director of film Inception").as_deref(),
+            bridge_entity(&[(hit, none)], "director of film Inception").as_deref(),
             Some("Christopher Nolan")
         );
+        let stored = ["inception".to_string(), "Christopher Nolan".to_string()];
         assert_eq!(
-            bridge_entity(
-                hit,
-                &["inception".into(), "Christopher Nolan".into()],
-                "director of film Inception"
-            )
-            .as_deref(),
+            bridge_entity(&[(hit, &stored)], "director of film Inception").as_deref(),
             Some("Christopher Nolan")
         );
-        assert_eq!(bridge_entity("nothing named here", &[], "q"), None);
+        assert_eq!(bridge_entity(&[("nothing named here", none)], "q"), None);
+        assert_eq!(bridge_entity(&[], "q"), None);
+    }
+
+    #[test]
+    fn a_name_with_the_head_noun_wins_from_a_lower_hit() {
+        let none: &[String] = &[];
+        let hits = [
+            ("The billing system invoices Acme Corp.", none),
+            ("Project Atlas migrates the billing system.", none),
+        ];
+        let asked = "project that migrates the billing system";
+        assert_eq!(
+            bridge_entity(&hits, asked).as_deref(),
+            Some("Project Atlas")
+        );
+        // Without the head noun in any name, the best hit decides.
+        assert_eq!(
+            bridge_entity(&hits, "owner of the billing system").as_deref(),
+            Some("Acme Corp")
+        );
     }
 
     #[test]

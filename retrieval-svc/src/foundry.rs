@@ -42,6 +42,10 @@ pub const MAX_KB_IDS: usize = 32;
 /// Share of the token budget the packed context may fill; the rest is left
 /// for the caller's prompt and answer.
 pub const CONTEXT_SHARE: f32 = 0.7;
+/// Hits of a bridge's first step searched for the bridge entity: the one
+/// the description names is often second or third (see
+/// `decompose::bridge_entity`).
+const BRIDGE_HITS: usize = 3;
 /// How close to the latency deadline a failed step counts as cut by it.
 const LATENCY_SLACK: Duration = Duration::from_millis(150);
 /// Share of the remaining latency budget LLM decomposition may take, so
@@ -454,11 +458,11 @@ struct Run<'a> {
     /// Best score per chunk, in first-seen order.
     results: Vec<FoundryResult>,
     index: HashMap<String, usize>,
-    /// The latest retrieve's best hit, for a bridge follow-up.
-    best_hit_opt: Option<BestHit>,
+    /// The latest retrieve's top hits, best first, for a bridge follow-up.
+    top_hits: Vec<BestHit>,
 }
 
-/// Content and stored entities of a step's best hit.
+/// Content and stored entities of one of a step's top hits.
 struct BestHit {
     content: String,
     entities: Vec<String>,
@@ -468,7 +472,7 @@ struct BestHit {
 struct StepOutcome {
     input: String,
     results: Vec<FoundryResult>,
-    best_hit_opt: Option<BestHit>,
+    top_hits: Vec<BestHit>,
     latency: Duration,
     error_opt: Option<Error>,
     /// The request's latency budget, not the pipeline ceiling, ended it.
@@ -562,13 +566,15 @@ impl Run<'_> {
         }
         records.sort_by(|a, b| b.score.total_cmp(&a.score));
         records.truncate(self.a.top_k_per_step as usize);
-        let best_hit_opt = records
-            .first()
-            .and_then(|r| r.memory.as_ref())
+        let top_hits = records
+            .iter()
+            .take(BRIDGE_HITS)
+            .filter_map(|r| r.memory.as_ref())
             .map(|m| BestHit {
                 content: m.content.clone(),
                 entities: m.entities.clone(),
-            });
+            })
+            .collect();
         let results = records
             .into_iter()
             .filter_map(|r| {
@@ -580,7 +586,7 @@ impl Run<'_> {
             input: text,
             error_opt,
             results,
-            best_hit_opt,
+            top_hits,
             latency: t.elapsed(),
             cut_by_latency,
         }
@@ -621,7 +627,7 @@ impl Run<'_> {
                 }
             }
         }
-        self.best_hit_opt = o.best_hit_opt;
+        self.top_hits = o.top_hits;
         self.push_step("retrieve", o.input, count, tokens, o.latency, String::new());
         Ok(())
     }
@@ -654,10 +660,12 @@ impl Run<'_> {
         // Nested bridges ("the spouse of the founder of X") take one more
         // hop per level while the budget allows.
         loop {
-            let entity_opt = self
-                .best_hit_opt
-                .as_ref()
-                .and_then(|h| decompose::bridge_entity(&h.content, &h.entities, &asked));
+            let hits: Vec<(&str, &[String])> = self
+                .top_hits
+                .iter()
+                .map(|h| (h.content.as_str(), h.entities.as_slice()))
+                .collect();
+            let entity_opt = decompose::bridge_entity(&hits, &asked);
             let next = match &entity_opt {
                 Some(e) => follow_up.replace(SLOT, e),
                 // No bridge entity: ask the whole question instead.
@@ -882,7 +890,7 @@ pub async fn agentic(
         truncated_opt: None,
         results: Vec::new(),
         index: HashMap::new(),
-        best_hit_opt: None,
+        top_hits: Vec::new(),
     };
     let plan = if a.effort == Effort::Low {
         Plan::Single(a.query.clone())
