@@ -260,7 +260,9 @@ fn retrieve_tokens(r: &FoundryResponse) -> u32 {
 }
 
 const QUESTION: &str = "Who was born first, Alan Turing or John von Neumann?";
-const RULE_PARTS: [&str; 2] = [
+/// The rules' split, led by the whole question.
+const RULE_PARTS: [&str; 3] = [
+    QUESTION,
     "Who was born first, Alan Turing?",
     "Who was born first, John von Neumann?",
 ];
@@ -282,21 +284,29 @@ async fn agentic_retrieval_with_an_llm_and_its_fallbacks() -> anyhow::Result<()>
         async move { anyhow::Ok(f.retrieve_agentic(authed(&key, r)).await?.into_inner()) }
     };
 
-    // Medium effort: the LLM's sub-questions are the retrieves; the answer
+    // Medium effort: the whole question and the LLM's sub-questions are the
+    // retrieves; the answer
     // cites the packed sources; the LLM's tokens count.
     let r = agentic(&f, req()).await?;
     let actions: Vec<&str> = r.steps.iter().map(|s| s.action.as_str()).collect();
     assert_eq!(
         actions,
-        ["decompose", "retrieve", "retrieve", "synthesize"],
+        [
+            "decompose",
+            "retrieve",
+            "retrieve",
+            "retrieve",
+            "synthesize"
+        ],
         "{r:#?}"
     );
     let d = step(&r, "decompose");
     assert!(d.detail.starts_with("method=llm"), "{}", d.detail);
-    assert_eq!((d.result_count, d.tokens), (2, DECOMPOSE_TOKENS));
+    assert_eq!((d.result_count, d.tokens), (3, DECOMPOSE_TOKENS));
     assert_eq!(
         retrieve_inputs(&r),
         [
+            QUESTION,
             "When was Alan Turing born?",
             "When was John von Neumann born?"
         ]

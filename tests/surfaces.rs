@@ -392,26 +392,32 @@ async fn agentic_retrieval_decomposes_and_respects_budgets() -> anyhow::Result<(
         ..Default::default()
     };
 
-    // Bridge: the director first, then where the director was born.
+    // Bridge: the director first (beside the whole question), then where
+    // the director was born.
+    let question = "Where was the director of film Inception born?";
     let r = f
-        .retrieve_agentic(authed(
-            &ts.key,
-            req("Where was the director of film Inception born?"),
-        ))
+        .retrieve_agentic(authed(&ts.key, req(question)))
         .await?
         .into_inner();
     let actions: Vec<&str> = r.steps.iter().map(|s| s.action.as_str()).collect();
     assert_eq!(
         actions,
-        ["decompose", "retrieve", "retrieve", "synthesize"],
+        [
+            "decompose",
+            "retrieve",
+            "retrieve",
+            "retrieve",
+            "synthesize"
+        ],
         "{r:#?}"
     );
-    assert_eq!(r.steps[1].input, "director of film Inception");
+    assert_eq!(r.steps[1].input, question);
+    assert_eq!(r.steps[2].input, "director of film Inception");
     assert_eq!(
-        r.steps[2].input, "Where was Christopher Nolan born?",
+        r.steps[3].input, "Where was Christopher Nolan born?",
         "{r:#?}"
     );
-    assert!(r.steps[2].detail.contains("Christopher Nolan"));
+    assert!(r.steps[3].detail.contains("Christopher Nolan"));
     assert!(
         r.results
             .iter()
@@ -435,12 +441,11 @@ async fn agentic_retrieval_decomposes_and_respects_budgets() -> anyhow::Result<(
         .sum();
     assert_eq!(r.total_tokens_used, retrieved);
 
-    // Comparison: one sub-query per entity, in parallel.
+    // Comparison: the whole question and one sub-query per entity, in
+    // parallel.
+    let question = "Who was born first, Alan Turing or John von Neumann?";
     let r = f
-        .retrieve_agentic(authed(
-            &ts.key,
-            req("Who was born first, Alan Turing or John von Neumann?"),
-        ))
+        .retrieve_agentic(authed(&ts.key, req(question)))
         .await?
         .into_inner();
     let inputs: Vec<&str> = r
@@ -452,6 +457,7 @@ async fn agentic_retrieval_decomposes_and_respects_budgets() -> anyhow::Result<(
     assert_eq!(
         inputs,
         [
+            question,
             "Who was born first, Alan Turing?",
             "Who was born first, John von Neumann?"
         ]
@@ -492,7 +498,12 @@ async fn agentic_retrieval_decomposes_and_respects_budgets() -> anyhow::Result<(
         .into_inner();
     assert!(r.truncated);
     assert_eq!(r.truncated_reason, "budget");
-    assert_eq!(r.steps.iter().filter(|s| s.action == "retrieve").count(), 1);
+    // The whole question and the first hop ran side by side; no follow-up.
+    assert_eq!(
+        r.steps.iter().filter(|s| s.action == "retrieve").count(),
+        2,
+        "{r:#?}"
+    );
     assert!(r.context.len().div_ceil(4) <= 70, "{}", r.context);
     // max_steps 1 also truncates the bridge.
     let r = f

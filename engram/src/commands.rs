@@ -303,6 +303,10 @@ pub struct EvalCommon {
     /// setting always runs one at a time so its latency is clean).
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
+    /// Also ask every question through RetrieveAgentic (rule-based
+    /// decomposition, reasoning_effort medium), reported as `agentic`.
+    #[arg(long)]
+    pub agentic: bool,
 }
 
 /// (api key, tenant, agent, trust): one fresh key per evaluation tenant.
@@ -401,7 +405,15 @@ pub async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()
             }
             // Also after a restart: graph-svc loads a tenant on first use.
             wait_for_graph(client, part).await;
-            ev::run_part(&clients, part, &mut tally, common.concurrency.max(1), progress).await?;
+            ev::run_part(
+                &clients,
+                part,
+                &mut tally,
+                common.concurrency.max(1),
+                common.agentic,
+                progress,
+            )
+            .await?;
         }
         anyhow::Ok(tally)
     }

@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use engram_proto::{GetRequest, Memory, RetrievalMode, RetrieveRequest, Triple, UpsertRequest};
+use engram_proto::{
+    AgenticRetrieveRequest, GetRequest, Memory, RetrievalMode, RetrieveRequest, Triple,
+    UpsertRequest,
+};
 use futures::StreamExt;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -531,11 +534,67 @@ pub struct Tally {
 /// Ranked corpus indices, latency in ms, degraded stages.
 type Answer = (Vec<usize>, f64, Vec<String>);
 
+/// The optional setting: `RetrieveAgentic` with rule-based decomposition
+/// (reasoning_effort medium, 10 results per step), ranked by its score.
+pub const AGENTIC: &str = "agentic";
+
+/// How one setting asks a question.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ask {
+    Mode(RetrievalMode),
+    Agentic,
+}
+
+async fn ask(
+    mut c: Client,
+    tenant: &str,
+    text: &str,
+    how: Ask,
+    ids: &HashMap<String, usize>,
+) -> anyhow::Result<Answer> {
+    let t = Instant::now();
+    let (found, degraded): (Vec<String>, Vec<String>) = match how {
+        Ask::Mode(mode) => {
+            let req = RetrieveRequest {
+                text: text.to_string(),
+                limit: Some(10),
+                mode: mode as i32,
+                no_cache: true,
+                ..Default::default()
+            };
+            let r = c.retrieval.retrieve(req).await?.into_inner();
+            let found = r
+                .records
+                .into_iter()
+                .filter_map(|x| x.memory)
+                .map(|m| m.id)
+                .collect();
+            (found, r.degraded_stages)
+        }
+        Ask::Agentic => {
+            let req = AgenticRetrieveRequest {
+                query: text.to_string(),
+                tenant_id: tenant.to_string(),
+                reasoning_effort: "medium".into(),
+                top_k_per_step: Some(10),
+                ..Default::default()
+            };
+            let mut r = c.foundry.retrieve_agentic(req).await?.into_inner().results;
+            r.sort_by(|a, b| b.score.total_cmp(&a.score));
+            (r.into_iter().map(|x| x.chunk_id).collect(), Vec::new())
+        }
+    };
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    let ranked = found.iter().filter_map(|id| ids.get(id).copied()).collect();
+    Ok((ranked, ms, degraded))
+}
+
 pub async fn run_part(
     clients: &HashMap<String, Client>,
     part: &Part,
     tally: &mut Tally,
     concurrency: usize,
+    agentic: bool,
     progress: bool,
 ) -> anyhow::Result<()> {
     let client = clients
@@ -545,36 +604,16 @@ pub async fn run_part(
     let ids: HashMap<String, usize> = (0..part.docs.len())
         .map(|i| (doc_id(&part.tenant, i), i))
         .collect();
-    for (name, mode) in SETTINGS {
-        let conc = if mode == RetrievalMode::Auto {
-            1
-        } else {
-            concurrency
-        };
+    let mut settings: Vec<(&'static str, Ask)> =
+        SETTINGS.iter().map(|&(n, m)| (n, Ask::Mode(m))).collect();
+    if agentic {
+        settings.push((AGENTIC, Ask::Agentic));
+    }
+    for (name, how) in settings {
+        let pipeline = how == Ask::Mode(RetrievalMode::Auto);
+        let conc = if pipeline { 1 } else { concurrency };
         let results: Vec<anyhow::Result<Answer>> = futures::stream::iter(part.questions.iter())
-            .map(|q| {
-                let mut c = client.clone();
-                let ids = &ids;
-                async move {
-                    let req = RetrieveRequest {
-                        text: q.text.clone(),
-                        limit: Some(10),
-                        mode: mode as i32,
-                        no_cache: true,
-                        ..Default::default()
-                    };
-                    let t = Instant::now();
-                    let r = c.retrieval.retrieve(req).await?.into_inner();
-                    let ms = t.elapsed().as_secs_f64() * 1000.0;
-                    let ranked = r
-                        .records
-                        .iter()
-                        .filter_map(|x| x.memory.as_ref())
-                        .filter_map(|m| ids.get(&m.id).copied())
-                        .collect();
-                    anyhow::Ok((ranked, ms, r.degraded_stages))
-                }
-            })
+            .map(|q| ask(client.clone(), &part.tenant, &q.text, how, &ids))
             .buffered(conc)
             .collect()
             .await;
@@ -585,7 +624,7 @@ pub async fn run_part(
                     for (i, k) in KS.iter().enumerate() {
                         sums[i] += recall_at(&ranked, &q.gold, *k);
                     }
-                    if mode == RetrievalMode::Auto {
+                    if pipeline {
                         tally.pipeline_ms.push(ms);
                         for d in degraded {
                             *tally.degraded.entry(d).or_default() += 1;
@@ -611,12 +650,21 @@ pub async fn run_part(
 }
 
 /// The contract JSON of design.md.
+/// The settings a report shows: every strategy, then agentic when run.
+fn reported(tally: &Tally) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = SETTINGS.iter().map(|&(n, _)| n).collect();
+    if tally.sums.contains_key(AGENTIC) {
+        names.push(AGENTIC);
+    }
+    names
+}
+
 pub fn report_json(dataset: &str, tally: &Tally) -> serde_json::Value {
     let n = tally.questions.max(1) as f64;
     let mut recall = serde_json::Map::new();
     for (i, k) in KS.iter().enumerate() {
         let mut per = serde_json::Map::new();
-        for (name, _) in SETTINGS {
+        for name in reported(tally) {
             let v = tally.sums.get(name).map(|s| s[i]).unwrap_or(0.0) / n * 100.0;
             per.insert(name.into(), serde_json::json!((v * 10.0).round() / 10.0));
         }
@@ -643,7 +691,7 @@ pub fn report_table(dataset: &str, tally: &Tally) -> String {
         out.push_str(&format!("{:>8}", format!("R@{k}")));
     }
     out.push('\n');
-    for (name, _) in SETTINGS {
+    for name in reported(tally) {
         out.push_str(&format!("{name:<10}"));
         for k in KS {
             let v = j["recall_at"][k.to_string()][name].as_f64().unwrap_or(0.0);

@@ -399,10 +399,23 @@ pub fn bridge_entity(hits: &[(&str, &[String])], asked: &str) -> Option<String> 
     };
     let head = q.split_whitespace().next().unwrap_or_default().to_string();
     let with_head = |e: &String| head.len() > 2 && e.to_lowercase().split(' ').any(|w| w == head);
-    hits.iter()
-        .flat_map(&names)
-        .find(with_head)
-        .or_else(|| hits.first().and_then(|h| names(h).into_iter().next()))
+    let all: Vec<String> = hits.iter().flat_map(&names).collect();
+    let chosen = all
+        .iter()
+        .find(|e| with_head(e))
+        .cloned()
+        .or_else(|| hits.first().and_then(|h| names(h).into_iter().next()))?;
+    // Later mentions shorten names ("Nolan"); a fuller form in another top
+    // hit ("Christopher Nolan") retrieves better.
+    let words: Vec<&str> = chosen.split(' ').collect();
+    let fuller = all
+        .iter()
+        .filter(|e| {
+            let w: Vec<&str> = e.split(' ').collect();
+            w.len() > words.len() && w.windows(words.len()).any(|x| x == words.as_slice())
+        })
+        .max_by_key(|e| e.len());
+    Some(fuller.cloned().unwrap_or(chosen))
 }
 
 #[cfg(test)]
@@ -546,6 +559,19 @@ mod tests {
             bridge_entity(&hits, asked).as_deref(),
             Some("Project Atlas")
         );
+        // A surname is widened to the full name another hit gives.
+        let hits = [
+            ("Nolan's films use IMAX cameras.", none),
+            ("Inception was directed by Christopher Nolan.", none),
+        ];
+        assert_eq!(
+            bridge_entity(&hits, "director of film Inception").as_deref(),
+            Some("Christopher Nolan")
+        );
+        let hits = [
+            ("The billing system invoices Acme Corp.", none),
+            ("Project Atlas migrates the billing system.", none),
+        ];
         // Without the head noun in any name, the best hit decides.
         assert_eq!(
             bridge_entity(&hits, "owner of the billing system").as_deref(),
