@@ -84,18 +84,7 @@ fn bench_synthetic(c: &mut Criterion) {
 fn queries(s: &shape::Shape, settings: &GraphSettings) -> Vec<PprQuery> {
     (0..QUERIES)
         .filter_map(|i| {
-            let req = engram_proto::PprRequest {
-                query_text: s.questions[i % s.questions.len()].clone(),
-                seeds: s
-                    .seeds(i)
-                    .into_iter()
-                    .map(|(id, w)| engram_proto::Seed {
-                        memory_id: id.to_string(),
-                        weight: w,
-                    })
-                    .collect(),
-                ..Default::default()
-            };
+            let req = s.request(i);
             PprQuery::from_proto(req, settings).ok()
         })
         .collect()

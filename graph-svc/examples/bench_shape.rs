@@ -42,18 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut lat = Vec::with_capacity(nq);
         let mut touched = Vec::with_capacity(nq);
         for i in 0..nq {
-            let req = engram_proto::PprRequest {
-                query_text: s.questions[i % s.questions.len()].clone(),
-                seeds: s
-                    .seeds(i)
-                    .into_iter()
-                    .map(|(id, w)| engram_proto::Seed {
-                        memory_id: id.to_string(),
-                        weight: w,
-                    })
-                    .collect(),
-                ..Default::default()
-            };
+            let req = s.request(i);
             let q = PprQuery::from_proto(req, &settings)?;
             let t = Instant::now();
             let resp = run_ppr(g, &q, &view, settings.memory_seed_weight, None);

@@ -24,16 +24,20 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// The memory seeds the bench sends with query `i` (ids are `j`).
-    pub fn seeds(&self, i: usize) -> Vec<(Uuid, f32)> {
-        (0..3)
-            .map(|s| {
-                (
-                    Uuid::from_u128(((i * 7919 + s * 104_729) % self.memories) as u128),
-                    1.0,
-                )
-            })
-            .collect()
+    /// The request the bench sends as query `i`: one of the questions, with
+    /// three memory seeds (ids are `j`) spread over the tenant.
+    pub fn request(&self, i: usize) -> engram_proto::PprRequest {
+        engram_proto::PprRequest {
+            query_text: self.questions[i % self.questions.len()].clone(),
+            seeds: (0..3)
+                .map(|s| engram_proto::Seed {
+                    memory_id: Uuid::from_u128(((i * 7919 + s * 104_729) % self.memories) as u128)
+                        .to_string(),
+                    weight: 1.0,
+                })
+                .collect(),
+            ..Default::default()
+        }
     }
 }
 
