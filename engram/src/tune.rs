@@ -20,6 +20,7 @@ use engram_proto::graph_service_client::GraphServiceClient;
 use engram_proto::{LinkQueryRequest, RetrievalMode, RetrieveRequest};
 use futures::StreamExt;
 use retrieval_svc::evidence::{self, Evidence};
+use retrieval_svc::fusion::rank_fusion;
 use retrieval_svc::router::{self, Route};
 
 use crate::client::Client;
@@ -163,20 +164,14 @@ pub async fn collect(
 
 /// Weighted RRF of the sample's lists, top 10, ties by best rank then index.
 pub fn fuse(s: &Sample, w: [f32; 3], k: f32) -> Vec<usize> {
-    let mut score: HashMap<usize, (f32, usize)> = HashMap::new();
-    for (list, wi) in s.lists.iter().zip(w) {
-        if wi <= 0.0 {
-            continue;
-        }
-        for (r, &d) in list.iter().enumerate() {
-            let e = score.entry(d).or_insert((0.0, usize::MAX));
-            e.0 += wi / (k + (r + 1) as f32);
-            e.1 = e.1.min(r);
-        }
-    }
-    let mut v: Vec<(usize, f32, usize)> = score.into_iter().map(|(d, (s, r))| (d, s, r)).collect();
-    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2)).then(a.0.cmp(&b.0)));
-    v.into_iter().take(10).map(|(d, _, _)| d).collect()
+    rank_fusion(
+        s.lists.iter().zip(w).map(|(l, wi)| (wi, l.iter().copied())),
+        k,
+    )
+    .into_iter()
+    .take(10)
+    .map(|(d, _, _)| d)
+    .collect()
 }
 
 /// Mean of recall@2/5/10.

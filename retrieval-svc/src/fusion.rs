@@ -3,7 +3,8 @@
 //! unrelated scales; weights per route let the graph dominate multi-hop
 //! questions without drowning the dense list elsewhere (notes/graph-probe.md).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
 
 use engram_common::settings::{FusionWeights, StrategyWeights};
 use engram_proto::StrategyHit;
@@ -45,45 +46,69 @@ pub fn max_score(lists: &[StrategyList], k: f32) -> f32 {
         .sum()
 }
 
-pub fn rrf(lists: &[StrategyList], k: f32) -> Vec<Fused> {
-    let mut by_id: HashMap<&str, Fused> = HashMap::new();
-    let mut order: Vec<&str> = Vec::new();
-    for list in lists.iter().filter(|l| l.weight > 0.0) {
-        let mut seen = std::collections::HashSet::new();
-        for (i, (id, score)) in list.hits.iter().enumerate() {
-            // A duplicate inside one list counts once, at its best rank.
-            if !seen.insert(id.as_str()) {
+/// The fusion itself over weighted ranked id lists: every id once with its
+/// score and best 1-based rank, best first (score, then best rank, then
+/// id); a duplicate inside one list counts once, at its best rank.
+/// `engram tune` replays this very function offline, so the weights it fits
+/// are fitted for what the gateway runs.
+pub fn rank_fusion<T, L>(lists: impl IntoIterator<Item = (f32, L)>, k: f32) -> Vec<(T, f32, u32)>
+where
+    T: Copy + Eq + Hash + Ord,
+    L: IntoIterator<Item = T>,
+{
+    let mut by_id: HashMap<T, (f32, u32)> = HashMap::new();
+    for (weight, ids) in lists {
+        if weight <= 0.0 {
+            continue;
+        }
+        let mut seen = HashSet::new();
+        for (i, id) in ids.into_iter().enumerate() {
+            if !seen.insert(id) {
                 continue;
             }
             let rank = i as u32 + 1;
-            let entry = by_id.entry(id.as_str()).or_insert_with(|| {
-                order.push(id.as_str());
-                Fused {
-                    id: id.clone(),
-                    rrf: 0.0,
-                    hits: Vec::new(),
-                }
-            });
-            entry.rrf += list.weight / (k + rank as f32);
-            entry.hits.push(StrategyHit {
-                strategy: list.strategy.to_string(),
-                rank,
-                score: *score,
-            });
+            let e = by_id.entry(id).or_insert((0.0, u32::MAX));
+            e.0 += weight / (k + rank as f32);
+            e.1 = e.1.min(rank);
         }
     }
-    let mut out: Vec<Fused> = order
-        .into_iter()
-        .filter_map(|id| by_id.remove(id))
-        .collect();
-    let best_rank = |f: &Fused| f.hits.iter().map(|h| h.rank).min().unwrap_or(u32::MAX);
+    let mut out: Vec<(T, f32, u32)> = by_id.into_iter().map(|(id, (s, r))| (id, s, r)).collect();
     out.sort_by(|a, b| {
-        b.rrf
-            .total_cmp(&a.rrf)
-            .then_with(|| best_rank(a).cmp(&best_rank(b)))
-            .then_with(|| a.id.cmp(&b.id))
+        b.1.total_cmp(&a.1)
+            .then_with(|| a.2.cmp(&b.2))
+            .then_with(|| a.0.cmp(&b.0))
     });
     out
+}
+
+pub fn rrf(lists: &[StrategyList], k: f32) -> Vec<Fused> {
+    let ranked = rank_fusion(
+        lists
+            .iter()
+            .map(|l| (l.weight, l.hits.iter().map(|(id, _)| id.as_str()))),
+        k,
+    );
+    let mut hits: HashMap<&str, Vec<StrategyHit>> = HashMap::new();
+    for list in lists.iter().filter(|l| l.weight > 0.0) {
+        let mut seen = HashSet::new();
+        for (i, (id, score)) in list.hits.iter().enumerate() {
+            if seen.insert(id.as_str()) {
+                hits.entry(id.as_str()).or_default().push(StrategyHit {
+                    strategy: list.strategy.to_string(),
+                    rank: i as u32 + 1,
+                    score: *score,
+                });
+            }
+        }
+    }
+    ranked
+        .into_iter()
+        .map(|(id, rrf, _)| Fused {
+            id: id.to_string(),
+            rrf,
+            hits: hits.remove(id).unwrap_or_default(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
