@@ -665,7 +665,8 @@ impl Run<'_> {
         }
         // The whole question runs beside the first hop when the steps allow
         // both hops too: it keeps what a single pass finds in the ranking.
-        if self.a.max_steps.saturating_sub(self.retrieves) >= 3 {
+        let whole_asked = self.a.max_steps.saturating_sub(self.retrieves) >= 3;
+        if whole_asked {
             let whole = self.a.query.clone();
             let (o_first, o_whole) =
                 futures::future::join(self.retrieve_one(first.clone()), self.retrieve_one(whole))
@@ -688,6 +689,10 @@ impl Run<'_> {
                 .map(|h| (h.content.as_str(), h.entities.as_slice()))
                 .collect();
             let entity_opt = decompose::bridge_entity(&hits, &asked);
+            if entity_opt.is_none() && whole_asked {
+                // The fallback below has already run beside the first hop.
+                break;
+            }
             let next = match &entity_opt {
                 Some(e) => follow_up.replace(SLOT, e),
                 // No bridge entity: ask the whole question instead.
@@ -735,17 +740,17 @@ impl Run<'_> {
         self.a.max_latency.saturating_sub(self.start.elapsed())
     }
 
-    /// The sub-query plan: the LLM's when one is configured and answers
-    /// usably in time, else the rules'. Either way one `decompose` step.
     /// Sub-queries alone lose what one pass over the whole question finds
-    /// (the 2Wiki dev half: R@2 74.0 with it, 68.6 without), so it leads
-    /// them when the steps allow one more.
+    /// (the 2Wiki dev half at RRF k 60: R@2 68.6 with it, 63.7 without), so
+    /// it leads them when the steps allow one more.
     fn with_whole_question(&self, qs: &mut Vec<String>) {
         if !qs.contains(&self.a.query) && (qs.len() as u32) < self.a.max_steps {
             qs.insert(0, self.a.query.clone());
         }
     }
 
+    /// The sub-query plan: the LLM's when one is configured and answers
+    /// usably in time, else the rules'. Either way one `decompose` step.
     async fn plan(&mut self) -> Plan {
         let t = Instant::now();
         let q = self.a.query.clone();
