@@ -462,12 +462,11 @@ struct Run<'a> {
     tokens_used: u32,
     retrieves: u32,
     truncated_opt: Option<&'static str>,
-    /// Every chunk any step returned, in first-seen order.
+    /// Every chunk any step returned, in first-seen order; its `score` is
+    /// the reciprocal-rank fusion of the steps' rankings, since one
+    /// sub-query's scores are not comparable with another's.
     results: Vec<FoundryResult>,
     index: HashMap<String, usize>,
-    /// Reciprocal-rank fusion of the steps' rankings, per chunk: a
-    /// sub-query's scores are not comparable with another's.
-    fused: HashMap<String, f32>,
     /// The latest retrieve's top hits, best first, for a bridge follow-up.
     top_hits: Vec<BestHit>,
 }
@@ -629,12 +628,15 @@ impl Run<'_> {
         } else {
             1.0
         };
-        for (rank, r) in o.results.into_iter().enumerate() {
-            *self.fused.entry(r.chunk_id.clone()).or_default() +=
-                weight / (STEP_RRF_K + rank as f32 + 1.0);
-            if let Entry::Vacant(e) = self.index.entry(r.chunk_id.clone()) {
-                e.insert(self.results.len());
-                self.results.push(r);
+        for (rank, mut r) in o.results.into_iter().enumerate() {
+            let share = weight / (STEP_RRF_K + rank as f32 + 1.0);
+            match self.index.entry(r.chunk_id.clone()) {
+                Entry::Occupied(e) => self.results[*e.get()].score += share,
+                Entry::Vacant(e) => {
+                    e.insert(self.results.len());
+                    r.score = share;
+                    self.results.push(r);
+                }
             }
         }
         self.top_hits = o.top_hits;
@@ -924,7 +926,6 @@ pub async fn agentic(
         truncated_opt: None,
         results: Vec::new(),
         index: HashMap::new(),
-        fused: HashMap::new(),
         top_hits: Vec::new(),
     };
     let plan = if a.effort == Effort::Low {
@@ -936,9 +937,6 @@ pub async fn agentic(
         Plan::Single(q) => run.parallel(vec![q]).await?,
         Plan::Parallel(qs) => run.parallel(qs).await?,
         Plan::Bridge { first, follow_up } => run.bridge(first, follow_up).await?,
-    }
-    for r in run.results.iter_mut() {
-        r.score = run.fused.get(&r.chunk_id).copied().unwrap_or_default();
     }
     run.results.sort_by(|x, y| y.score.total_cmp(&x.score));
     let limit = (a.token_budget as f32 * CONTEXT_SHARE) as u32;
