@@ -19,9 +19,9 @@ use engram_common::settings::{FusionWeights, Settings, StrategyWeights};
 use engram_proto::graph_service_client::GraphServiceClient;
 use engram_proto::{LinkQueryRequest, RetrievalMode, RetrieveRequest};
 use futures::StreamExt;
-use retrieval_svc::evidence::{self, Evidence};
-use retrieval_svc::fusion::rank_fusion;
-use retrieval_svc::router::{self, Route};
+use retrieval_svc::lab::{
+    Evidence, Route, blend, classify, passage, rank_fusion, route_by_evidence, weights_for,
+};
 
 use crate::client::Client;
 use crate::eval::{Part, doc_id, recall_at};
@@ -152,7 +152,7 @@ pub async fn collect(
             dataset,
             tenant: part.tenant.clone(),
             question: q.text.clone(),
-            route: evidence::route(router::classify(&q.text), &ev),
+            route: route_by_evidence(classify(&q.text), &ev),
             evidence: ev,
             lists,
             scores,
@@ -211,7 +211,7 @@ pub fn fit(samples: &[Sample], current: &FusionWeights, default_k: f32) -> Vec<R
     let mut fits = Vec::new();
     for route in [Route::Simple, Route::MultiHop, Route::Exploratory] {
         let mine: Vec<&Sample> = samples.iter().filter(|s| s.route == route).collect();
-        let cur = retrieval_svc::fusion::weights_for(current, route);
+        let cur = weights_for(current, route);
         let mut best = (
             f64::NEG_INFINITY,
             [cur.vector, cur.keyword, cur.graph],
@@ -300,7 +300,7 @@ pub fn report(samples: &[Sample], weights: &FusionWeights, default_k: f32) -> se
         add("graph", &|s| s.lists[2].clone());
         add("rrf_equal", &|s| fuse(s, [1.0, 1.0, 1.0], default_k));
         add("routed_fusion", &|s| {
-            let w = retrieval_svc::fusion::weights_for(weights, s.route);
+            let w = weights_for(weights, s.route);
             fuse(
                 s,
                 [w.vector, w.keyword, w.graph],
@@ -321,7 +321,7 @@ pub fn report(samples: &[Sample], weights: &FusionWeights, default_k: f32) -> se
 
 /// The routed fusion of a sample under `weights` (what Stage 2 hands on).
 pub fn routed(s: &Sample, weights: &FusionWeights, default_k: f32) -> Vec<usize> {
-    let w = retrieval_svc::fusion::weights_for(weights, s.route);
+    let w = weights_for(weights, s.route);
     fuse(
         s,
         [w.vector, w.keyword, w.graph],
@@ -360,7 +360,7 @@ pub async fn collect_relevance(
                     .iter()
                     .map(|&i| {
                         let d = &part.docs[i];
-                        retrieval_svc::validation::passage(&engram_proto::Memory {
+                        passage(&engram_proto::Memory {
                             title: d.title.clone(),
                             content: d.text.clone(),
                             ..Default::default()
@@ -423,12 +423,7 @@ pub fn rerank_order(r: &Reranked, top_n: usize, threshold: f32, k: f32, weight: 
     let mut scored: Vec<(usize, f32)> = kept
         .iter()
         .enumerate()
-        .map(|(i, (d, _))| {
-            (
-                *d,
-                retrieval_svc::assembly::blend(i, rel_pos.get(&i).copied(), k, weight),
-            )
-        })
+        .map(|(i, (d, _))| (*d, blend(i, rel_pos.get(&i).copied(), k, weight)))
         .collect();
     // Stable: ties keep the fused order, as in the gateway.
     scored.sort_by(|a, b| b.1.total_cmp(&a.1));

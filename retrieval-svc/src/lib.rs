@@ -23,6 +23,17 @@ pub mod service;
 pub mod validation;
 pub mod working;
 
+/// The small surface the lab (`engram tune`, `engram eval`) replays
+/// offline: the gateway's own fusion, evidence routing, cross-encoder blend
+/// and passage format, so what is fitted is exactly what runs.
+pub mod lab {
+    pub use crate::assembly::blend;
+    pub use crate::evidence::{Evidence, route as route_by_evidence};
+    pub use crate::fusion::{rank_fusion, weights_for};
+    pub use crate::router::{Route, classify};
+    pub use crate::validation::passage;
+}
+
 use std::future::Future;
 
 use engram_common::Settings;
