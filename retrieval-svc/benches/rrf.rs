@@ -3,7 +3,7 @@
 //!   cargo bench -p retrieval-svc --bench rrf
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use retrieval_svc::fusion::{StrategyList, rrf};
+use retrieval_svc::lab::{StrategyList, rrf};
 
 fn lists() -> Vec<StrategyList> {
     ["vector", "keyword", "graph"]

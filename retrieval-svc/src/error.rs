@@ -70,8 +70,6 @@ impl From<Error> for Status {
     }
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
 #[cfg(test)]
 mod tests {
     use super::*;

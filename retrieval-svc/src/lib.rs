@@ -1,37 +1,34 @@
-//! The public gateway: RetrievalService (the six-stage pipeline) and
-//! MemoryService (the write front), talking to search-, graph- and
-//! rerank-svc only over gRPC through one resilience stack per RPC.
+//! The public gateway: RetrievalService (the six-stage pipeline), the
+//! Knowledge Foundry, working memory and MemoryService (the write front),
+//! talking to search-, graph- and rerank-svc only over gRPC through one
+//! resilience stack per RPC.
+//!
+//! Layers, each depending only on those below it (docs/architecture.md):
+//! `api` (wire adapters) → `surfaces` (working memory, Foundry, HyDE,
+//! writes) → `gateway` (shared state) → `pipeline` (the stages) →
+//! `downstream` (stacks); `query`, `error`, `auth` and `metrics` are leaves.
 
-pub mod assembly;
-pub mod auth;
-pub mod cache;
-pub mod conversation;
-pub mod decompose;
-pub mod demand;
-pub mod downstream;
-pub mod error;
-pub mod evidence;
-pub mod feedback;
-pub mod foundry;
-pub mod fusion;
-pub mod http;
-pub mod llm;
-pub mod metrics;
-pub mod router;
-pub mod search;
-pub mod service;
-pub mod validation;
-pub mod working;
+mod api;
+mod auth;
+mod downstream;
+mod error;
+mod gateway;
+mod metrics;
+mod pipeline;
+mod query;
+mod surfaces;
 
-/// The small surface the lab (`engram tune`, `engram eval`) replays
-/// offline: the gateway's own fusion, evidence routing, cross-encoder blend
-/// and passage format, so what is fitted is exactly what runs.
+/// The small surface the lab (`engram tune`, `engram eval`, the benches)
+/// replays offline: the gateway's own fusion, evidence routing,
+/// cross-encoder blend and passage format, so what is fitted is exactly what
+/// runs.
 pub mod lab {
-    pub use crate::assembly::blend;
-    pub use crate::evidence::{Evidence, route as route_by_evidence};
-    pub use crate::fusion::{rank_fusion, weights_for};
-    pub use crate::router::{Route, classify};
-    pub use crate::validation::passage;
+    pub use crate::pipeline::distill::blend;
+    pub use crate::pipeline::evidence::{Evidence, route as route_by_evidence};
+    pub use crate::pipeline::fusion::{StrategyList, rank_fusion, rrf, weights_for};
+    pub use crate::pipeline::route::classify;
+    pub use crate::pipeline::validate::passage;
+    pub use crate::query::Route;
 }
 
 use std::future::Future;
@@ -44,7 +41,13 @@ use engram_proto::working_memory_service_server::WorkingMemoryServiceServer;
 use tokio::net::TcpListener;
 use tonic::service::Routes;
 
-pub use service::Gateway;
+pub use api::http;
+pub use gateway::Gateway;
+
+use api::foundry::Foundry;
+use api::memory::Memory;
+use api::retrieval::Retrieval;
+use api::working::Working;
 
 /// Serves the gateway on `listener` until `shutdown`. Downstream channels
 /// connect lazily, so a downstream that is not up yet is not an error here.
@@ -74,26 +77,145 @@ pub async fn serve_gateway(
     let opts = engram_common::server::ServeOptions::from(&gateway.settings().listen);
     let (reporter, health) = engram_common::server::health();
     reporter
-        .set_serving::<RetrievalServiceServer<conversation::FailOpen>>()
+        .set_serving::<RetrievalServiceServer<Retrieval>>()
         .await;
-    reporter.set_serving::<MemoryServiceServer<Gateway>>().await;
+    reporter.set_serving::<MemoryServiceServer<Memory>>().await;
     reporter
-        .set_serving::<WorkingMemoryServiceServer<working::Working>>()
+        .set_serving::<WorkingMemoryServiceServer<Working>>()
         .await;
     reporter
-        .set_serving::<KnowledgeFoundryServiceServer<foundry::Foundry>>()
+        .set_serving::<KnowledgeFoundryServiceServer<Foundry>>()
         .await;
-    let routes = Routes::new(RetrievalServiceServer::new(conversation::FailOpen(
-        gateway.clone(),
-    )))
-    .add_service(KnowledgeFoundryServiceServer::new(foundry::Foundry(
-        gateway.clone(),
-    )))
-    .add_service(WorkingMemoryServiceServer::new(working::Working(
-        gateway.clone(),
-    )))
-    .add_service(MemoryServiceServer::new(gateway));
+    let routes = Routes::new(RetrievalServiceServer::new(Retrieval(gateway.clone())))
+        .add_service(KnowledgeFoundryServiceServer::new(Foundry(gateway.clone())))
+        .add_service(WorkingMemoryServiceServer::new(Working(gateway.clone())))
+        .add_service(MemoryServiceServer::new(Memory(gateway)));
     tracing::info!(addr = ?listener.local_addr().ok(), "retrieval gateway listening");
     engram_common::server::serve_with(listener, routes, health, opts, shutdown).await?;
     Ok(())
+}
+
+/// The layering, checked on the source: a newcomer can trust that a stage
+/// reads alone and that data flows one way.
+#[cfg(test)]
+mod layering {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::{Path, PathBuf};
+
+    /// Module path (`pipeline::search`) → source text, for every file.
+    fn modules() -> BTreeMap<String, String> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut out = BTreeMap::new();
+        let mut dirs = vec![root.clone()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("src dir") {
+                let path: PathBuf = entry.expect("entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let rel = path.strip_prefix(&root).expect("under src");
+                let mut parts: Vec<String> = rel
+                    .with_extension("")
+                    .iter()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .collect();
+                if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
+                    parts.pop();
+                }
+                let text = std::fs::read_to_string(&path).expect("source");
+                out.insert(parts.join("::"), text);
+            }
+        }
+        out
+    }
+
+    /// The modules a file refers to by path (`crate::x::y`, `super::y`,
+    /// `self::y`), each resolved to the longest known module prefix; module
+    /// declarations and a file's own inline tests are not dependencies.
+    fn references(module: &str, text: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
+        let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+        let parent = module.rsplit_once("::").map_or("", |(p, _)| p);
+        let mut out = BTreeSet::new();
+        for (prefix, base) in [("crate::", ""), ("super::", parent), ("self::", module)] {
+            for (i, _) in code.match_indices(prefix) {
+                let rest = &code[i + prefix.len()..];
+                let path: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                    .collect();
+                let mut candidate = base.to_string();
+                let mut best_opt = None;
+                for seg in path.split("::").filter(|s| !s.is_empty()) {
+                    if !candidate.is_empty() {
+                        candidate.push_str("::");
+                    }
+                    candidate.push_str(seg);
+                    if known.contains(&candidate) {
+                        best_opt = Some(candidate.clone());
+                    }
+                }
+                if let Some(best) = best_opt.filter(|b| b != module) {
+                    out.insert(best);
+                }
+            }
+        }
+        out
+    }
+
+    fn graph() -> BTreeMap<String, BTreeSet<String>> {
+        let mods = modules();
+        let known: BTreeSet<String> = mods.keys().cloned().collect();
+        mods.iter()
+            .map(|(m, text)| (m.clone(), references(m, text, &known)))
+            .collect()
+    }
+
+    #[test]
+    fn dependencies_point_one_way() {
+        for (module, text) in modules() {
+            if !module.starts_with("pipeline") {
+                continue;
+            }
+            let code = text.split("#[cfg(test)]").next().unwrap_or(&text);
+            for banned in ["Gateway", "crate::gateway", "crate::surfaces", "crate::api"] {
+                assert!(
+                    !code.contains(banned),
+                    "{module} names {banned}: the pipeline must not know its callers"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn no_import_cycle_among_modules() {
+        let g = graph();
+        // The parser sees references (else the check would pass vacuously).
+        assert!(g["gateway"].contains("pipeline"), "{g:?}");
+        assert!(g["pipeline::validate"].contains("pipeline::ctx"), "{g:?}");
+        // Depth-first search with colours; a grey node met again is a cycle.
+        fn visit<'a>(
+            m: &'a str,
+            g: &'a BTreeMap<String, BTreeSet<String>>,
+            state: &mut BTreeMap<&'a str, bool>,
+            stack: &mut Vec<&'a str>,
+        ) {
+            match state.get(m) {
+                Some(true) => return,
+                Some(false) => panic!("import cycle: {} -> {m}", stack.join(" -> ")),
+                None => {}
+            }
+            state.insert(m, false);
+            stack.push(m);
+            for dep in g.get(m).into_iter().flatten() {
+                visit(dep, g, state, stack);
+            }
+            stack.pop();
+            state.insert(m, true);
+        }
+        let mut state = BTreeMap::new();
+        for m in g.keys() {
+            visit(m, &g, &mut state, &mut Vec::new());
+        }
+    }
 }

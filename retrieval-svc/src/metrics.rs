@@ -1,5 +1,5 @@
 //! The gateway's Prometheus metrics and its one structured log event per
-//! retrieval. One registry per [`crate::Gateway`] (not the process-global
+//! retrieval. One registry per gateway (not the process-global
 //! one) so several gateways in one test process never collide.
 //!
 //! Label values come from closed sets (stage, route, strategy, stack names,
@@ -14,8 +14,6 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
-
-use crate::downstream::BreakerPhase;
 
 /// Latency buckets (seconds) from a cache hit (~1 ms) to the 3 s ceiling.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -180,19 +178,12 @@ impl Metrics {
         self.registry.register(c)
     }
 
-    /// Prometheus text of the registry after refreshing scrape-time gauges.
-    pub fn render(
-        &self,
-        breakers: &[(&'static str, BreakerPhase)],
-        feedback_dropped: u64,
-    ) -> String {
-        for (name, phase) in breakers {
-            let v = match phase {
-                BreakerPhase::Closed => 0,
-                BreakerPhase::HalfOpen => 1,
-                BreakerPhase::Open => 2,
-            };
-            self.circuit_state.with_label_values(&[name]).set(v);
+    /// Prometheus text of the registry after refreshing scrape-time gauges:
+    /// each breaker's state (0 closed, 1 half-open, 2 open) and the feedback
+    /// queue's drops.
+    pub fn render(&self, breakers: &[(&'static str, i64)], feedback_dropped: u64) -> String {
+        for (name, state) in breakers {
+            self.circuit_state.with_label_values(&[name]).set(*state);
         }
         self.feedback_dropped
             .set(i64::try_from(feedback_dropped).unwrap_or(i64::MAX));
@@ -487,7 +478,7 @@ mod tests {
         assert_eq!(line["route"], "multi_hop");
         assert_eq!(line["result_count"], 1);
         assert_eq!(line["retry_count"], 1);
-        let r = m.render(&[("graph.ppr", BreakerPhase::Open)], 2);
+        let r = m.render(&[("graph.ppr", 2)], 2);
         assert!(
             r.contains("engram_retrieval_route_total{route=\"multi_hop\"} 1"),
             "{r}"

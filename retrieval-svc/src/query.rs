@@ -1,10 +1,12 @@
-//! Stage 1: the validated query and its route. Routing is a cheap heuristic
-//! over indicator phrases (no model): relational / comparative wording or
-//! several named entities suggest multi-hop; "tell me everything"-style
-//! wording suggests exploratory; greetings and meta questions need no
-//! retrieval at all.
+//! The validated query: every rule a `RetrieveRequest` must meet, checked
+//! once at the boundary ([`Query::try_from`]), including the conversation
+//! window that may stand in for the text. Also the route and mode types the
+//! pipeline plans with. A leaf: it imports nothing else of the gateway but
+//! the error type.
 
-use engram_proto::{Filters, QueryRoute, RetrievalMode, RetrieveRequest, TimeRange};
+use engram_proto::{
+    ConversationMessage, Filters, QueryRoute, RetrievalMode, RetrieveRequest, TimeRange,
+};
 
 use crate::error::Error;
 
@@ -101,7 +103,7 @@ impl TryFrom<RetrieveRequest> for Query {
             fail_open,
         } = r;
         let text = if text.trim().is_empty() && !conversation.is_empty() {
-            crate::conversation::query_text(&conversation)?
+            query_text(&conversation)?
         } else {
             text
         };
@@ -203,214 +205,111 @@ impl TryFrom<RetrieveRequest> for Query {
     }
 }
 
-const EXPLORATORY: &[&str] = &[
-    "everything",
-    "all about",
-    "overview",
-    "summarize",
-    "summarise",
-    "summary of",
-    "tell me about",
-    "what do we know",
-    "what do i know",
-    "what do you know",
-    "list all",
-    "list every",
-    "history of",
-    "explore",
-    "anything about",
-    "any information",
-    "all the",
-    "brainstorm",
-];
+pub const MAX_MESSAGES: usize = 200;
+/// Per message; the query keeps only the most recent text anyway.
+pub const MAX_MESSAGE_CHARS: usize = 65_536;
 
-const MULTI_HOP: &[&str] = &[
-    "both",
-    "same",
-    "compare",
-    "compared",
-    "comparison",
-    "difference between",
-    "relationship between",
-    "related to",
-    "connected to",
-    "which came first",
-    "who was born first",
-    "older",
-    "younger",
-    "earlier",
-    "later than",
-    "before",
-    "after",
-    "father of",
-    "mother of",
-    "son of",
-    "daughter of",
-    "spouse of",
-    "wife of",
-    "husband of",
-    "director of",
-    "founder of",
-    "paternal",
-    "maternal",
-    "grandfather",
-    "grandmother",
-    "led to",
-    "caused",
-    "because of",
-    "why did",
-    "how did",
-];
-
-const GREETINGS: &[&str] = &[
-    "hi",
-    "hello",
-    "hey",
-    "hiya",
-    "yo",
-    "thanks",
-    "thank you",
-    "thx",
-    "ok",
-    "okay",
-    "cool",
-    "great",
-    "bye",
-    "goodbye",
-    "good morning",
-    "good afternoon",
-    "good evening",
-    "good night",
-    "how are you",
-    "who are you",
-    "what are you",
-    "what can you do",
-    "help",
-];
-
-fn normalise(text: &str) -> String {
-    let lower: String = text
-        .chars()
-        .map(|c| {
-            if c.is_alphanumeric() || c == '\'' {
-                c.to_ascii_lowercase()
-            } else {
-                ' '
-            }
-        })
-        .collect();
-    lower.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-fn has_phrase(norm: &str, phrase: &str) -> bool {
-    // Word-boundary match on the space-normalised text.
-    format!(" {norm} ").contains(&format!(" {phrase} "))
-}
-
-/// Greetings, thanks and questions about the assistant itself.
-pub fn no_retrieval_needed(text: &str) -> bool {
-    let norm = normalise(text);
-    if norm.is_empty() {
-        return true;
+/// The query text of a conversation window: user and assistant text after
+/// the last summary marker, oldest first, keeping the most recent
+/// `MAX_TEXT_CHARS` characters. System and tool messages are dropped: tool
+/// output is bulky and its facts belong in memory through writes, not reads.
+pub fn query_text(messages: &[ConversationMessage]) -> Result<String, Error> {
+    if messages.len() > MAX_MESSAGES {
+        return Err(Error::invalid(
+            "conversation",
+            format!("at most {MAX_MESSAGES} messages"),
+        ));
     }
-    let words = norm.split(' ').count();
-    GREETINGS.iter().any(|g| {
-        norm == *g || (words <= g.split(' ').count() + 2 && norm.starts_with(&format!("{g} ")))
-    })
-}
-
-/// Capitalised spans not at the start of the text: a cheap entity count.
-fn named_entities(text: &str) -> usize {
-    let mut count = 0;
-    let mut in_span = false;
-    for (i, w) in text.split_whitespace().enumerate() {
-        let cap = w.chars().next().is_some_and(char::is_uppercase);
-        if cap && i > 0 {
-            if !in_span {
-                count += 1;
-            }
-            in_span = true;
-        } else {
-            in_span = false;
+    for m in messages {
+        if !matches!(m.role.as_str(), "user" | "assistant" | "system" | "tool") {
+            return Err(Error::invalid(
+                "conversation.role",
+                "must be user, assistant, system or tool",
+            ));
+        }
+        if m.content.chars().count() > MAX_MESSAGE_CHARS {
+            return Err(Error::invalid(
+                "conversation.content",
+                format!("must be at most {MAX_MESSAGE_CHARS} characters"),
+            ));
         }
     }
-    count
-}
-
-/// A wh-question whose subject is defined by a relative clause ("who leads
-/// the project that migrates billing?") needs one hop to find the project
-/// and another to find its lead.
-fn bridge_clause(norm: &str) -> bool {
-    let words: Vec<&str> = norm.split_whitespace().collect();
-    let wh = [
-        "who", "what", "when", "where", "which", "how", "whom", "whose",
-    ];
-    words.first().is_some_and(|w| wh.contains(w))
-        && words
-            .iter()
-            .skip(2)
-            .any(|w| matches!(*w, "that" | "whose" | "which" | "who"))
-}
-
-pub fn classify(text: &str) -> Route {
-    let norm = normalise(text);
-    if EXPLORATORY.iter().any(|p| has_phrase(&norm, p)) {
-        return Route::Exploratory;
+    let since = messages
+        .iter()
+        .rposition(|m| m.summary_marker)
+        .map_or(0, |i| i + 1);
+    let kept: Vec<&str> = messages[since..]
+        .iter()
+        .filter(|m| matches!(m.role.as_str(), "user" | "assistant"))
+        .map(|m| m.content.trim())
+        .filter(|c| !c.is_empty())
+        .collect();
+    if kept.is_empty() {
+        return Err(Error::invalid(
+            "conversation",
+            "holds no user or assistant text after the last summary marker",
+        ));
     }
-    let indicators = MULTI_HOP.iter().filter(|p| has_phrase(&norm, p)).count();
-    // Possessive chains ("the director of X's film") are a classic bridge.
-    let possessive = text.contains("'s ") && norm.contains(" of ");
-    if indicators >= 1 || possessive || named_entities(text) >= 2 || bridge_clause(&norm) {
-        Route::MultiHop
+    let joined = kept.join("\n");
+    let n = joined.chars().count();
+    Ok(if n > MAX_TEXT_CHARS {
+        joined.chars().skip(n - MAX_TEXT_CHARS).collect()
     } else {
-        Route::Simple
-    }
+        joined
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn msg(role: &str, content: &str) -> ConversationMessage {
+        ConversationMessage {
+            role: role.into(),
+            content: content.into(),
+            summary_marker: false,
+        }
+    }
+
     #[test]
-    fn relative_clauses_are_bridges() {
+    fn keeps_user_and_assistant_after_the_last_summary() {
+        let mut summary = msg("system", "summary of earlier turns");
+        summary.summary_marker = true;
+        let window = vec![
+            msg("user", "old question about billing"),
+            summary,
+            msg("user", "who leads the migration?"),
+            msg("tool", "{\"rows\": 5000}"),
+            msg("system", "be terse"),
+            msg("assistant", "Alice, I think."),
+            msg("user", "  "),
+        ];
         assert_eq!(
-            classify("Who leads the project that migrates the billing system?"),
-            Route::MultiHop
-        );
-        assert_eq!(
-            classify("What is the deadline for the migration?"),
-            Route::Simple
+            query_text(&window).expect("valid"),
+            "who leads the migration?\nAlice, I think."
         );
     }
 
     #[test]
-    fn routes_by_indicators() {
-        assert_eq!(classify("what is my favourite colour"), Route::Simple);
-        assert_eq!(
-            classify("Who was born first, Alan Turing or John von Neumann?"),
-            Route::MultiHop
-        );
-        assert_eq!(
-            classify("Where was the director of film Inception born?"),
-            Route::MultiHop
-        );
-        assert_eq!(
-            classify("tell me about the project history"),
-            Route::Exploratory
-        );
-        assert_eq!(Route::Simple.next_up(), Route::MultiHop);
-        assert_eq!(Route::Exploratory.next_up(), Route::Exploratory);
+    fn keeps_the_most_recent_text_when_long() {
+        let window = vec![
+            msg("user", &"a".repeat(MAX_TEXT_CHARS)),
+            msg("assistant", "tail"),
+        ];
+        let q = query_text(&window).expect("valid");
+        assert_eq!(q.chars().count(), MAX_TEXT_CHARS);
+        assert!(q.ends_with("\ntail"));
     }
 
     #[test]
-    fn greetings_need_no_retrieval() {
-        assert!(no_retrieval_needed("Hello!"));
-        assert!(no_retrieval_needed("thanks a lot"));
-        assert!(no_retrieval_needed("Who are you?"));
-        assert!(!no_retrieval_needed(
-            "hello, what did Alice say about the budget?"
-        ));
-        assert!(!no_retrieval_needed("what is the deploy procedure"));
+    fn rejects_bad_windows_naming_the_field() {
+        let field = |w: Vec<ConversationMessage>| match query_text(&w) {
+            Err(Error::InvalidArgument { field, .. }) => field,
+            other => panic!("expected invalid argument, got {other:?}"),
+        };
+        assert_eq!(field(vec![msg("robot", "x")]), "conversation.role");
+        assert_eq!(field(vec![msg("tool", "only tools")]), "conversation");
+        assert_eq!(field(vec![msg("user", "x"); 201]), "conversation");
     }
 
     fn req(text: &str) -> RetrieveRequest {

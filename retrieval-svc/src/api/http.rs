@@ -19,8 +19,8 @@ use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 
 use crate::error::Error;
-use crate::foundry::{self, Agentic, Basic};
-use crate::service::Gateway;
+use crate::gateway::Gateway;
+use crate::surfaces::foundry::{self, Agentic, Basic};
 
 pub const BASIC_PATH: &str = "/api/v1/retrieve/basic";
 pub const AGENTIC_PATH: &str = "/api/v1/retrieve/agentic";

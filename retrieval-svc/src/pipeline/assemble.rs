@@ -1,63 +1,111 @@
-//! Stages 4 and 5: distil the validated candidates into ranked records,
-//! resolve contradictions, attach provenance and pack the context block.
-//!
-//! The cross-encoder is evidence, not the order: re-ordering purely by it
-//! lowered R@2 in the probe (notes/graph-probe.md), while blending its rank
-//! with the fused rank (RRF with a small k) raised it.
+//! Stage 5: assemble. Contradictions among the top records are resolved
+//! (newer wins unless the older is clearly more trusted; the loser is
+//! dropped), every record gets its provenance, and the context block is
+//! packed to the caller's token budget.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use engram_common::convert::ts_to_chrono;
 use engram_proto::{
-    ConflictPair, ConflictResolution, Contradiction, DroppedCandidate, Memory, Provenance,
-    ScoredMemory,
+    ConflictPair, ConflictResolution, Contradiction, ContradictionsRequest, DroppedCandidate,
+    Memory, Provenance, ScoredMemory,
 };
+use tokio::time::Instant;
+use tracing::Instrument;
 
-use crate::validation::Checked;
+use super::ctx::{Ctx, StageTrace, stage_span};
+use super::search::GRAPH;
+use super::validate::Checked;
+use crate::downstream::call_until;
+
+/// Stage 5 for one attempt: contradictions (when `conflicts`), then the
+/// records, losers removed, cut to the query's limit.
+pub async fn run(
+    ctx: &mut Ctx<'_>,
+    trace: &mut StageTrace,
+    ranked: Vec<(Checked, f32)>,
+    conflicts: bool,
+) -> (Vec<ScoredMemory>, Vec<ConflictPair>) {
+    let mut pairs = Vec::new();
+    let mut losers = HashSet::new();
+    if conflicts {
+        let t = Instant::now();
+        (pairs, losers) = contradictions(ctx, trace, &ranked).await;
+        ctx.timed("conflicts", t);
+    }
+    let t = Instant::now();
+    let records = assemble(
+        ranked,
+        &losers,
+        ctx.query.limit as usize,
+        &mut trace.dropped,
+    );
+    ctx.timed("assemble", t);
+    ctx.metrics
+        .observe_candidates("assemble", &[("fused", records.len())]);
+    trace.counts.push(("returned", records.len()));
+    (records, pairs)
+}
+
+/// Asks the graph which of the top 2×limit memories contradict each other
+/// and resolves each pair. Skipped (degraded) when the graph just failed
+/// this query: asking it again would only spend another timeout.
+async fn contradictions(
+    ctx: &Ctx<'_>,
+    trace: &mut StageTrace,
+    ranked: &[(Checked, f32)],
+) -> (Vec<ConflictPair>, HashSet<String>) {
+    if trace.is_degraded(GRAPH) {
+        trace.degraded.push("conflicts".into());
+        return Default::default();
+    }
+    let ids: Vec<String> = ranked
+        .iter()
+        .take((ctx.query.limit as usize).saturating_mul(2))
+        .map(|(c, _)| c.cand.memory.id.clone())
+        .collect();
+    if ids.len() < 2 {
+        return Default::default();
+    }
+    let deadline = ctx
+        .deadline
+        .checked_sub(Duration::from_millis(20))
+        .unwrap_or(ctx.deadline);
+    let req = ContradictionsRequest { memory_ids: ids };
+    match call_until(&ctx.ds.contradictions, &ctx.identity, deadline, req)
+        .instrument(stage_span("conflicts"))
+        .await
+    {
+        Ok(r) => resolve_conflicts(ranked, &r.pairs),
+        Err(e) => {
+            tracing::warn!(error = %e, "conflict detection degraded");
+            trace.degraded.push("conflicts".into());
+            Default::default()
+        }
+    }
+}
+
+/// Mean cross-encoder relevance of the top three when it ran, else the top
+/// record's fused score relative to the best reachable one.
+pub fn confidence_of(records: &[ScoredMemory], max_rrf: f32) -> f32 {
+    let rel: Vec<f32> = records
+        .iter()
+        .take(3)
+        .filter_map(|r| r.provenance.as_ref().and_then(|p| p.relevance))
+        .collect();
+    if !rel.is_empty() {
+        return (rel.iter().sum::<f32>() / rel.len() as f32).clamp(0.0, 1.0);
+    }
+    match records.first().and_then(|r| r.provenance.as_ref()) {
+        Some(p) if max_rrf > 0.0 => (p.rrf_score / max_rrf).clamp(0.0, 1.0),
+        Some(_) => 0.5,
+        None => 0.0,
+    }
+}
 
 /// An older memory wins on confidence only by at least this margin.
 const CONFIDENCE_MARGIN: f32 = 0.3;
-
-/// The Stage 4 blend of one candidate: its fused position (0-based) and,
-/// when the cross-encoder scored it, its position by relevance (0-based),
-/// as RRF with a small k so the top ranks matter; `weight` is the
-/// cross-encoder's vote relative to the fusion's (`engram tune` fits both).
-pub fn blend(fused_pos: usize, rel_pos_opt: Option<usize>, k: f32, weight: f32) -> f32 {
-    1.0 / (k + (fused_pos + 1) as f32) + rel_pos_opt.map_or(0.0, |r| weight / (k + (r + 1) as f32))
-}
-
-/// Composite score per candidate, sorted best first. The input is in fused
-/// order, with relevance set on a prefix when the cross-encoder ran.
-pub fn rank(checked: Vec<Checked>, blend_k: f32, weight: f32) -> Vec<(Checked, f32)> {
-    let with_rel: Vec<(usize, f32)> = checked
-        .iter()
-        .enumerate()
-        .filter_map(|(i, c)| c.relevance_opt.map(|r| (i, r)))
-        .collect();
-    let mut rel_rank: HashMap<usize, usize> = HashMap::new();
-    if !with_rel.is_empty() {
-        let mut order = with_rel.clone();
-        order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        for (r, (i, _)) in order.into_iter().enumerate() {
-            rel_rank.insert(i, r);
-        }
-    }
-    let mut out: Vec<(Checked, f32)> = checked
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let base = if rel_rank.is_empty() {
-                c.cand.fused.rrf
-            } else {
-                blend(i, rel_rank.get(&i).copied(), blend_k, weight)
-            };
-            let score = base * c.temporal * c.confidence;
-            (c, score)
-        })
-        .collect();
-    out.sort_by(|a, b| b.1.total_cmp(&a.1));
-    out
-}
 
 fn when(m: &Memory) -> Option<i64> {
     m.event_time
@@ -268,8 +316,8 @@ pub fn pack_context(records: &[ScoredMemory], budget: u32) -> (String, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fusion::Fused;
-    use crate::search::Candidate;
+    use crate::pipeline::fusion::Fused;
+    use crate::pipeline::search::Candidate;
     use prost_types::Timestamp;
 
     fn mem(id: &str, secs: i64, conf: f32) -> Memory {
@@ -341,40 +389,6 @@ mod tests {
         let mut dropped = vec![];
         let records = assemble(ranked, &losers, 10, &mut dropped);
         assert_eq!(records.len(), 2);
-    }
-
-    #[test]
-    fn blend_keeps_reranked_prefix_on_top() {
-        let mk = |id: &str, rel: Option<f32>, rrf: f32| Checked {
-            cand: Candidate {
-                memory: mem(id, 0, 1.0),
-                fused: Fused {
-                    id: id.into(),
-                    rrf,
-                    hits: vec![],
-                },
-                via_entities: vec![],
-            },
-            temporal: 1.0,
-            confidence: 1.0,
-            relevance_opt: rel,
-            checks: vec![],
-        };
-        let ranked = rank(
-            vec![
-                mk("a", Some(0.4), 0.05),
-                mk("b", Some(0.9), 0.04),
-                mk("c", None, 0.03),
-            ],
-            5.0,
-            1.0,
-        );
-        let ids: Vec<_> = ranked
-            .iter()
-            .map(|(c, _)| c.cand.memory.id.as_str())
-            .collect();
-        // a: 1/6 + 1/7, b: 1/7 + 1/6 → tie keeps fused order; c last.
-        assert_eq!(ids, ["a", "b", "c"]);
     }
 
     #[test]

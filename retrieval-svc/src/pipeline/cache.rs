@@ -7,13 +7,14 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use engram_common::Identity;
-use engram_proto::RetrieveResponse;
+use engram_proto::{QueryRoute, RetrieveResponse, SkipReason, StageLatency};
 use parking_lot::Mutex;
 use prost::Message;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use crate::router::Query;
+use super::ctx::ms_since;
+use crate::query::Query;
 
 const MAX_ENTRIES: usize = 10_000;
 const MAX_SEMANTIC_PER_SCOPE: usize = 16;
@@ -204,6 +205,21 @@ impl Caches {
         map.entry((identity.clone(), turn_id.to_string()))
             .or_insert_with(|| (Instant::now(), response.clone()));
     }
+}
+
+/// A cached answer as this request's own: its id, no retries, one "cache"
+/// stage timing.
+pub fn answer(mut r: RetrieveResponse, query_id: String, start: Instant) -> RetrieveResponse {
+    r.route = QueryRoute::Skip as i32;
+    r.skip_reason = SkipReason::CacheHit as i32;
+    r.query_id = query_id;
+    r.retry_count = 0;
+    r.latency_ms = ms_since(start);
+    r.stage_latencies = vec![StageLatency {
+        stage: "cache".into(),
+        ms: ms_since(start),
+    }];
+    r
 }
 
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {

@@ -24,7 +24,7 @@
 
 use engram_proto::LinkedEntity;
 
-use crate::router::Route;
+use crate::query::Route;
 
 /// In a small tenant a share of the memories is a handful; up to this many
 /// mentions still count as specific (the dev corpora have hundreds to
@@ -72,7 +72,7 @@ pub fn route(indicator: Route, ev: &Evidence) -> Route {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::router::classify;
+    use crate::pipeline::route::classify;
 
     fn ent(name: &str, df: u32, has_home: bool) -> LinkedEntity {
         LinkedEntity {

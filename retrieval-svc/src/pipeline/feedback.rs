@@ -1,17 +1,94 @@
-//! Stage 6 feedback: accepted on the hot path into a bounded queue, stored
-//! by a background task. A full queue drops the batch (counted) rather than
-//! slow the caller: feedback is advisory.
+//! Stage 6: feedback. Validated at the boundary ([`Feedback::try_from`]),
+//! accepted on the hot path into a bounded queue, stored by a background
+//! task. A full queue drops the batch (counted) rather than slow the caller:
+//! feedback is advisory.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use engram_common::Identity;
-use engram_proto::{StoreFeedbackRequest, StoredFeedback};
+use engram_proto::{FeedbackRequest, FeedbackSignal, StoreFeedbackRequest, StoredFeedback};
 use tokio::sync::mpsc;
 
 use crate::downstream::{Downstreams, call};
+use crate::error::Error;
 
 pub const QUEUE_CAPACITY: usize = 1024;
+const MAX_FEEDBACK_ITEMS: usize = 1000;
+
+/// A `FeedbackRequest` that passed boundary validation.
+#[derive(Debug)]
+pub struct Feedback(Vec<StoredFeedback>);
+
+impl TryFrom<FeedbackRequest> for Feedback {
+    type Error = Error;
+
+    fn try_from(r: FeedbackRequest) -> Result<Self, Error> {
+        let FeedbackRequest { query_id, items } = r;
+        if query_id.is_empty() || query_id.len() > 64 {
+            return Err(Error::invalid("query_id", "must be 1..=64 characters"));
+        }
+        if items.is_empty() || items.len() > MAX_FEEDBACK_ITEMS {
+            return Err(Error::invalid(
+                "items",
+                format!("must hold 1..={MAX_FEEDBACK_ITEMS} items"),
+            ));
+        }
+        let mut stored = Vec::with_capacity(items.len());
+        for item in items {
+            let signal = match FeedbackSignal::try_from(item.signal) {
+                Ok(FeedbackSignal::Used) => "used",
+                Ok(FeedbackSignal::Helpful) => "helpful",
+                Ok(FeedbackSignal::Sufficient) => "sufficient",
+                _ => {
+                    return Err(Error::invalid(
+                        "items.signal",
+                        "must be used, helpful or sufficient",
+                    ));
+                }
+            };
+            if item.memory_id.is_empty() || item.memory_id.len() > 64 {
+                return Err(Error::invalid(
+                    "items.memory_id",
+                    "must be 1..=64 characters",
+                ));
+            }
+            stored.push(StoredFeedback {
+                query_id: query_id.clone(),
+                memory_id: item.memory_id,
+                signal: signal.into(),
+                value: item.value,
+            });
+        }
+        Ok(Self(stored))
+    }
+}
+
+impl Feedback {
+    pub fn len(&self) -> u32 {
+        self.0.len() as u32
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// (signal, value) per item, for the feedback metrics.
+    pub fn signals(&self) -> Vec<(&'static str, bool)> {
+        self.0
+            .iter()
+            .map(|f| match f.signal.as_str() {
+                "used" => ("used", f.value),
+                "helpful" => ("helpful", f.value),
+                _ => ("sufficient", f.value),
+            })
+            .collect()
+    }
+
+    pub fn into_items(self) -> Vec<StoredFeedback> {
+        self.0
+    }
+}
 
 type Batch = (Arc<Identity>, Vec<StoredFeedback>);
 
@@ -19,7 +96,7 @@ type Batch = (Arc<Identity>, Vec<StoredFeedback>);
 pub struct FeedbackQueue {
     tx: mpsc::Sender<Batch>,
     /// Batches dropped because the queue was full or the store failed.
-    pub dropped: Arc<AtomicU64>,
+    dropped: Arc<AtomicU64>,
 }
 
 impl FeedbackQueue {
@@ -49,6 +126,11 @@ impl FeedbackQueue {
             }
         });
         Self { tx, dropped }
+    }
+
+    /// Batches dropped since start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// Never waits; false when the batch was dropped.

@@ -9,7 +9,7 @@ use std::hash::Hash;
 use engram_common::settings::{FusionWeights, StrategyWeights};
 use engram_proto::StrategyHit;
 
-use crate::router::Route;
+use crate::query::Route;
 
 /// One strategy's candidates, best first.
 #[derive(Debug, Clone)]

@@ -1,14 +1,15 @@
-//! Stage 2: candidate generation. The strategies of a route run
-//! concurrently, each through its downstream stack (own timeout, breaker,
-//! retry); a failed strategy degrades the answer instead of failing it. When
-//! dense hits seed the graph walk, the graph waits for the vector list
-//! (keyword still runs alongside). Graph hits carry only ids, so the fused
-//! pool's missing memories are fetched with one `Get`.
+//! Stage 2: search and fuse. The strategies of a plan run concurrently, each
+//! through its downstream stack (own timeout, breaker, retry, and the
+//! request's deadline); a failed strategy degrades the answer instead of
+//! failing it. When dense hits seed the graph walk, the graph waits for the
+//! vector list (keyword still runs alongside). The lists are fused by
+//! weighted RRF (fusion.rs), with weights chosen by the route or, in AUTO,
+//! by the graph's entity evidence (evidence.rs). Graph hits carry only ids,
+//! so the fused pool's missing memories are fetched with one `Get`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::time::Duration;
 
-use engram_common::Identity;
 use engram_common::settings::{FusionWeights, PipelineSettings, StrategyWeights};
 use engram_proto::{
     Filters, GetRequest, KeywordSearchRequest, Memory, PprRequest, PprResponse, SearchResponse,
@@ -16,11 +17,13 @@ use engram_proto::{
 };
 use tokio::time::Instant;
 
-use crate::downstream::{DownstreamError, Downstreams, call};
+use super::ctx::Ctx;
+use super::evidence::{self, Evidence};
+use super::fusion::{Fused, StrategyList, max_score, rrf, weights_for};
+use crate::downstream::{DownstreamError, call_until};
 use crate::error::Error;
-use crate::evidence::{self, Evidence};
-use crate::fusion::{Fused, StrategyList, max_score, rrf, weights_for};
-use crate::router::{Raw, Route};
+use crate::metrics::{Metrics, strategy_label};
+use crate::query::{Raw, Route};
 
 pub const VECTOR: &str = "vector";
 pub const KEYWORD: &str = "keyword";
@@ -163,29 +166,85 @@ pub struct Candidates {
     pub evidence: Evidence,
 }
 
-type Outcome<T> = Option<Result<T, DownstreamError>>;
+/// Time kept back from Stage 2 so a partial answer can still be validated
+/// and assembled; it shrinks with short client deadlines.
+const ASSEMBLY_RESERVE: Duration = Duration::from_millis(100);
 
-async fn bounded<T>(
-    deadline: Instant,
-    fut: impl Future<Output = Result<T, DownstreamError>>,
-) -> Result<T, DownstreamError> {
-    tokio::time::timeout_at(deadline, fut)
-        .await
-        .unwrap_or(Err(DownstreamError::Timeout))
+/// When Stage 2 must be done by.
+pub fn stage_deadline(deadline: Instant) -> Instant {
+    let left = deadline.saturating_duration_since(Instant::now());
+    deadline
+        .checked_sub(ASSEMBLY_RESERVE.min(left / 5))
+        .unwrap_or(deadline)
 }
 
-#[allow(clippy::too_many_arguments)]
-pub async fn candidates(
-    ds: &Downstreams,
-    settings: &PipelineSettings,
-    identity: &Arc<Identity>,
-    text: &str,
-    hypotheses: &[String],
-    filters: &Filters,
+/// Whether another attempt can still start before `deadline`.
+pub fn time_for_another(deadline: Instant) -> bool {
+    Instant::now() + ASSEMBLY_RESERVE < deadline
+}
+
+/// Stage 2 for one attempt: fan out, fuse, fetch what the graph named.
+/// Strategies that all "failed" because the pipeline ran out of time are a
+/// deadline, not an open circuit.
+pub async fn run(
+    ctx: &Ctx<'_>,
     plan: &Plan,
-    deadline: Instant,
+    filters: &Filters,
+    hypotheses: &[String],
 ) -> Result<Candidates, Error> {
-    let k = settings.candidates_per_strategy.clamp(1, 200);
+    let deadline = stage_deadline(ctx.deadline);
+    let outcomes = fan_out(ctx, plan, filters, hypotheses, deadline).await;
+    let mut pool = match Pool::gather(outcomes, plan) {
+        Err(Error::RetrievalCircuitOpen) if Instant::now() >= deadline => {
+            return Err(Error::DeadlineExceeded);
+        }
+        other => other?,
+    };
+    let fused = pool.fuse(plan);
+    pool.fetch_missing(ctx, &fused, deadline).await;
+    Ok(pool.into_candidates(fused))
+}
+
+/// Candidates per strategy after Stage 2 plus the fused total, observed in
+/// `engram_retrieval_candidates{stage="search"}`.
+pub fn counts(m: &Metrics, c: &Candidates) -> Vec<(&'static str, usize)> {
+    let mut counts: Vec<(&'static str, usize)> = Vec::new();
+    for cand in &c.candidates {
+        for hit in &cand.fused.hits {
+            let s = strategy_label(&hit.strategy);
+            match counts.iter_mut().find(|(k, _)| *k == s) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((s, 1)),
+            }
+        }
+    }
+    counts.push(("fused", c.candidates.len()));
+    m.observe_candidates("search", &counts);
+    counts
+}
+
+type Outcome<T> = Option<Result<T, DownstreamError>>;
+
+/// What each strategy answered (`None`: not run).
+struct Outcomes {
+    vector: Outcome<SearchResponse>,
+    keyword: Outcome<SearchResponse>,
+    graph: Outcome<PprResponse>,
+    hyde: Vec<Result<SearchResponse, DownstreamError>>,
+}
+
+/// Runs the plan's strategies concurrently; with dense seeds the graph
+/// walk starts from the top vector hits, so it waits for them.
+async fn fan_out(
+    ctx: &Ctx<'_>,
+    plan: &Plan,
+    filters: &Filters,
+    hypotheses: &[String],
+    deadline: Instant,
+) -> Outcomes {
+    let (ds, id, p) = (ctx.ds, &ctx.identity, &ctx.settings.pipeline);
+    let text = ctx.query.text.as_str();
+    let k = p.candidates_per_strategy.clamp(1, 200);
     let vector_req = |t: &str| VectorSearchRequest {
         text: t.to_string(),
         embedding: Vec::new(),
@@ -200,223 +259,254 @@ pub async fn candidates(
         include_historical: filters.include_historical,
         ..Default::default()
     };
-    let run_graph = plan.graph;
-    let seeded = run_graph && plan.dense_seeds && plan.vector;
-
+    let seeded = plan.graph && plan.dense_seeds && plan.vector;
     let vector_then_graph = async {
-        let v: Outcome<SearchResponse> = if plan.vector {
-            Some(bounded(deadline, call(&ds.vector, identity, vector_req(text))).await)
-        } else {
-            None
+        let v = match plan.vector {
+            true => Some(call_until(&ds.vector, id, deadline, vector_req(text)).await),
+            false => None,
         };
-        let g: Outcome<PprResponse> = if seeded {
-            let seeds = match &v {
-                Some(Ok(r)) => r
-                    .hits
-                    .iter()
-                    .filter_map(|h| h.memory.as_ref())
-                    .take(settings.graph_dense_seeds as usize)
-                    .enumerate()
-                    // Raw rank weights: graph-svc scales memory seeds by its
-                    // own graph.memory_seed_weight so entity seeds dominate.
-                    .map(|(i, m)| Seed {
-                        memory_id: m.id.clone(),
-                        weight: 1.0 / (i as f32 + 1.0),
-                    })
-                    .collect(),
-                _ => Vec::new(),
-            };
-            Some(bounded(deadline, call(&ds.ppr, identity, ppr_req(seeds))).await)
-        } else {
-            None
+        let g = match seeded {
+            true => {
+                let seeds = dense_seeds(&v, p.graph_dense_seeds as usize);
+                Some(call_until(&ds.ppr, id, deadline, ppr_req(seeds)).await)
+            }
+            false => None,
         };
         (v, g)
     };
     let keyword = async {
-        if plan.keyword {
-            let req = KeywordSearchRequest {
-                text: text.to_string(),
-                filters: Some(filters.clone()),
-                k,
-            };
-            Some(bounded(deadline, call(&ds.keyword, identity, req)).await)
-        } else {
-            None
+        let req = KeywordSearchRequest {
+            text: text.to_string(),
+            filters: Some(filters.clone()),
+            k,
+        };
+        match plan.keyword {
+            true => Some(call_until(&ds.keyword, id, deadline, req).await),
+            false => None,
         }
     };
     let graph_parallel = async {
-        if run_graph && !seeded {
-            Some(bounded(deadline, call(&ds.ppr, identity, ppr_req(Vec::new()))).await)
-        } else {
-            None
+        match plan.graph && !seeded {
+            true => Some(call_until(&ds.ppr, id, deadline, ppr_req(Vec::new())).await),
+            false => None,
         }
     };
     let hyde = futures::future::join_all(
         hypotheses
             .iter()
             .filter(|_| plan.vector)
-            .map(|h| bounded(deadline, call(&ds.vector, identity, vector_req(h)))),
+            .map(|h| call_until(&ds.vector, id, deadline, vector_req(h))),
     );
-    let ((v, g_seq), kw, g_par, hyde) =
+    let ((vector, g_seq), keyword, g_par, hyde) =
         tokio::join!(vector_then_graph, keyword, graph_parallel, hyde);
-    let g = g_seq.or(g_par);
+    Outcomes {
+        vector,
+        keyword,
+        graph: g_seq.or(g_par),
+        hyde,
+    }
+}
 
-    let mut out = Candidates::default();
-    let mut memories: HashMap<String, Memory> = HashMap::new();
-    let mut via: HashMap<String, Vec<String>> = HashMap::new();
-    let mut lists = Vec::new();
-    let mut attempted = 0;
-    let mut failed = 0;
-    let mut search_list = |name: &'static str,
-                           r: Outcome<SearchResponse>,
-                           counts: bool,
-                           out: &mut Candidates,
-                           memories: &mut HashMap<String, Memory>| {
-        let r = r?;
-        if counts {
-            attempted += 1;
-        }
-        match r {
-            Ok(resp) => {
-                if name == VECTOR && !resp.query_embedding.is_empty() {
-                    out.query_embedding_opt = Some(resp.query_embedding.clone());
-                }
-                let hits = resp
-                    .hits
-                    .into_iter()
-                    .filter_map(|h| {
-                        let m = h.memory?;
-                        let id = m.id.clone();
-                        memories.entry(id.clone()).or_insert(m);
-                        Some((id, h.score))
-                    })
-                    .collect();
-                Some(StrategyList {
-                    strategy: name,
-                    // Set once the fusion weights are known.
-                    weight: 0.0,
-                    hits,
-                })
-            }
-            Err(e) => {
-                if counts {
-                    failed += 1;
-                }
-                tracing::warn!(strategy = name, error = %e, "strategy degraded");
-                if !out.degraded.contains(&name) {
-                    out.degraded.push(name);
-                }
-                None
-            }
-        }
+/// Graph seeds from the top dense hits, with raw rank weights: graph-svc
+/// scales memory seeds by its own graph.memory_seed_weight so entity seeds
+/// dominate.
+fn dense_seeds(v: &Outcome<SearchResponse>, n: usize) -> Vec<Seed> {
+    let Some(Ok(r)) = v else {
+        return Vec::new();
     };
-    lists.extend(search_list(VECTOR, v, true, &mut out, &mut memories));
-    lists.extend(search_list(KEYWORD, kw, true, &mut out, &mut memories));
-    for h in hyde {
-        lists.extend(search_list(HYDE, Some(h), false, &mut out, &mut memories));
-    }
-    if let Some(g) = g {
-        attempted += 1;
-        match g {
-            Ok(resp) => {
-                if let Fusion::ByEvidence {
-                    anchor_max_df_ratio,
-                    ..
-                } = &plan.fusion
-                {
-                    out.evidence = Evidence::from_linked(
-                        &resp.linked_entities,
-                        resp.memory_count,
-                        *anchor_max_df_ratio,
-                    );
-                }
-                if resp.deadline_exceeded {
-                    // Partial walk: usable, but say so.
-                    out.degraded.push(GRAPH);
-                }
-                let hits = resp
-                    .hits
-                    .into_iter()
-                    .map(|h| {
-                        via.insert(h.memory_id.clone(), h.via_entities);
-                        (h.memory_id, h.score)
-                    })
-                    .collect();
-                lists.push(StrategyList {
-                    strategy: GRAPH,
-                    weight: 0.0,
-                    hits,
-                });
-            }
-            Err(e) => {
-                failed += 1;
-                tracing::warn!(strategy = GRAPH, error = %e, "strategy degraded");
-                out.degraded.push(GRAPH);
-            }
-        }
-    }
-    if attempted > 0 && failed == attempted {
-        return Err(Error::RetrievalCircuitOpen);
-    }
-
-    let w = match &plan.fusion {
-        Fusion::Fixed(w) => *w,
-        Fusion::ByEvidence {
-            indicator,
-            weights,
-            default_k,
-            ..
-        } => {
-            let route = evidence::route(*indicator, &out.evidence);
-            out.route_opt = Some(route);
-            Weights::of(weights_for(weights, route), *default_k)
-        }
-    };
-    for list in &mut lists {
-        list.weight = match list.strategy {
-            VECTOR | HYDE => w.vector,
-            KEYWORD => w.keyword,
-            _ => w.graph,
-        };
-    }
-    let mut fused = rrf(&lists, w.k);
-    out.total = fused.len();
-    out.max_rrf = max_score(&lists, w.k);
-    fused.truncate(plan.pool);
-
-    let missing: Vec<String> = fused
+    r.hits
         .iter()
-        .filter(|f| !memories.contains_key(&f.id))
-        .map(|f| f.id.clone())
-        .collect();
-    if !missing.is_empty() {
+        .filter_map(|h| h.memory.as_ref())
+        .take(n)
+        .enumerate()
+        .map(|(i, m)| Seed {
+            memory_id: m.id.clone(),
+            weight: 1.0 / (i as f32 + 1.0),
+        })
+        .collect()
+}
+
+/// The strategies' lists and everything they carried, on the way to one
+/// fused candidate list.
+#[derive(Default)]
+struct Pool {
+    out: Candidates,
+    memories: HashMap<String, Memory>,
+    via: HashMap<String, Vec<String>>,
+    lists: Vec<StrategyList>,
+    attempted: usize,
+    failed: usize,
+}
+
+impl Pool {
+    /// Collects every list; fails only when every strategy that ran failed.
+    fn gather(o: Outcomes, plan: &Plan) -> Result<Self, Error> {
+        let mut pool = Self::default();
+        pool.search_list(VECTOR, o.vector, true);
+        pool.search_list(KEYWORD, o.keyword, true);
+        for h in o.hyde {
+            pool.search_list(HYDE, Some(h), false);
+        }
+        if let Some(g) = o.graph {
+            pool.graph_list(g, plan);
+        }
+        if pool.attempted > 0 && pool.failed == pool.attempted {
+            return Err(Error::RetrievalCircuitOpen);
+        }
+        Ok(pool)
+    }
+
+    /// A dense or keyword list; HyDE lists do not count towards "every
+    /// strategy failed".
+    fn search_list(&mut self, name: &'static str, r: Outcome<SearchResponse>, counts: bool) {
+        let Some(r) = r else {
+            return;
+        };
+        self.attempted += usize::from(counts);
+        let resp = match r {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.failed += usize::from(counts);
+                tracing::warn!(strategy = name, error = %e, "strategy degraded");
+                if !self.out.degraded.contains(&name) {
+                    self.out.degraded.push(name);
+                }
+                return;
+            }
+        };
+        if name == VECTOR && !resp.query_embedding.is_empty() {
+            self.out.query_embedding_opt = Some(resp.query_embedding.clone());
+        }
+        let hits = resp
+            .hits
+            .into_iter()
+            .filter_map(|h| {
+                let m = h.memory?;
+                let id = m.id.clone();
+                self.memories.entry(id.clone()).or_insert(m);
+                Some((id, h.score))
+            })
+            .collect();
+        self.lists.push(StrategyList {
+            strategy: name,
+            // Set once the fusion weights are known.
+            weight: 0.0,
+            hits,
+        });
+    }
+
+    /// The graph's list, and with an evidence plan the entity evidence
+    /// that picks the fusion weights.
+    fn graph_list(&mut self, r: Result<PprResponse, DownstreamError>, plan: &Plan) {
+        self.attempted += 1;
+        let resp = match r {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.failed += 1;
+                tracing::warn!(strategy = GRAPH, error = %e, "strategy degraded");
+                self.out.degraded.push(GRAPH);
+                return;
+            }
+        };
+        if let Fusion::ByEvidence {
+            anchor_max_df_ratio,
+            ..
+        } = &plan.fusion
+        {
+            self.out.evidence = Evidence::from_linked(
+                &resp.linked_entities,
+                resp.memory_count,
+                *anchor_max_df_ratio,
+            );
+        }
+        if resp.deadline_exceeded {
+            // Partial walk: usable, but say so.
+            self.out.degraded.push(GRAPH);
+        }
+        let hits = resp
+            .hits
+            .into_iter()
+            .map(|h| {
+                self.via.insert(h.memory_id.clone(), h.via_entities);
+                (h.memory_id, h.score)
+            })
+            .collect();
+        self.lists.push(StrategyList {
+            strategy: GRAPH,
+            weight: 0.0,
+            hits,
+        });
+    }
+
+    /// Weighted RRF over the lists, cut to the plan's pool size.
+    fn fuse(&mut self, plan: &Plan) -> Vec<Fused> {
+        let w = match &plan.fusion {
+            Fusion::Fixed(w) => *w,
+            Fusion::ByEvidence {
+                indicator,
+                weights,
+                default_k,
+                ..
+            } => {
+                let route = evidence::route(*indicator, &self.out.evidence);
+                self.out.route_opt = Some(route);
+                Weights::of(weights_for(weights, route), *default_k)
+            }
+        };
+        for list in &mut self.lists {
+            list.weight = match list.strategy {
+                VECTOR | HYDE => w.vector,
+                KEYWORD => w.keyword,
+                _ => w.graph,
+            };
+        }
+        let mut fused = rrf(&self.lists, w.k);
+        self.out.total = fused.len();
+        self.out.max_rrf = max_score(&self.lists, w.k);
+        fused.truncate(plan.pool);
+        fused
+    }
+
+    /// Fetches the fused memories no list carried (graph hits are ids).
+    async fn fetch_missing(&mut self, ctx: &Ctx<'_>, fused: &[Fused], deadline: Instant) {
+        let missing: Vec<String> = fused
+            .iter()
+            .filter(|f| !self.memories.contains_key(&f.id))
+            .map(|f| f.id.clone())
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
         let req = GetRequest {
             ids: missing,
             include_embedding: false,
         };
-        match bounded(deadline, call(&ds.get, identity, req)).await {
+        match call_until(&ctx.ds.get, &ctx.identity, deadline, req).await {
             Ok(resp) => {
                 for m in resp.memories {
-                    memories.entry(m.id.clone()).or_insert(m);
+                    self.memories.entry(m.id.clone()).or_insert(m);
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "fetching graph hits failed");
-                out.degraded.push("memory_fetch");
+                self.out.degraded.push("memory_fetch");
             }
         }
     }
-    out.candidates = fused
-        .into_iter()
-        .filter_map(|f| {
-            let memory = memories.remove(&f.id)?;
-            let via_entities = via.remove(&f.id).unwrap_or_default();
-            Some(Candidate {
-                memory,
-                fused: f,
-                via_entities,
+
+    fn into_candidates(mut self, fused: Vec<Fused>) -> Candidates {
+        self.out.candidates = fused
+            .into_iter()
+            .filter_map(|f| {
+                let memory = self.memories.remove(&f.id)?;
+                let via_entities = self.via.remove(&f.id).unwrap_or_default();
+                Some(Candidate {
+                    memory,
+                    fused: f,
+                    via_entities,
+                })
             })
-        })
-        .collect();
-    Ok(out)
+            .collect();
+        self.out
+    }
 }

@@ -3,15 +3,55 @@
 //! enforced here again although every downstream filters too: the gateway is
 //! the last line before the caller, and graph hits are fetched by id.
 
-use std::sync::Arc;
+use std::time::Duration;
 
 use engram_common::Identity;
 use engram_common::convert::{struct_to_json, ts_to_chrono};
 use engram_proto::{DroppedCandidate, Filters, Memory, ScoreRequest};
 use tokio::time::Instant;
+use tracing::Instrument;
 
-use crate::downstream::{Downstreams, call};
-use crate::search::Candidate;
+use super::ctx::{Ctx, ScoreMemo, StageTrace, stage_span};
+use super::search::Candidate;
+use crate::downstream::call_until;
+
+/// Stage 3 for one attempt: the static checks, then, when `rerank`, the
+/// cross-encoder over the top candidates. A reranker that cannot be used
+/// degrades the answer and leaves the candidates unchecked.
+pub async fn run(
+    ctx: &mut Ctx<'_>,
+    trace: &mut StageTrace,
+    candidates: Vec<Candidate>,
+    filters: &Filters,
+    rerank: bool,
+) -> Vec<Checked> {
+    let t = Instant::now();
+    let mut checked = static_checks(
+        candidates,
+        &ctx.identity,
+        filters,
+        filters.decay_floor,
+        &mut trace.dropped,
+    );
+    ctx.timed("validate", t);
+    ctx.metrics
+        .observe_candidates("validate", &[("fused", checked.len())]);
+    trace.counts.push(("validated", checked.len()));
+    if rerank && !checked.is_empty() {
+        let t = Instant::now();
+        let ok = relevance(ctx, &mut checked, &mut trace.dropped)
+            .instrument(stage_span("rerank"))
+            .await;
+        if !ok {
+            trace.degraded.push("rerank".into());
+        }
+        ctx.metrics
+            .observe_candidates("rerank", &[("fused", checked.len())]);
+        trace.counts.push(("reranked", checked.len()));
+        ctx.timed("rerank", t);
+    }
+    checked
+}
 
 /// Passage characters sent to the cross-encoder (it truncates to its own
 /// token limit anyway; this bounds the request size).
@@ -168,34 +208,23 @@ pub fn passage(m: &Memory) -> String {
     s
 }
 
-/// Cross-encoder scores already computed in this request, by memory id and
-/// version: a retry re-ranks mostly the same memories, and scoring a pair
-/// again costs ~15 ms of CPU for the same number.
-#[derive(Debug, Default)]
-pub struct ScoreMemo(std::collections::HashMap<(String, i32), f32>);
-
-impl ScoreMemo {
-    fn key(m: &Memory) -> (String, i32) {
-        (m.id.clone(), m.version)
-    }
-}
-
-/// Cross-encoder over the top `top_n` in one batch (the pairs `memo` does
-/// not hold yet). Returns false when the reranker could not be used (down,
-/// slow, malformed answer): the caller marks the stage degraded and keeps
-/// the candidates unchecked.
-#[allow(clippy::too_many_arguments)]
-pub async fn relevance(
-    ds: &Downstreams,
-    identity: &Arc<Identity>,
-    query: &str,
+/// Cross-encoder over the top `rerank_top_n` in one batch (the pairs the
+/// request's memo does not hold yet), until 50 ms before the deadline.
+/// Returns false when the reranker could not be used (down, slow, malformed
+/// answer): the caller marks the stage degraded and keeps the candidates
+/// unchecked.
+async fn relevance(
+    ctx: &mut Ctx<'_>,
     checked: &mut Vec<Checked>,
-    top_n: usize,
-    threshold: f32,
-    deadline: Instant,
     dropped: &mut Vec<DroppedCandidate>,
-    memo: &mut ScoreMemo,
 ) -> bool {
+    let p = &ctx.settings.pipeline;
+    let (top_n, threshold) = (p.rerank_top_n, p.relevance_threshold);
+    let deadline = ctx
+        .deadline
+        .checked_sub(Duration::from_millis(50))
+        .unwrap_or(ctx.deadline);
+    let memo = &mut ctx.memo;
     let n = top_n.min(checked.len());
     if n == 0 {
         return true;
@@ -207,17 +236,17 @@ pub async fn relevance(
         .collect();
     if !fresh.is_empty() {
         let req = ScoreRequest {
-            query: query.to_string(),
+            query: ctx.query.text.clone(),
             candidates: fresh.iter().map(|m| passage(m)).collect(),
             max_length: 0,
         };
         let want = fresh.len();
         let keys: Vec<(String, i32)> = fresh.into_iter().map(ScoreMemo::key).collect();
-        match tokio::time::timeout_at(deadline, call(&ds.score, identity, req)).await {
-            Ok(Ok(r)) if r.scores.len() == want => {
+        match call_until(&ctx.ds.score, &ctx.identity, deadline, req).await {
+            Ok(r) if r.scores.len() == want => {
                 memo.0.extend(keys.into_iter().zip(r.scores));
             }
-            Ok(Ok(r)) => {
+            Ok(r) => {
                 tracing::warn!(
                     expected = want,
                     got = r.scores.len(),
@@ -225,12 +254,8 @@ pub async fn relevance(
                 );
                 return false;
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 tracing::warn!(error = %e, "rerank degraded");
-                return false;
-            }
-            Err(_) => {
-                tracing::warn!("rerank skipped at pipeline deadline");
                 return false;
             }
         }
@@ -272,7 +297,7 @@ pub async fn relevance(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fusion::Fused;
+    use crate::pipeline::fusion::Fused;
     use engram_common::AccessLevel;
 
     fn cand(id: &str, tenant: &str, level: i32, conf: f32) -> Candidate {

@@ -13,7 +13,7 @@ use engram_proto::{DemandShape, Filters, GetDemandResponse, ScoredMemory};
 use parking_lot::Mutex;
 use prometheus::{IntCounterVec, IntGauge, Opts};
 
-use crate::router::{Mode, Query};
+use crate::query::{Mode, Query};
 
 /// Tenants tracked; observations for further tenants are only counted in
 /// the metrics, so a flood of tenants cannot grow the table without bound.

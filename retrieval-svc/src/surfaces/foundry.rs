@@ -11,22 +11,20 @@ use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use engram_common::Identity;
-use engram_proto::knowledge_foundry_service_server::KnowledgeFoundryService;
 use engram_proto::{
     AgenticRetrieveRequest, BasicRetrieveRequest, Filters, FoundryResponse, FoundryResult,
     FoundryStep, ScoredMemory,
 };
 use prost_types::Struct;
 use tokio::time::Instant;
-use tonic::{Request, Response, Status};
 
-use crate::assembly::tokens;
-use crate::decompose::{self, Plan, SLOT};
 use crate::error::Error;
-use crate::llm::{self, LlmError};
-use crate::router::{MAX_TEXT_CHARS, Mode, Query, Raw};
-use crate::search;
-use crate::service::Gateway;
+use crate::gateway::Gateway;
+use crate::pipeline::assemble::tokens;
+use crate::pipeline::search;
+use crate::query::{MAX_TEXT_CHARS, Mode, Query, Raw};
+use crate::surfaces::decompose::{self, Plan, SLOT};
+use crate::surfaces::llm::{self, LlmError};
 
 pub const DEFAULT_TOP_K: u32 = 10;
 pub const MAX_TOP_K: u32 = 100;
@@ -764,7 +762,7 @@ impl Run<'_> {
                 note = " (llm skipped: latency)".into();
             } else {
                 let r = llm.decompose(&q, max_parts, budget).await;
-                llm::observe(&self.gw.downstreams().metrics, &r, t);
+                llm::observe(self.gw.metrics(), &r, t);
                 match r {
                     Ok(reply) => {
                         self.tokens_used = self.tokens_used.saturating_add(reply.tokens);
@@ -850,7 +848,7 @@ impl Run<'_> {
                 } else {
                     let sources = entries[..take].concat();
                     let r = llm.synthesize(&q, &sources, answer_room, budget).await;
-                    llm::observe(&self.gw.downstreams().metrics, &r, t);
+                    llm::observe(self.gw.metrics(), &r, t);
                     match r {
                         Ok(reply) => {
                             self.tokens_used = self.tokens_used.saturating_add(reply.tokens);
@@ -902,6 +900,7 @@ pub fn source_entries(results: &[FoundryResult], limit: u32) -> Vec<String> {
 }
 
 /// Packs results, best first, as `[Source N]` entries until `limit` tokens.
+#[cfg(test)]
 pub fn pack_sources(results: &[FoundryResult], limit: u32) -> String {
     source_entries(results, limit).concat()
 }
@@ -969,36 +968,6 @@ pub async fn agentic(
         truncated_reason: truncated_opt.unwrap_or_default().to_string(),
         context,
     })
-}
-
-/// The gRPC `KnowledgeFoundryService` over a shared [`Gateway`].
-#[derive(Clone)]
-pub struct Foundry(pub Gateway);
-
-#[tonic::async_trait]
-impl KnowledgeFoundryService for Foundry {
-    async fn retrieve_basic(
-        &self,
-        request: Request<BasicRetrieveRequest>,
-    ) -> Result<Response<FoundryResponse>, Status> {
-        let start = Instant::now();
-        let identity = self.0.authenticate(request.metadata())?;
-        let deadline = self.0.deadline(request.metadata(), start);
-        let b = Basic::try_from(request.into_inner())?;
-        Ok(Response::new(
-            basic(&self.0, identity, b, start, deadline).await?,
-        ))
-    }
-
-    async fn retrieve_agentic(
-        &self,
-        request: Request<AgenticRetrieveRequest>,
-    ) -> Result<Response<FoundryResponse>, Status> {
-        let start = Instant::now();
-        let identity = self.0.authenticate(request.metadata())?;
-        let a = Agentic::try_from(request.into_inner())?;
-        Ok(Response::new(agentic(&self.0, identity, a, start).await?))
-    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::metrics::{CallOutcome, Metrics};
-use crate::router::{MAX_HYPOTHESES, MAX_TEXT_CHARS};
+use crate::query::{MAX_HYPOTHESES, MAX_TEXT_CHARS};
 
 /// A reply body larger than this is not a chat completion worth parsing.
 const MAX_BODY_BYTES: usize = 1 << 20;

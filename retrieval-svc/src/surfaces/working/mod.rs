@@ -2,1353 +2,381 @@
 //!
 //! Working memory is what an agent noted during the current session: it is
 //! short-lived, per session, and read far more often than it is worth
-//! persisting, so it lives in the gateway's process (bounded per session and
-//! in sessions, expired by TTL, least recently used evicted first) and never
-//! reaches Postgres. `GetMemory` answers from it when something matches;
-//! otherwise it asks the pipeline for claims and expands them along
-//! `causes` / `supports` edges, with the contradictions the pipeline left
-//! open, so an agent gets "what do I know and why" in one call.
+//! persisting, so it lives in the gateway's process (store.rs: bounded per
+//! session and in sessions, expired by TTL, least recently used evicted
+//! first) and never reaches Postgres. `GetMemory` answers from it when
+//! something matches; otherwise it asks the pipeline for claims and expands
+//! them along `causes` / `supports` edges, with the contradictions the
+//! pipeline left open, so an agent gets "what do I know and why" in one call.
+
+pub mod store;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use engram_common::settings::WorkingMemorySettings;
-use engram_common::{AccessLevel, Identity};
-use engram_proto::working_memory_service_server::WorkingMemoryService;
+use engram_common::Identity;
 use engram_proto::{
     CausalLink, ConflictPair, ConflictResolution, ContradictionsRequest, EmbedRequest,
-    GetDemandRequest, GetDemandResponse, GetMemoryRequest, GetMemoryResponse, GetRequest, Memory,
-    MemoryItem, MemoryOrigin, NeighborsRequest, RetrievalMode, RetrieveRequest, SourceRef,
-    UpsertResult,
+    GetMemoryResponse, GetRequest, Memory, MemoryItem, MemoryOrigin, NeighborsRequest,
+    RetrievalMode, RetrieveRequest, SourceRef, UpsertResult,
 };
-use parking_lot::Mutex;
-use prometheus::{IntCounterVec, IntGauge, Opts};
-use prost_types::value::Kind;
 use tokio::time::Instant;
-use tonic::{Request, Response, Status};
 
-use crate::demand::{self, Shape, Surface};
-use crate::downstream::call;
+pub use self::store::*;
+use crate::downstream::{call, call_until};
 use crate::error::Error;
-use crate::router::{DEFAULT_LIMIT, MAX_LIMIT, MAX_TEXT_CHARS, Query};
-use crate::service::Gateway;
-
-/// The `memory_type` that routes a write to working memory.
-pub const WORKING_TYPE: &str = "working";
-pub const MAX_SESSION_ID_CHARS: usize = 128;
-pub const DEFAULT_MAX_DEPTH: u32 = 2;
-pub const MAX_DEPTH: u32 = 4;
-pub const EMBEDDING_DIM: usize = 384;
-const MAX_CONTENT_BYTES: usize = 64 * 1024;
-const MAX_NAMESPACE_CHARS: usize = 128;
-const MAX_SOURCE_CHARS: usize = 2048;
-/// Causal links returned at most, whatever the depth.
-const MAX_CHAIN: u32 = 50;
-/// A fragment matches on words when it holds this share of the query's
-/// content words.
-const MIN_TEXT_MATCH: f32 = 0.34;
-/// Added to the recency score `1 / (1 + n)` (n = newer matching notes):
-/// it can never lift a note over one of the three newest, only reorder
-/// older ones, so the latest word on a subject wins.
-const CONFIDENCE_BONUS: f32 = 0.05;
-const WRITE_EMBED_TIMEOUT: Duration = Duration::from_secs(5);
-
-const STOPWORDS: &[&str] = &[
-    "a", "about", "an", "and", "are", "as", "at", "be", "by", "did", "do", "does", "for", "from",
-    "had", "has", "have", "how", "i", "in", "is", "it", "its", "me", "my", "of", "on", "or", "our",
-    "say", "said", "that", "the", "their", "this", "to", "was", "we", "were", "what", "when",
-    "where", "which", "who", "why", "will", "with", "you", "your",
-];
-
-fn tokens(text: &str) -> HashSet<String> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|t| t.chars().count() >= 2)
-        .map(str::to_lowercase)
-        .filter(|t| !STOPWORDS.contains(&t.as_str()))
-        .collect()
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> Option<f32> {
-    if a.len() != b.len() || a.is_empty() {
-        return None;
-    }
-    let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
-    for (x, y) in a.iter().zip(b) {
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
-    }
-    (na > 0.0 && nb > 0.0).then(|| dot / (na.sqrt() * nb.sqrt()))
-}
-
-/// A session is private to the agent that wrote it, within its tenant.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct SessionKey {
-    pub tenant: String,
-    pub agent: String,
-    pub session: String,
-}
-
-impl SessionKey {
-    pub fn new(identity: &Identity, session: &str) -> Self {
-        Self {
-            tenant: identity.tenant.clone(),
-            agent: identity.agent_id.clone(),
-            session: session.to_string(),
-        }
-    }
-}
-
-/// A validated working-memory write.
-#[derive(Debug, Clone)]
-pub struct WorkingWrite {
-    pub id: String,
-    pub session_id: String,
-    pub ttl: Duration,
-    pub content: String,
-    pub title: String,
-    pub namespace: String,
-    pub source: String,
-    pub confidence: f32,
-    pub access: AccessLevel,
-    pub embedding_opt: Option<Vec<f32>>,
-}
-
-pub fn is_working(m: &Memory) -> bool {
-    m.memory_type == WORKING_TYPE
-}
-
-impl WorkingWrite {
-    /// Boundary validation of a `memory_type = "working"` memory. Graph-only
-    /// fields (entities, triples, supersedes, validity, consolidated) have
-    /// no meaning for a session note and are ignored, as are output-only ones.
-    pub fn from_memory(m: Memory, s: &WorkingMemorySettings) -> Result<Self, Error> {
-        let Memory {
-            id,
-            namespace,
-            agent_id: _,
-            memory_type: _,
-            content,
-            title,
-            access_level,
-            source_confidence,
-            decay_score: _,
-            event_time: _,
-            ingestion_time: _,
-            valid_from: _,
-            valid_to: _,
-            recorded_at: _,
-            retracted_at: _,
-            version: _,
-            supersedes: _,
-            consolidated: _,
-            metadata,
-            source,
-            entities: _,
-            triples: _,
-            embedding,
-            tenant_id: _,
-        } = m;
-        let id = if id.is_empty() {
-            uuid::Uuid::new_v4().to_string()
-        } else {
-            uuid::Uuid::parse_str(&id)
-                .map_err(|_| Error::invalid("memories.id", "must be a UUID or empty"))?
-                .to_string()
-        };
-        if content.trim().is_empty() {
-            return Err(Error::invalid("memories.content", "must not be empty"));
-        }
-        if content.len() + title.len() > MAX_CONTENT_BYTES {
-            return Err(Error::invalid(
-                "memories.content",
-                format!("content and title must be at most {MAX_CONTENT_BYTES} bytes"),
-            ));
-        }
-        if namespace.chars().count() > MAX_NAMESPACE_CHARS {
-            return Err(Error::invalid(
-                "memories.namespace",
-                format!("at most {MAX_NAMESPACE_CHARS} characters"),
-            ));
-        }
-        if source.chars().count() > MAX_SOURCE_CHARS {
-            return Err(Error::invalid(
-                "memories.source",
-                format!("at most {MAX_SOURCE_CHARS} characters"),
-            ));
-        }
-        let confidence = source_confidence.unwrap_or(1.0);
-        if !(0.0..=1.0).contains(&confidence) {
-            return Err(Error::invalid(
-                "memories.source_confidence",
-                "must be in 0..=1",
-            ));
-        }
-        let access = AccessLevel::from_proto(access_level).ok_or_else(|| {
-            Error::invalid(
-                "memories.access_level",
-                format!("unknown access level {access_level}"),
-            )
-        })?;
-        let fields = metadata.map(|m| m.fields).unwrap_or_default();
-        let session_id = match fields.get("session_id").and_then(|v| v.kind.as_ref()) {
-            Some(Kind::StringValue(s))
-                if !s.trim().is_empty() && s.chars().count() <= MAX_SESSION_ID_CHARS =>
-            {
-                s.clone()
-            }
-            _ => {
-                return Err(Error::invalid(
-                    "memories.metadata.session_id",
-                    format!(
-                        "a working memory needs a string session_id of 1..={MAX_SESSION_ID_CHARS} characters"
-                    ),
-                ));
-            }
-        };
-        let ttl_ms = match fields.get("ttl_ms").and_then(|v| v.kind.as_ref()) {
-            None | Some(Kind::NullValue(_)) => s.default_ttl_ms,
-            Some(Kind::NumberValue(n))
-                if n.is_finite() && *n >= 1.0 && *n <= s.max_ttl_ms as f64 && n.fract() == 0.0 =>
-            {
-                *n as u64
-            }
-            _ => {
-                return Err(Error::invalid(
-                    "memories.metadata.ttl_ms",
-                    format!("must be a whole number in 1..={}", s.max_ttl_ms),
-                ));
-            }
-        };
-        let embedding_opt = if embedding.is_empty() {
-            None
-        } else if embedding.len() != EMBEDDING_DIM || embedding.iter().any(|x| !x.is_finite()) {
-            return Err(Error::invalid(
-                "memories.embedding",
-                format!("must be empty or {EMBEDDING_DIM} finite floats"),
-            ));
-        } else {
-            Some(embedding)
-        };
-        Ok(Self {
-            id,
-            session_id,
-            ttl: Duration::from_millis(ttl_ms),
-            content,
-            title,
-            namespace,
-            source,
-            confidence,
-            access,
-            embedding_opt,
-        })
-    }
-
-    fn text(&self) -> String {
-        if self.title.is_empty() {
-            self.content.clone()
-        } else {
-            format!("{}\n{}", self.title, self.content)
-        }
-    }
-}
-
-/// One stored note.
-#[derive(Debug, Clone)]
-pub struct Fragment {
-    pub id: String,
-    pub content: String,
-    pub title: String,
-    pub namespace: String,
-    pub source: String,
-    pub confidence: f32,
-    pub access: AccessLevel,
-    pub embedding_opt: Option<Arc<[f32]>>,
-    tokens: Arc<HashSet<String>>,
-    pub written_at: DateTime<Utc>,
-    pub expires_at: DateTime<Utc>,
-    pub version: i32,
-    used: u64,
-}
-
-struct Session {
-    fragments: HashMap<String, Fragment>,
-    used: u64,
-}
-
-#[derive(Default)]
-struct State {
-    sessions: HashMap<SessionKey, Session>,
-    tick: u64,
-    fragments: usize,
-}
-
-impl State {
-    fn next(&mut self) -> u64 {
-        self.tick += 1;
-        self.tick
-    }
-
-    /// Drops the session's expired fragments; returns how many.
-    fn expire(&mut self, key: &SessionKey, now: DateTime<Utc>) -> usize {
-        let Some(s) = self.sessions.get_mut(key) else {
-            return 0;
-        };
-        let before = s.fragments.len();
-        s.fragments.retain(|_, f| f.expires_at > now);
-        let gone = before - s.fragments.len();
-        self.fragments -= gone;
-        if s.fragments.is_empty() {
-            self.sessions.remove(key);
-        }
-        gone
-    }
-}
-
-/// The in-process store. One short lock per call; ranking (cosine over the
-/// session's fragments) happens on clones outside it.
-pub struct WorkingMemory {
-    state: Mutex<State>,
-    max_per_session: usize,
-    max_sessions: usize,
-    fragments_gauge: IntGauge,
-    sessions_gauge: IntGauge,
-    evicted: IntCounterVec,
-}
-
-/// A fragment that matched a query.
-#[derive(Debug, Clone)]
-pub struct Hit {
-    pub fragment: Fragment,
-    pub score: f32,
-    pub text_match: f32,
-    pub similarity_opt: Option<f32>,
-}
-
-impl WorkingMemory {
-    pub fn new(s: &WorkingMemorySettings) -> prometheus::Result<Self> {
-        Ok(Self {
-            state: Mutex::new(State::default()),
-            max_per_session: s.max_per_session.max(1),
-            max_sessions: s.max_sessions.max(1),
-            fragments_gauge: IntGauge::new(
-                "engram_working_memory_fragments",
-                "Working-memory fragments held in this gateway.",
-            )?,
-            sessions_gauge: IntGauge::new(
-                "engram_working_memory_sessions",
-                "Working-memory sessions held in this gateway.",
-            )?,
-            evicted: IntCounterVec::new(
-                Opts::new(
-                    "engram_working_memory_evicted_total",
-                    "Working-memory fragments dropped, by reason (ttl, lru_fragment, lru_session).",
-                ),
-                &["reason"],
-            )?,
-        })
-    }
-
-    pub fn register(&self, m: &crate::metrics::Metrics) -> prometheus::Result<()> {
-        m.register(Box::new(self.fragments_gauge.clone()))?;
-        m.register(Box::new(self.sessions_gauge.clone()))?;
-        m.register(Box::new(self.evicted.clone()))?;
-        Ok(())
-    }
-
-    fn gauges(&self, st: &State) {
-        self.fragments_gauge
-            .set(i64::try_from(st.fragments).unwrap_or(i64::MAX));
-        self.sessions_gauge
-            .set(i64::try_from(st.sessions.len()).unwrap_or(i64::MAX));
-    }
-
-    fn evict(&self, reason: &'static str, n: usize) {
-        if n > 0 {
-            self.evicted.with_label_values(&[reason]).inc_by(n as u64);
-        }
-    }
-
-    /// Writes (or rewrites, by id) fragments of one identity; a rewrite with
-    /// new content bumps the version. Full sessions lose their least recently
-    /// used fragment, a full store its least recently used session.
-    pub fn put(
-        &self,
-        identity: &Identity,
-        writes: Vec<WorkingWrite>,
-        now: DateTime<Utc>,
-    ) -> Vec<UpsertResult> {
-        let mut st = self.state.lock();
-        let mut out = Vec::with_capacity(writes.len());
-        for w in writes {
-            let key = SessionKey::new(identity, &w.session_id);
-            let expired = st.expire(&key, now);
-            self.evict("ttl", expired);
-            if !st.sessions.contains_key(&key) && st.sessions.len() >= self.max_sessions {
-                self.evict_sessions(&mut st, now);
-            }
-            let tick = st.next();
-            let ttl = chrono::Duration::from_std(w.ttl).unwrap_or(chrono::Duration::MAX);
-            let expires_at = now
-                .checked_add_signed(ttl)
-                .unwrap_or(DateTime::<Utc>::MAX_UTC);
-            let embedded = w.embedding_opt.is_some();
-            let text = w.text();
-            let session = st.sessions.entry(key).or_insert_with(|| Session {
-                fragments: HashMap::new(),
-                used: tick,
-            });
-            session.used = tick;
-            let (version, created) = match session.fragments.get(&w.id) {
-                Some(old) if old.content == w.content && old.title == w.title => {
-                    (old.version, false)
-                }
-                Some(old) => (old.version + 1, false),
-                None => (1, true),
-            };
-            let mut evicted = 0;
-            if created && session.fragments.len() >= self.max_per_session {
-                let lru = session
-                    .fragments
-                    .values()
-                    .min_by_key(|f| f.used)
-                    .map(|f| f.id.clone());
-                if let Some(id) = lru {
-                    session.fragments.remove(&id);
-                    evicted = 1;
-                }
-            }
-            session.fragments.insert(
-                w.id.clone(),
-                Fragment {
-                    id: w.id.clone(),
-                    tokens: Arc::new(tokens(&text)),
-                    content: w.content,
-                    title: w.title,
-                    namespace: w.namespace,
-                    source: w.source,
-                    confidence: w.confidence,
-                    access: w.access,
-                    embedding_opt: w.embedding_opt.map(Arc::from),
-                    written_at: now,
-                    expires_at,
-                    version,
-                    used: tick,
-                },
-            );
-            if created {
-                st.fragments += 1;
-            }
-            st.fragments -= evicted;
-            self.evict("lru_fragment", evicted);
-            out.push(UpsertResult {
-                id: w.id,
-                version,
-                created,
-                embedded,
-            });
-        }
-        self.gauges(&st);
-        out
-    }
-
-    /// Makes room for one session: expired fragments everywhere first, then
-    /// the least recently used session.
-    fn evict_sessions(&self, st: &mut State, now: DateTime<Utc>) {
-        let keys: Vec<SessionKey> = st.sessions.keys().cloned().collect();
-        let mut expired = 0;
-        for k in &keys {
-            expired += st.expire(k, now);
-        }
-        self.evict("ttl", expired);
-        while st.sessions.len() >= self.max_sessions {
-            let Some(k) = st
-                .sessions
-                .iter()
-                .min_by_key(|(_, s)| s.used)
-                .map(|(k, _)| k.clone())
-            else {
-                break;
-            };
-            if let Some(s) = st.sessions.remove(&k) {
-                st.fragments -= s.fragments.len();
-                self.evict("lru_session", s.fragments.len());
-            }
-        }
-    }
-
-    /// The session's live fragments the caller may see (trust and
-    /// confidence floor), and the count before those filters.
-    pub fn visible(
-        &self,
-        key: &SessionKey,
-        trust: AccessLevel,
-        min_confidence: f32,
-        now: DateTime<Utc>,
-    ) -> (Vec<Fragment>, usize) {
-        let mut st = self.state.lock();
-        let expired = st.expire(key, now);
-        self.evict("ttl", expired);
-        self.gauges(&st);
-        let tick = st.next();
-        let Some(s) = st.sessions.get_mut(key) else {
-            return (Vec::new(), 0);
-        };
-        s.used = tick;
-        let total = s.fragments.len();
-        let out = s
-            .fragments
-            .values()
-            .filter(|f| f.access <= trust && f.confidence >= min_confidence)
-            .cloned()
-            .collect();
-        (out, total)
-    }
-
-    /// Marks fragments as just used, so LRU eviction spares what is read.
-    pub fn touch(&self, key: &SessionKey, ids: &[&str]) {
-        let mut st = self.state.lock();
-        let tick = st.next();
-        if let Some(s) = st.sessions.get_mut(key) {
-            for id in ids {
-                if let Some(f) = s.fragments.get_mut(*id) {
-                    f.used = tick;
-                }
-            }
-        }
-    }
-
-    /// Removes the identity's fragments with these ids from every one of its
-    /// sessions; returns how many.
-    pub fn delete(&self, identity: &Identity, ids: &[String]) -> u32 {
-        let mut st = self.state.lock();
-        let mut n = 0usize;
-        st.sessions.retain(|k, s| {
-            if k.tenant == identity.tenant && k.agent == identity.agent_id {
-                for id in ids {
-                    if s.fragments.remove(id).is_some() {
-                        n += 1;
-                    }
-                }
-            }
-            !s.fragments.is_empty()
-        });
-        st.fragments -= n;
-        self.gauges(&st);
-        u32::try_from(n).unwrap_or(u32::MAX)
-    }
-}
-
-/// Matches by shared content words or embedding cosine, then ranks by
-/// recency with a small confidence bonus: in a session, the latest note on
-/// a subject is usually the one that holds, whatever its wall-clock age.
-pub fn rank(
-    fragments: Vec<Fragment>,
-    query: &str,
-    query_embedding_opt: Option<&[f32]>,
-    match_similarity: f32,
-    limit: usize,
-) -> Vec<Hit> {
-    let q = tokens(query);
-    let mut hits: Vec<Hit> = fragments
-        .into_iter()
-        .filter_map(|f| {
-            let text_match = if q.is_empty() {
-                0.0
-            } else {
-                q.iter().filter(|t| f.tokens.contains(*t)).count() as f32 / q.len() as f32
-            };
-            let similarity_opt = match (query_embedding_opt, &f.embedding_opt) {
-                (Some(a), Some(b)) => cosine(a, b),
-                _ => None,
-            };
-            let matched = text_match >= MIN_TEXT_MATCH
-                || similarity_opt.is_some_and(|s| s >= match_similarity);
-            if !matched {
-                return None;
-            }
-            Some(Hit {
-                score: 0.0,
-                text_match,
-                similarity_opt,
-                fragment: f,
-            })
-        })
-        .collect();
-    hits.sort_by_key(|h| std::cmp::Reverse(h.fragment.written_at));
-    // Notes written in the same instant (one batch) share a recency rank.
-    let mut newer = 0usize;
-    let mut prev_opt: Option<DateTime<Utc>> = None;
-    for (i, h) in hits.iter_mut().enumerate() {
-        if prev_opt.is_some_and(|p| p != h.fragment.written_at) {
-            newer = i;
-        }
-        prev_opt = Some(h.fragment.written_at);
-        h.score = 1.0 / (1.0 + newer as f32) + CONFIDENCE_BONUS * h.fragment.confidence;
-    }
-    hits.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then_with(|| b.fragment.written_at.cmp(&a.fragment.written_at))
-            .then_with(|| a.fragment.id.cmp(&b.fragment.id))
-    });
-    hits.truncate(limit);
-    hits
-}
-
-/// A `GetMemoryRequest` that passed boundary validation.
-#[derive(Debug, Clone)]
-pub struct MemoryQuery {
-    pub query: String,
-    pub session_id_opt: Option<String>,
-    pub min_confidence: f32,
-    pub limit: u32,
-    pub compact: bool,
-    pub include_sources: bool,
-    pub max_depth: u32,
-}
-
-impl TryFrom<GetMemoryRequest> for MemoryQuery {
-    type Error = Error;
-
-    fn try_from(r: GetMemoryRequest) -> Result<Self, Error> {
-        let GetMemoryRequest {
-            query,
-            session_id,
-            min_confidence,
-            limit,
-            compact,
-            include_sources,
-            max_depth,
-        } = r;
-        if query.trim().is_empty() {
-            return Err(Error::invalid("query", "must not be empty"));
-        }
-        if query.chars().count() > MAX_TEXT_CHARS {
-            return Err(Error::invalid(
-                "query",
-                format!("at most {MAX_TEXT_CHARS} characters"),
-            ));
-        }
-        if session_id.chars().count() > MAX_SESSION_ID_CHARS {
-            return Err(Error::invalid(
-                "session_id",
-                format!("at most {MAX_SESSION_ID_CHARS} characters"),
-            ));
-        }
-        let min_confidence = min_confidence.unwrap_or(0.0);
-        if !(0.0..=1.0).contains(&min_confidence) {
-            return Err(Error::invalid("min_confidence", "must be in 0..=1"));
-        }
-        let limit = limit.unwrap_or(DEFAULT_LIMIT);
-        if !(1..=MAX_LIMIT).contains(&limit) {
-            return Err(Error::invalid(
-                "limit",
-                format!("must be in 1..={MAX_LIMIT}"),
-            ));
-        }
-        let max_depth = max_depth.unwrap_or(DEFAULT_MAX_DEPTH);
-        if !(1..=MAX_DEPTH).contains(&max_depth) {
-            return Err(Error::invalid(
-                "max_depth",
-                format!("must be in 1..={MAX_DEPTH}"),
-            ));
-        }
-        Ok(Self {
-            query,
-            session_id_opt: (!session_id.trim().is_empty()).then_some(session_id),
-            min_confidence,
-            limit,
-            compact,
-            include_sources,
-            max_depth,
-        })
-    }
-}
-
-impl MemoryQuery {
-    fn demand_requested(&self) -> std::collections::BTreeSet<String> {
-        let mut p = std::collections::BTreeSet::from(["surface:get_memory".to_string()]);
-        if self.session_id_opt.is_some() {
-            p.insert("session".into());
-        }
-        if self.min_confidence > 0.0 {
-            p.insert("min_confidence".into());
-        }
-        if self.compact {
-            p.insert("compact".into());
-        } else {
-            p.insert("causal_chain".into());
-            p.insert("contradictions".into());
-            if self.include_sources {
-                p.insert("sources".into());
-            }
-        }
-        p
-    }
-}
+use crate::gateway::Gateway;
+use crate::pipeline::assemble::citation;
+use crate::query::Query;
+use crate::surfaces::demand::{Shape, Surface};
 
 fn ts(dt: DateTime<Utc>) -> prost_types::Timestamp {
     engram_common::convert::chrono_to_ts(dt)
 }
 
-fn ds_deadline(ms: u64, deadline: Instant) -> Instant {
-    (Instant::now() + Duration::from_millis(ms)).min(deadline)
+/// Embeds the fragments that came without a vector, in one call; a
+/// failure leaves them text-matchable only rather than failing the write.
+pub(crate) async fn write_working(
+    gw: &Gateway,
+    identity: &Arc<Identity>,
+    mut writes: Vec<WorkingWrite>,
+) -> Vec<UpsertResult> {
+    let need: Vec<usize> = (0..writes.len())
+        .filter(|&i| writes[i].embedding_opt.is_none())
+        .collect();
+    if !need.is_empty() {
+        let req = EmbedRequest {
+            texts: need.iter().map(|&i| writes[i].text()).collect(),
+        };
+        match call(&gw.downstreams().embed, identity, req).await {
+            Ok(r) if r.embeddings.len() == need.len() => {
+                for (&i, e) in need.iter().zip(r.embeddings) {
+                    writes[i].embedding_opt = Some(e.values);
+                }
+            }
+            Ok(_) => tracing::warn!("embed returned a short batch, fragments text-only"),
+            Err(e) => {
+                tracing::warn!(error = %e, "working memory embedding failed, fragments text-only");
+            }
+        }
+    }
+    let r = gw.working().put(identity, writes, Utc::now());
+    tracing::info!(
+        tenant = %identity.tenant,
+        agent = %identity.agent_id,
+        count = r.len(),
+        "wrote working memory"
+    );
+    r
 }
 
-impl Gateway {
-    /// Embeds the fragments that came without a vector, in one call; a
-    /// failure leaves them text-matchable only rather than failing the write.
-    pub(crate) async fn write_working(
-        &self,
-        identity: &Arc<Identity>,
-        mut writes: Vec<WorkingWrite>,
-    ) -> Vec<UpsertResult> {
-        let need: Vec<usize> = (0..writes.len())
-            .filter(|&i| writes[i].embedding_opt.is_none())
-            .collect();
-        if !need.is_empty() {
-            let req = EmbedRequest {
-                texts: need.iter().map(|&i| writes[i].text()).collect(),
-            };
-            match tokio::time::timeout(
-                WRITE_EMBED_TIMEOUT,
-                call(&self.downstreams().embed, identity, req),
-            )
-            .await
-            {
-                Ok(Ok(r)) if r.embeddings.len() == need.len() => {
-                    for (&i, e) in need.iter().zip(r.embeddings) {
-                        writes[i].embedding_opt = Some(e.values);
-                    }
-                }
-                Ok(Ok(_)) => tracing::warn!("embed returned a short batch, fragments text-only"),
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "working memory embedding failed, fragments text-only");
-                }
-                Err(_) => tracing::warn!("working memory embedding timed out, fragments text-only"),
-            }
+/// Working memory first; the graph when nothing in the session matches.
+pub async fn get_memory(
+    gw: &Gateway,
+    identity: Identity,
+    mq: MemoryQuery,
+    start: Instant,
+    deadline: Instant,
+) -> Result<GetMemoryResponse, Error> {
+    let identity = Arc::new(identity);
+    let requested = mq.demand_requested();
+    let mut resp = match working_first(gw, &identity, &mq, deadline).await {
+        Ok(r) => r,
+        Err(working_candidates) => {
+            let mut r = graph_fallback(gw, &identity, &mq, start, deadline).await?;
+            r.working_candidates = working_candidates;
+            r
         }
-        let r = self.working().put(identity, writes, Utc::now());
-        tracing::info!(
-            tenant = %identity.tenant,
-            agent = %identity.agent_id,
-            count = r.len(),
-            "wrote working memory"
-        );
-        r
-    }
+    };
+    resp.latency_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let observed = resp.items.iter().map(|i| i.memory_type.clone()).collect();
+    gw.demand().observe(
+        &identity.tenant,
+        identity.trust,
+        Surface::GetMemory,
+        Shape {
+            requested,
+            observed,
+        },
+    );
+    Ok(resp)
+}
 
-    /// Working memory first; the graph when nothing in the session matches.
-    pub async fn get_memory(
-        &self,
-        identity: Identity,
-        mq: MemoryQuery,
-        start: Instant,
-        deadline: Instant,
-    ) -> Result<GetMemoryResponse, Error> {
-        let identity = Arc::new(identity);
-        let requested = mq.demand_requested();
-        let mut resp = match self.working_first(&identity, &mq, deadline).await {
-            Ok(r) => r,
-            Err(working_candidates) => {
-                let mut r = self.graph_fallback(&identity, &mq, start, deadline).await?;
-                r.working_candidates = working_candidates;
-                r
-            }
-        };
-        resp.latency_ms = start.elapsed().as_secs_f64() * 1000.0;
-        let observed = resp.items.iter().map(|i| i.memory_type.clone()).collect();
-        self.demand().observe(
-            &identity.tenant,
-            identity.trust,
-            Surface::GetMemory,
-            Shape {
-                requested,
-                observed,
-            },
-        );
-        Ok(resp)
+/// The session's matches, or how many fragments it held when none matched.
+async fn working_first(
+    gw: &Gateway,
+    identity: &Arc<Identity>,
+    mq: &MemoryQuery,
+    deadline: Instant,
+) -> Result<GetMemoryResponse, u32> {
+    let Some(session) = mq.session_id_opt.as_deref() else {
+        return Err(0);
+    };
+    let key = SessionKey::new(identity, session);
+    let now = Utc::now();
+    let (frags, total) = gw
+        .working()
+        .visible(&key, identity.trust, mq.min_confidence, now);
+    let total = u32::try_from(total).unwrap_or(u32::MAX);
+    if frags.is_empty() {
+        return Err(total);
     }
-
-    /// The session's matches, or how many fragments it held when none matched.
-    async fn working_first(
-        &self,
-        identity: &Arc<Identity>,
-        mq: &MemoryQuery,
-        deadline: Instant,
-    ) -> Result<GetMemoryResponse, u32> {
-        let Some(session) = mq.session_id_opt.as_deref() else {
-            return Err(0);
+    let mut degraded = Vec::new();
+    let mut q_emb_opt = None;
+    if frags.iter().any(|f| f.embedding_opt.is_some()) {
+        let req = EmbedRequest {
+            texts: vec![mq.query.clone()],
         };
-        let key = SessionKey::new(identity, session);
-        let now = Utc::now();
-        let (frags, total) = self
-            .working()
-            .visible(&key, identity.trust, mq.min_confidence, now);
-        let total = u32::try_from(total).unwrap_or(u32::MAX);
-        if frags.is_empty() {
-            return Err(total);
-        }
-        let mut degraded = Vec::new();
-        let mut q_emb_opt = None;
-        if frags.iter().any(|f| f.embedding_opt.is_some()) {
-            let p = &self.settings().pipeline;
-            let req = EmbedRequest {
-                texts: vec![mq.query.clone()],
-            };
-            match tokio::time::timeout_at(
-                ds_deadline(p.vector_timeout_ms, deadline),
-                call(&self.downstreams().embed, identity, req),
-            )
-            .await
-            {
-                Ok(Ok(r)) => q_emb_opt = r.embeddings.into_iter().next().map(|e| e.values),
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "working memory query embedding degraded");
-                    degraded.push("embed".to_string());
-                }
-                Err(_) => degraded.push("embed".to_string()),
+        match call_until(&gw.downstreams().embed, identity, deadline, req).await {
+            Ok(r) => q_emb_opt = r.embeddings.into_iter().next().map(|e| e.values),
+            Err(e) => {
+                tracing::warn!(error = %e, "working memory query embedding degraded");
+                degraded.push("embed".to_string());
             }
         }
-        let sim = self.settings().working.match_similarity;
-        let query = mq.query.clone();
-        let limit = mq.limit as usize;
-        let hits = tokio::task::spawn_blocking(move || {
-            rank(frags, &query, q_emb_opt.as_deref(), sim, limit)
-        })
-        .await
-        .map_err(|_| total)?;
-        if hits.is_empty() {
-            return Err(total);
-        }
-        let ids: Vec<&str> = hits.iter().map(|h| h.fragment.id.as_str()).collect();
-        self.working().touch(&key, &ids);
-        let sources = if mq.include_sources && !mq.compact {
-            hits.iter()
-                .map(|h| SourceRef {
-                    memory_id: h.fragment.id.clone(),
-                    citation: if h.fragment.source.is_empty() {
-                        format!("[working:{} v{}]", h.fragment.id, h.fragment.version)
-                    } else {
-                        h.fragment.source.clone()
-                    },
-                    found_by: vec![WORKING_TYPE.into()],
-                    namespace: h.fragment.namespace.clone(),
-                    session_id: session.to_string(),
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let items = hits
-            .into_iter()
-            .map(|h| MemoryItem {
-                id: h.fragment.id,
-                content: h.fragment.content,
-                memory_type: WORKING_TYPE.into(),
-                confidence: h.fragment.confidence,
-                score: h.score,
+    }
+    let sim = gw.settings().working.match_similarity;
+    let query = mq.query.clone();
+    let limit = mq.limit as usize;
+    let hits =
+        tokio::task::spawn_blocking(move || rank(frags, &query, q_emb_opt.as_deref(), sim, limit))
+            .await
+            .map_err(|_| total)?;
+    if hits.is_empty() {
+        return Err(total);
+    }
+    let ids: Vec<&str> = hits.iter().map(|h| h.fragment.id.as_str()).collect();
+    gw.working().touch(&key, &ids);
+    let sources = if mq.include_sources && !mq.compact {
+        hits.iter()
+            .map(|h| SourceRef {
+                memory_id: h.fragment.id.clone(),
+                citation: if h.fragment.source.is_empty() {
+                    format!("[working:{} v{}]", h.fragment.id, h.fragment.version)
+                } else {
+                    h.fragment.source.clone()
+                },
+                found_by: vec![WORKING_TYPE.into()],
+                namespace: h.fragment.namespace.clone(),
                 session_id: session.to_string(),
-                written_at: Some(ts(h.fragment.written_at)),
-                expires_at: Some(ts(h.fragment.expires_at)),
-                text_match: h.text_match,
-                similarity: h.similarity_opt,
             })
-            .collect();
-        Ok(GetMemoryResponse {
-            origin: MemoryOrigin::Working as i32,
-            items,
-            sources,
-            working_candidates: total,
-            degraded_stages: degraded,
-            query_id: uuid::Uuid::new_v4().to_string(),
-            ..Default::default()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let items = hits
+        .into_iter()
+        .map(|h| MemoryItem {
+            id: h.fragment.id,
+            content: h.fragment.content,
+            memory_type: WORKING_TYPE.into(),
+            confidence: h.fragment.confidence,
+            score: h.score,
+            session_id: session.to_string(),
+            written_at: Some(ts(h.fragment.written_at)),
+            expires_at: Some(ts(h.fragment.expires_at)),
+            text_match: h.text_match,
+            similarity: h.similarity_opt,
         })
-    }
+        .collect();
+    Ok(GetMemoryResponse {
+        origin: MemoryOrigin::Working as i32,
+        items,
+        sources,
+        working_candidates: total,
+        degraded_stages: degraded,
+        query_id: uuid::Uuid::new_v4().to_string(),
+        ..Default::default()
+    })
+}
 
-    /// Claims from the pipeline (multi-hop route: vector + graph), then the
-    /// causal neighbourhood and the contradictions nobody settled.
-    async fn graph_fallback(
-        &self,
-        identity: &Arc<Identity>,
-        mq: &MemoryQuery,
-        start: Instant,
-        deadline: Instant,
-    ) -> Result<GetMemoryResponse, Error> {
-        let q = Query::try_from(RetrieveRequest {
-            text: mq.query.clone(),
-            limit: Some(mq.limit),
-            min_confidence: Some(mq.min_confidence),
-            mode: RetrievalMode::MultiHop as i32,
-            ..Default::default()
-        })?;
-        let r = self
-            .retrieve_unobserved((**identity).clone(), q, start, deadline)
-            .await?;
-        let mut degraded = r.degraded_stages.clone();
-        let items: Vec<MemoryItem> = r
+/// Claims from the pipeline (multi-hop route: vector + graph), then the
+/// causal neighbourhood and the contradictions nobody settled.
+async fn graph_fallback(
+    gw: &Gateway,
+    identity: &Arc<Identity>,
+    mq: &MemoryQuery,
+    start: Instant,
+    deadline: Instant,
+) -> Result<GetMemoryResponse, Error> {
+    let q = Query::try_from(RetrieveRequest {
+        text: mq.query.clone(),
+        limit: Some(mq.limit),
+        min_confidence: Some(mq.min_confidence),
+        mode: RetrievalMode::MultiHop as i32,
+        ..Default::default()
+    })?;
+    let r = gw
+        .pipeline()
+        .retrieve((**identity).clone(), q, start, deadline)
+        .await?;
+    let mut degraded = r.degraded_stages.clone();
+    let items: Vec<MemoryItem> = r
+        .records
+        .iter()
+        .filter_map(|s| {
+            let m = s.memory.as_ref()?;
+            Some(MemoryItem {
+                id: m.id.clone(),
+                content: m.content.clone(),
+                memory_type: m.memory_type.clone(),
+                confidence: m.source_confidence.unwrap_or(1.0),
+                score: s.score,
+                written_at: m.event_time,
+                ..Default::default()
+            })
+        })
+        .collect();
+    let mut resp = GetMemoryResponse {
+        origin: if items.is_empty() {
+            MemoryOrigin::None
+        } else {
+            MemoryOrigin::Graph
+        } as i32,
+        query_id: r.query_id.clone(),
+        ..Default::default()
+    };
+    if mq.compact || items.is_empty() {
+        resp.items = items;
+        resp.degraded_stages = degraded;
+        return Ok(resp);
+    }
+    let ds = gw.downstreams();
+    let item_ids: Vec<String> = items.iter().map(|i| i.id.clone()).collect();
+    let item_set: HashSet<&str> = item_ids.iter().map(String::as_str).collect();
+
+    let req = NeighborsRequest {
+        memory_ids: item_ids.clone(),
+        depth: mq.max_depth,
+        max_nodes: MAX_CHAIN,
+        edge_types: vec!["causes".into(), "supports".into()],
+    };
+    let neighbors = match call_until(&ds.neighbors, identity, deadline, req).await {
+        Ok(n) => n.neighbors,
+        Err(e) => {
+            tracing::warn!(error = %e, "causal expansion degraded");
+            degraded.push("causal_chain".into());
+            Vec::new()
+        }
+    };
+    let neighbors: Vec<_> = neighbors
+        .into_iter()
+        .filter(|n| !item_set.contains(n.memory_id.as_str()))
+        .collect();
+    let mut chain_mems: HashMap<String, Memory> = HashMap::new();
+    if !neighbors.is_empty() {
+        let req = GetRequest {
+            ids: neighbors.iter().map(|n| n.memory_id.clone()).collect(),
+            include_embedding: false,
+        };
+        match call_until(&ds.get, identity, deadline, req).await {
+            Ok(g) => {
+                chain_mems = g
+                    .memories
+                    .into_iter()
+                    .filter(|m| {
+                        m.tenant_id == identity.tenant
+                            && m.access_level <= identity.trust.to_proto()
+                            && m.source_confidence.unwrap_or(1.0) >= mq.min_confidence
+                    })
+                    .map(|m| (m.id.clone(), m))
+                    .collect();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "causal chain contents degraded");
+                degraded.push("causal_chain".into());
+            }
+        }
+    }
+    let chain: Vec<CausalLink> = neighbors
+        .iter()
+        .filter_map(|n| {
+            let m = chain_mems.get(&n.memory_id)?;
+            Some(CausalLink {
+                memory_id: n.memory_id.clone(),
+                edge_type: n.via_edge_type.clone(),
+                depth: n.depth,
+                content: m.content.clone(),
+                confidence: m.source_confidence.unwrap_or(1.0),
+            })
+        })
+        .collect();
+
+    // Pairs the pipeline settled (a winner chosen) are not reported again.
+    let settled: HashSet<(String, String)> = r
+        .conflicts
+        .iter()
+        .filter(|c| c.resolution != ConflictResolution::Unresolved as i32)
+        .flat_map(|c| {
+            [
+                (c.memory_a.clone(), c.memory_b.clone()),
+                (c.memory_b.clone(), c.memory_a.clone()),
+            ]
+        })
+        .collect();
+    let mut all_ids = item_ids.clone();
+    all_ids.extend(chain.iter().map(|c| c.memory_id.clone()));
+    if all_ids.len() >= 2 {
+        let req = ContradictionsRequest {
+            memory_ids: all_ids,
+        };
+        match call_until(&ds.contradictions, identity, deadline, req).await {
+            Ok(c) => {
+                resp.contradictions = c
+                    .pairs
+                    .into_iter()
+                    .filter(|p| !settled.contains(&(p.memory_a.clone(), p.memory_b.clone())))
+                    .map(|p| ConflictPair {
+                        memory_a: p.memory_a,
+                        memory_b: p.memory_b,
+                        resolution: ConflictResolution::Unresolved as i32,
+                        winner_id: String::new(),
+                    })
+                    .collect();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "contradiction lookup degraded");
+                degraded.push("contradictions".into());
+            }
+        }
+    }
+    if mq.include_sources {
+        resp.sources = r
             .records
             .iter()
             .filter_map(|s| {
                 let m = s.memory.as_ref()?;
-                Some(MemoryItem {
-                    id: m.id.clone(),
-                    content: m.content.clone(),
-                    memory_type: m.memory_type.clone(),
-                    confidence: m.source_confidence.unwrap_or(1.0),
-                    score: s.score,
-                    written_at: m.event_time,
-                    ..Default::default()
+                let prov = s.provenance.as_ref();
+                Some(SourceRef {
+                    memory_id: m.id.clone(),
+                    citation: prov
+                        .map(|p| p.citation.clone())
+                        .filter(|c| !c.is_empty())
+                        .unwrap_or_else(|| citation(m)),
+                    found_by: prov
+                        .map(|p| p.strategies.iter().map(|h| h.strategy.clone()).collect())
+                        .unwrap_or_default(),
+                    namespace: m.namespace.clone(),
+                    session_id: String::new(),
                 })
             })
-            .collect();
-        let mut resp = GetMemoryResponse {
-            origin: if items.is_empty() {
-                MemoryOrigin::None
-            } else {
-                MemoryOrigin::Graph
-            } as i32,
-            query_id: r.query_id.clone(),
-            ..Default::default()
-        };
-        if mq.compact || items.is_empty() {
-            resp.items = items;
-            resp.degraded_stages = degraded;
-            return Ok(resp);
-        }
-        let p = &self.settings().pipeline;
-        let ds = self.downstreams();
-        let item_ids: Vec<String> = items.iter().map(|i| i.id.clone()).collect();
-        let item_set: HashSet<&str> = item_ids.iter().map(String::as_str).collect();
-
-        let req = NeighborsRequest {
-            memory_ids: item_ids.clone(),
-            depth: mq.max_depth,
-            max_nodes: MAX_CHAIN,
-            edge_types: vec!["causes".into(), "supports".into()],
-        };
-        let neighbors = match tokio::time::timeout_at(
-            ds_deadline(p.graph_timeout_ms, deadline),
-            call(&ds.neighbors, identity, req),
-        )
-        .await
-        {
-            Ok(Ok(n)) => n.neighbors,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "causal expansion degraded");
-                degraded.push("causal_chain".into());
-                Vec::new()
-            }
-            Err(_) => {
-                degraded.push("causal_chain".into());
-                Vec::new()
-            }
-        };
-        let neighbors: Vec<_> = neighbors
-            .into_iter()
-            .filter(|n| !item_set.contains(n.memory_id.as_str()))
-            .collect();
-        let mut chain_mems: HashMap<String, Memory> = HashMap::new();
-        if !neighbors.is_empty() {
-            let req = GetRequest {
-                ids: neighbors.iter().map(|n| n.memory_id.clone()).collect(),
-                include_embedding: false,
-            };
-            match tokio::time::timeout_at(
-                ds_deadline(p.vector_timeout_ms.max(300), deadline),
-                call(&ds.get, identity, req),
-            )
-            .await
-            {
-                Ok(Ok(g)) => {
-                    chain_mems = g
-                        .memories
-                        .into_iter()
-                        .filter(|m| {
-                            m.tenant_id == identity.tenant
-                                && m.access_level <= identity.trust.to_proto()
-                                && m.source_confidence.unwrap_or(1.0) >= mq.min_confidence
-                        })
-                        .map(|m| (m.id.clone(), m))
-                        .collect();
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "causal chain contents degraded");
-                    degraded.push("causal_chain".into());
-                }
-                Err(_) => degraded.push("causal_chain".into()),
-            }
-        }
-        let chain: Vec<CausalLink> = neighbors
-            .iter()
-            .filter_map(|n| {
-                let m = chain_mems.get(&n.memory_id)?;
-                Some(CausalLink {
-                    memory_id: n.memory_id.clone(),
-                    edge_type: n.via_edge_type.clone(),
-                    depth: n.depth,
-                    content: m.content.clone(),
-                    confidence: m.source_confidence.unwrap_or(1.0),
+            .chain(chain.iter().filter_map(|c| {
+                let m = chain_mems.get(&c.memory_id)?;
+                Some(SourceRef {
+                    memory_id: m.id.clone(),
+                    citation: citation(m),
+                    found_by: vec![c.edge_type.clone()],
+                    namespace: m.namespace.clone(),
+                    session_id: String::new(),
                 })
-            })
+            }))
             .collect();
-
-        // Pairs the pipeline settled (a winner chosen) are not reported again.
-        let settled: HashSet<(String, String)> = r
-            .conflicts
-            .iter()
-            .filter(|c| c.resolution != ConflictResolution::Unresolved as i32)
-            .flat_map(|c| {
-                [
-                    (c.memory_a.clone(), c.memory_b.clone()),
-                    (c.memory_b.clone(), c.memory_a.clone()),
-                ]
-            })
-            .collect();
-        let mut all_ids = item_ids.clone();
-        all_ids.extend(chain.iter().map(|c| c.memory_id.clone()));
-        if all_ids.len() >= 2 {
-            let req = ContradictionsRequest {
-                memory_ids: all_ids,
-            };
-            match tokio::time::timeout_at(
-                ds_deadline(p.graph_timeout_ms, deadline),
-                call(&ds.contradictions, identity, req),
-            )
-            .await
-            {
-                Ok(Ok(c)) => {
-                    resp.contradictions = c
-                        .pairs
-                        .into_iter()
-                        .filter(|p| !settled.contains(&(p.memory_a.clone(), p.memory_b.clone())))
-                        .map(|p| ConflictPair {
-                            memory_a: p.memory_a,
-                            memory_b: p.memory_b,
-                            resolution: ConflictResolution::Unresolved as i32,
-                            winner_id: String::new(),
-                        })
-                        .collect();
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "contradiction lookup degraded");
-                    degraded.push("contradictions".into());
-                }
-                Err(_) => degraded.push("contradictions".into()),
-            }
-        }
-        if mq.include_sources {
-            resp.sources = r
-                .records
-                .iter()
-                .filter_map(|s| {
-                    let m = s.memory.as_ref()?;
-                    let prov = s.provenance.as_ref();
-                    Some(SourceRef {
-                        memory_id: m.id.clone(),
-                        citation: prov
-                            .map(|p| p.citation.clone())
-                            .filter(|c| !c.is_empty())
-                            .unwrap_or_else(|| crate::assembly::citation(m)),
-                        found_by: prov
-                            .map(|p| p.strategies.iter().map(|h| h.strategy.clone()).collect())
-                            .unwrap_or_default(),
-                        namespace: m.namespace.clone(),
-                        session_id: String::new(),
-                    })
-                })
-                .chain(chain.iter().filter_map(|c| {
-                    let m = chain_mems.get(&c.memory_id)?;
-                    Some(SourceRef {
-                        memory_id: m.id.clone(),
-                        citation: crate::assembly::citation(m),
-                        found_by: vec![c.edge_type.clone()],
-                        namespace: m.namespace.clone(),
-                        session_id: String::new(),
-                    })
-                }))
-                .collect();
-        }
-        degraded.sort();
-        degraded.dedup();
-        resp.items = items;
-        resp.causal_chain = chain;
-        resp.degraded_stages = degraded;
-        Ok(resp)
     }
-}
-
-/// The gRPC face of Layer 6.
-#[derive(Clone)]
-pub struct Working(pub Gateway);
-
-#[tonic::async_trait]
-impl WorkingMemoryService for Working {
-    async fn get_memory(
-        &self,
-        request: Request<GetMemoryRequest>,
-    ) -> Result<Response<GetMemoryResponse>, Status> {
-        let start = Instant::now();
-        let identity = self.0.authenticate(request.metadata())?;
-        let deadline = self.0.deadline(request.metadata(), start);
-        let mq = MemoryQuery::try_from(request.into_inner())?;
-        Ok(Response::new(
-            self.0.get_memory(identity, mq, start, deadline).await?,
-        ))
-    }
-
-    async fn get_demand(
-        &self,
-        request: Request<GetDemandRequest>,
-    ) -> Result<Response<GetDemandResponse>, Status> {
-        let identity = self.0.authenticate(request.metadata())?;
-        let GetDemandRequest { limit } = request.into_inner();
-        let limit = limit.unwrap_or(demand::DEFAULT_DEMAND_LIMIT);
-        if !(1..=demand::MAX_DEMAND_LIMIT).contains(&limit) {
-            return Err(Error::invalid(
-                "limit",
-                format!("must be in 1..={}", demand::MAX_DEMAND_LIMIT),
-            )
-            .into());
-        }
-        Ok(Response::new(self.0.demand().snapshot(
-            &identity.tenant,
-            identity.trust,
-            limit as usize,
-        )))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use prost_types::{Struct, Value};
-
-    fn ident(tenant: &str, agent: &str, trust: AccessLevel) -> Identity {
-        Identity {
-            tenant: tenant.into(),
-            agent_id: agent.into(),
-            trust,
-        }
-    }
-
-    fn write(session: &str, id: u128, content: &str, conf: f32) -> WorkingWrite {
-        WorkingWrite {
-            id: uuid::Uuid::from_u128(id).to_string(),
-            session_id: session.into(),
-            ttl: Duration::from_secs(3600),
-            content: content.into(),
-            title: String::new(),
-            namespace: String::new(),
-            source: String::new(),
-            confidence: conf,
-            access: AccessLevel::Public,
-            embedding_opt: None,
-        }
-    }
-
-    fn settings(per_session: usize, sessions: usize) -> WorkingMemorySettings {
-        WorkingMemorySettings {
-            max_per_session: per_session,
-            max_sessions: sessions,
-            ..Default::default()
-        }
-    }
-
-    fn meta(pairs: &[(&str, Kind)]) -> Option<Struct> {
-        Some(Struct {
-            fields: pairs
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.to_string(),
-                        Value {
-                            kind: Some(v.clone()),
-                        },
-                    )
-                })
-                .collect(),
-        })
-    }
-
-    #[test]
-    fn writes_are_validated_naming_the_field() {
-        let s = WorkingMemorySettings::default();
-        let base = Memory {
-            memory_type: WORKING_TYPE.into(),
-            content: "note".into(),
-            ..Default::default()
-        };
-        let e = WorkingWrite::from_memory(base.clone(), &s).expect_err("no session");
-        assert!(
-            e.to_string().contains("memories.metadata.session_id"),
-            "{e}"
-        );
-        let m = Memory {
-            metadata: meta(&[
-                ("session_id", Kind::StringValue("s1".into())),
-                ("ttl_ms", Kind::NumberValue(0.0)),
-            ]),
-            ..base.clone()
-        };
-        let e = WorkingWrite::from_memory(m, &s).expect_err("ttl 0");
-        assert!(e.to_string().contains("memories.metadata.ttl_ms"), "{e}");
-        let m = Memory {
-            metadata: meta(&[("session_id", Kind::StringValue("s1".into()))]),
-            source_confidence: Some(0.7),
-            ..base
-        };
-        let w = WorkingWrite::from_memory(m, &s).expect("valid");
-        assert_eq!(w.session_id, "s1");
-        assert_eq!(w.ttl, Duration::from_millis(s.default_ttl_ms));
-        assert!((w.confidence - 0.7).abs() < 1e-6);
-        assert!(uuid::Uuid::parse_str(&w.id).is_ok());
-    }
-
-    #[test]
-    fn sessions_are_private_and_trust_is_respected() {
-        let wm = WorkingMemory::new(&settings(10, 10)).expect("metrics");
-        let now = Utc::now();
-        let a = ident("t1", "agent", AccessLevel::Sensitive);
-        let mut secret = write("s", 1, "launch code is blue", 1.0);
-        secret.access = AccessLevel::Sensitive;
-        wm.put(&a, vec![secret, write("s", 2, "lunch at noon", 1.0)], now);
-        let (v, total) = wm.visible(&SessionKey::new(&a, "s"), AccessLevel::Sensitive, 0.0, now);
-        assert_eq!((v.len(), total), (2, 2));
-        let (v, _) = wm.visible(&SessionKey::new(&a, "s"), AccessLevel::Public, 0.0, now);
-        assert_eq!(v.len(), 1);
-        let other_tenant = ident("t2", "agent", AccessLevel::Sensitive);
-        let other_agent = ident("t1", "agent-2", AccessLevel::Sensitive);
-        for who in [&other_tenant, &other_agent] {
-            let (v, total) =
-                wm.visible(&SessionKey::new(who, "s"), AccessLevel::Sensitive, 0.0, now);
-            assert_eq!((v.len(), total), (0, 0));
-        }
-        assert_eq!(
-            wm.delete(&other_agent, &[uuid::Uuid::from_u128(2).to_string()]),
-            0
-        );
-        assert_eq!(wm.delete(&a, &[uuid::Uuid::from_u128(2).to_string()]), 1);
-    }
-
-    #[test]
-    fn ttl_and_lru_evict() {
-        let wm = WorkingMemory::new(&settings(2, 2)).expect("metrics");
-        let now = Utc::now();
-        let a = ident("t", "a", AccessLevel::Public);
-        let key = SessionKey::new(&a, "s");
-        wm.put(
-            &a,
-            vec![write("s", 1, "one", 1.0), write("s", 2, "two", 1.0)],
-            now,
-        );
-        // Reading 1 makes 2 the least recently used.
-        wm.touch(&key, &[&uuid::Uuid::from_u128(1).to_string()]);
-        wm.put(&a, vec![write("s", 3, "three", 1.0)], now);
-        let (v, _) = wm.visible(&key, AccessLevel::Public, 0.0, now);
-        let mut ids: Vec<String> = v.into_iter().map(|f| f.content).collect();
-        ids.sort();
-        assert_eq!(ids, ["one", "three"]);
-        // A rewrite bumps the version and does not evict.
-        let r = wm.put(&a, vec![write("s", 3, "three!", 1.0)], now);
-        assert_eq!((r[0].version, r[0].created), (2, false));
-        // Sessions: a third one evicts the least recently used session.
-        wm.put(&a, vec![write("s2", 10, "x", 1.0)], now);
-        wm.visible(&key, AccessLevel::Public, 0.0, now);
-        wm.put(&a, vec![write("s3", 11, "y", 1.0)], now);
-        let (v, _) = wm.visible(&SessionKey::new(&a, "s2"), AccessLevel::Public, 0.0, now);
-        assert!(v.is_empty());
-        assert_eq!(wm.visible(&key, AccessLevel::Public, 0.0, now).0.len(), 2);
-        // TTL: an hour later everything is gone.
-        let later = now + chrono::Duration::seconds(3601);
-        assert!(
-            wm.visible(&key, AccessLevel::Public, 0.0, later)
-                .0
-                .is_empty()
-        );
-        assert_eq!(wm.evicted.with_label_values(&["ttl"]).get(), 2);
-        assert_eq!(wm.fragments_gauge.get(), 1);
-    }
-
-    #[test]
-    fn ranking_prefers_recent_with_a_confidence_bonus() {
-        let wm = WorkingMemory::new(&settings(10, 10)).expect("metrics");
-        let now = Utc::now();
-        let a = ident("t", "a", AccessLevel::Public);
-        let t0 = now - chrono::Duration::minutes(20);
-        wm.put(&a, vec![write("s", 1, "deadline is Monday", 1.0)], t0);
-        wm.put(
-            &a,
-            vec![write("s", 2, "deadline moved to Friday", 0.2)],
-            now,
-        );
-        wm.put(&a, vec![write("s", 3, "buy oat milk", 1.0)], now);
-        let (v, _) = wm.visible(&SessionKey::new(&a, "s"), AccessLevel::Public, 0.0, now);
-        let hits = rank(v.clone(), "when is the deadline?", None, 0.5, 10);
-        let contents: Vec<&str> = hits.iter().map(|h| h.fragment.content.as_str()).collect();
-        assert_eq!(contents, ["deadline moved to Friday", "deadline is Monday"]);
-        // Same age: the bonus breaks the tie toward confidence.
-        let hits = rank(v, "milk deadline", None, 0.5, 10);
-        assert_eq!(hits[0].fragment.content, "buy oat milk");
-        assert!(rank(Vec::new(), "x", None, 0.5, 10).is_empty());
-    }
-
-    #[test]
-    fn embedding_matches_without_shared_words() {
-        let now = Utc::now();
-        let mut w = write("s", 1, "the quarterly numbers", 1.0);
-        w.embedding_opt = Some(vec![1.0, 0.0, 0.0]);
-        let wm = WorkingMemory::new(&settings(10, 10)).expect("metrics");
-        let a = ident("t", "a", AccessLevel::Public);
-        wm.put(&a, vec![w], now);
-        let (v, _) = wm.visible(&SessionKey::new(&a, "s"), AccessLevel::Public, 0.0, now);
-        let hits = rank(v.clone(), "revenue report", Some(&[0.9, 0.1, 0.0]), 0.5, 10);
-        assert_eq!(hits.len(), 1);
-        assert!(hits[0].similarity_opt.is_some_and(|s| s > 0.9));
-        assert!(rank(v, "revenue report", Some(&[0.0, 1.0, 0.0]), 0.5, 10).is_empty());
-    }
-
-    #[test]
-    fn memory_query_defaults_and_bounds() {
-        let ok = MemoryQuery::try_from(GetMemoryRequest {
-            query: "q".into(),
-            ..Default::default()
-        })
-        .expect("valid");
-        assert_eq!((ok.limit, ok.max_depth, ok.min_confidence), (10, 2, 0.0));
-        assert!(ok.session_id_opt.is_none());
-        for (req, field) in [
-            (GetMemoryRequest::default(), "query"),
-            (
-                GetMemoryRequest {
-                    query: "q".into(),
-                    limit: Some(0),
-                    ..Default::default()
-                },
-                "limit",
-            ),
-            (
-                GetMemoryRequest {
-                    query: "q".into(),
-                    max_depth: Some(5),
-                    ..Default::default()
-                },
-                "max_depth",
-            ),
-            (
-                GetMemoryRequest {
-                    query: "q".into(),
-                    min_confidence: Some(1.5),
-                    ..Default::default()
-                },
-                "min_confidence",
-            ),
-        ] {
-            let e = MemoryQuery::try_from(req).expect_err(field);
-            assert!(e.to_string().contains(field), "{e}");
-        }
-    }
+    degraded.sort();
+    degraded.dedup();
+    resp.items = items;
+    resp.causal_chain = chain;
+    resp.degraded_stages = degraded;
+    Ok(resp)
 }

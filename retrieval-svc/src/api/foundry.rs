@@ -1,0 +1,40 @@
+//! `KnowledgeFoundryService`: authenticate, validate, then basic or agentic
+//! retrieval (surfaces/foundry.rs).
+
+use engram_proto::knowledge_foundry_service_server::KnowledgeFoundryService;
+use engram_proto::{AgenticRetrieveRequest, BasicRetrieveRequest, FoundryResponse};
+use tokio::time::Instant;
+use tonic::{Request, Response, Status};
+
+use crate::gateway::Gateway;
+use crate::surfaces::foundry::{Agentic, Basic, agentic, basic};
+
+/// The gRPC `KnowledgeFoundryService` over a shared [`Gateway`].
+#[derive(Clone)]
+pub struct Foundry(pub Gateway);
+
+#[tonic::async_trait]
+impl KnowledgeFoundryService for Foundry {
+    async fn retrieve_basic(
+        &self,
+        request: Request<BasicRetrieveRequest>,
+    ) -> Result<Response<FoundryResponse>, Status> {
+        let start = Instant::now();
+        let identity = self.0.authenticate(request.metadata())?;
+        let deadline = self.0.deadline(request.metadata(), start);
+        let b = Basic::try_from(request.into_inner())?;
+        Ok(Response::new(
+            basic(&self.0, identity, b, start, deadline).await?,
+        ))
+    }
+
+    async fn retrieve_agentic(
+        &self,
+        request: Request<AgenticRetrieveRequest>,
+    ) -> Result<Response<FoundryResponse>, Status> {
+        let start = Instant::now();
+        let identity = self.0.authenticate(request.metadata())?;
+        let a = Agentic::try_from(request.into_inner())?;
+        Ok(Response::new(agentic(&self.0, identity, a, start).await?))
+    }
+}

@@ -1,0 +1,9 @@
+//! Thin adapters from the wire to the gateway: each handler authenticates,
+//! validates with a `TryFrom` of the request, makes one call into the
+//! pipeline or a surface, and maps the error to a gRPC or HTTP status.
+
+pub mod foundry;
+pub mod http;
+pub mod memory;
+pub mod retrieval;
+pub mod working;

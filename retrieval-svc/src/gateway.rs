@@ -1,0 +1,183 @@
+//! The gateway's shared state, built once per process: the pipeline and
+//! what the surfaces keep beside it (working memory, demand counters, the
+//! optional LLM client), plus the authenticator every API adapter uses.
+//! Cloning is cheap (one `Arc`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engram_common::server::grpc_timeout;
+use engram_common::{Identity, Settings};
+use engram_proto::{RetrieveResponse, SkipReason};
+use tokio::time::Instant;
+use tonic::metadata::MetadataMap;
+
+use crate::auth::Authenticator;
+use crate::downstream::Downstreams;
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+use crate::query::Query;
+use crate::surfaces::demand::{Demand, Shape, Surface};
+use crate::surfaces::llm::LlmClient;
+use crate::surfaces::working::store::WorkingMemory;
+
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pipeline: Pipeline,
+    auth: Authenticator,
+    llm_opt: Option<LlmClient>,
+    working: WorkingMemory,
+    demand: Demand,
+}
+
+impl Gateway {
+    /// Connects the downstream stacks (lazily: a downstream that is not up
+    /// yet only fails its calls). Must run inside a tokio runtime.
+    pub fn new(settings: Settings) -> anyhow::Result<Self> {
+        let metrics = Arc::new(Metrics::new()?);
+        let ds = Downstreams::connect(&settings, &metrics)?;
+        let auth = Authenticator::new(&settings.auth);
+        let llm_opt = LlmClient::from_settings(&settings.llm).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "llm client unavailable, rule-based paths only");
+            None
+        });
+        let working = WorkingMemory::new(&settings.working)?;
+        working.register(&metrics)?;
+        let w = &settings.working;
+        let demand = Demand::new(w.demand_threshold, w.max_demand_shapes)?;
+        demand.register(&metrics)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pipeline: Pipeline::new(settings, ds, metrics),
+                auth,
+                llm_opt,
+                working,
+                demand,
+            }),
+        })
+    }
+
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.inner.pipeline
+    }
+
+    pub fn settings(&self) -> &Settings {
+        self.inner.pipeline.settings()
+    }
+
+    pub fn downstreams(&self) -> &Downstreams {
+        self.inner.pipeline.downstreams()
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        self.inner.pipeline.metrics()
+    }
+
+    /// Layer 6's in-process session store.
+    pub fn working(&self) -> &WorkingMemory {
+        &self.inner.working
+    }
+
+    /// Retrieval shape counters (every Retrieve and GetMemory).
+    pub fn demand(&self) -> &Demand {
+        &self.inner.demand
+    }
+
+    /// The optional LLM endpoint; `None` unless `[llm] endpoint_opt` is set.
+    pub fn llm(&self) -> Option<&LlmClient> {
+        self.inner.llm_opt.as_ref()
+    }
+
+    /// Prometheus text for the pipeline, the downstream stacks and the
+    /// feedback queue. Labels come from closed sets: never query text or ids.
+    pub fn metrics_text(&self) -> String {
+        let phases: Vec<_> = (self.downstreams().breakers.iter())
+            .map(|(n, b)| (*n, b.phase().gauge()))
+            .collect();
+        let dropped = self.inner.pipeline.feedback_dropped();
+        self.metrics().render(&phases, dropped)
+    }
+
+    /// Every surface accepts exactly the same credentials.
+    pub fn authenticate(&self, md: &MetadataMap) -> Result<Identity, Error> {
+        self.inner.auth.authenticate(md)
+    }
+
+    /// The deadline of a request that arrived at `start` with `md`.
+    pub fn deadline(&self, md: &MetadataMap, start: Instant) -> Instant {
+        self.deadline_within(grpc_timeout(md), start)
+    }
+
+    /// The ceiling, or the caller's own time left (`timeout_opt`) when that
+    /// is shorter, less a little for the answer to travel back.
+    pub fn deadline_within(&self, timeout_opt: Option<Duration>, start: Instant) -> Instant {
+        let ceiling = Duration::from_millis(self.settings().pipeline.ceiling_ms);
+        let budget = timeout_opt
+            .map(|t| t.saturating_sub(Duration::from_millis(20)).min(ceiling))
+            .unwrap_or(ceiling);
+        start + budget
+    }
+
+    /// The pipeline for a `Retrieve` (or a surface answering like one),
+    /// with its shape counted as demand unless no retrieval ran.
+    pub async fn retrieve(
+        &self,
+        identity: Identity,
+        q: Query,
+        start: Instant,
+        deadline: Instant,
+    ) -> Result<RetrieveResponse, Error> {
+        let tenant = identity.tenant.clone();
+        let trust = identity.trust;
+        let requested = Shape::requested_of_retrieve(&q);
+        let r = self.pipeline().retrieve(identity, q, start, deadline).await;
+        if let Ok(resp) = &r
+            && resp.skip_reason != SkipReason::ContextSufficient as i32
+            && resp.skip_reason != SkipReason::NoRetrievalNeeded as i32
+        {
+            let shape = Shape {
+                requested,
+                observed: Shape::observed_of(&resp.records),
+            };
+            self.demand()
+                .observe(&tenant, trust, Surface::Retrieve, shape);
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn metrics_render_per_stack() {
+        let g = Gateway::new(Settings::default()).expect("gateway");
+        let t = g.metrics_text();
+        assert!(
+            t.contains("engram_retrieval_circuit_state{stage=\"search.vector\"} 0"),
+            "{t}"
+        );
+        assert!(
+            t.contains("# TYPE engram_downstream_latency_seconds histogram"),
+            "{t}"
+        );
+        assert!(t.contains("engram_feedback_dropped_total 0"), "{t}");
+    }
+
+    #[test]
+    fn grpc_timeout_parses() {
+        let mut md = MetadataMap::new();
+        md.insert("grpc-timeout", "250m".parse().expect("ascii"));
+        assert_eq!(grpc_timeout(&md), Some(Duration::from_millis(250)));
+        md.insert("grpc-timeout", "2S".parse().expect("ascii"));
+        assert_eq!(grpc_timeout(&md), Some(Duration::from_secs(2)));
+        md.insert("grpc-timeout", "x".parse().expect("ascii"));
+        assert_eq!(grpc_timeout(&md), None);
+    }
+}

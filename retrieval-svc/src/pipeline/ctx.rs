@@ -1,0 +1,79 @@
+//! Per-request state, passed by reference to every stage instead of a row
+//! of parallel arguments: who asks, what, by when, with which settings and
+//! downstreams, and what the stages observed ([`StageTrace`]).
+
+use std::sync::Arc;
+
+use engram_common::{Identity, Settings};
+use engram_proto::{DroppedCandidate, Memory, StageLatency};
+use tokio::time::Instant;
+
+use crate::downstream::Downstreams;
+use crate::metrics::Metrics;
+use crate::query::Query;
+
+pub struct Ctx<'a> {
+    pub settings: &'a Settings,
+    pub ds: &'a Downstreams,
+    pub metrics: &'a Metrics,
+    pub identity: Arc<Identity>,
+    pub query: Query,
+    pub start: Instant,
+    /// The pipeline's deadline: the ceiling or the caller's own, earlier one.
+    pub deadline: Instant,
+    /// Every attempt's stage timings, in the order they ran.
+    pub timings: Vec<StageLatency>,
+    /// Cross-encoder scores already computed in this request: a retry
+    /// re-ranks mostly the same memories.
+    pub memo: ScoreMemo,
+}
+
+impl Ctx<'_> {
+    /// Records that `stage` ran from `since` until now.
+    pub fn timed(&mut self, stage: &str, since: Instant) {
+        self.timings.push(StageLatency {
+            stage: stage.into(),
+            ms: ms_since(since),
+        });
+    }
+}
+
+/// What one attempt's stages observed; the answer reports the trace of the
+/// attempt it returns.
+#[derive(Debug, Default)]
+pub struct StageTrace {
+    /// Candidates per stage / strategy, for the retrieval log event.
+    pub counts: Vec<(&'static str, usize)>,
+    /// Stages or strategies that failed or ran short; the answer is partial.
+    pub degraded: Vec<String>,
+    /// Candidates a stage removed, and why (returned with `explain`).
+    pub dropped: Vec<DroppedCandidate>,
+}
+
+impl StageTrace {
+    pub fn is_degraded(&self, stage: &str) -> bool {
+        self.degraded.iter().any(|d| d == stage)
+    }
+}
+
+pub fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// One span per pipeline stage; downstream call spans nest under it, so a
+/// trace shows where a retrieval spent its time.
+pub fn stage_span(stage: &'static str) -> tracing::Span {
+    tracing::info_span!("stage", stage, otel.name = %format_args!("stage.{stage}"))
+}
+
+/// Cross-encoder scores already computed in this request, by memory id and
+/// version: a retry re-ranks mostly the same memories, and scoring a pair
+/// again costs ~15 ms of CPU for the same number.
+#[derive(Debug, Default)]
+pub struct ScoreMemo(pub std::collections::HashMap<(String, i32), f32>);
+
+impl ScoreMemo {
+    pub fn key(m: &Memory) -> (String, i32) {
+        (m.id.clone(), m.version)
+    }
+}

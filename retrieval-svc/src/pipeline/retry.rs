@@ -1,0 +1,153 @@
+//! When and how an attempt is retried: a weak answer (no records, or
+//! confidence under [`LOW_CONFIDENCE`]) is asked again with broader filters
+//! and, from the third attempt, one route up; a plan identical to the last
+//! one is never repeated.
+
+use chrono::Utc;
+use engram_proto::{Filters, TimeRange};
+use prost_types::Timestamp;
+
+use crate::query::Route;
+
+/// Below this, an attempt's answer is "low" and the next attempt broadens.
+pub const LOW_CONFIDENCE: f32 = 0.05;
+
+/// The route of retry `attempt` (>= 1) and whether the evidence fuses it,
+/// given the route the best attempt resolved to and the previous attempt's
+/// plan (`None` when a downstream was degraded in it, so repeating it may
+/// help). From the third attempt on the route goes one step up; a plan
+/// identical to the previous one goes up instead of running again, and when
+/// there is no step up left there is nothing new to try (`None`).
+pub fn escalate(
+    attempt: u32,
+    mut route: Route,
+    mut by_evidence: bool,
+    filters: &Filters,
+    previous_opt: Option<&(Route, bool, Filters)>,
+) -> Option<(Route, bool)> {
+    if attempt >= 2 {
+        route = route.next_up();
+        by_evidence = false;
+    }
+    let same = |route: Route, by_evidence: bool| {
+        previous_opt.is_some_and(|(r, e, f)| *r == route && *e == by_evidence && f == filters)
+    };
+    while same(route, by_evidence) {
+        if route.next_up() == route && !by_evidence {
+            return None;
+        }
+        route = route.next_up();
+        by_evidence = false;
+    }
+    Some((route, by_evidence))
+}
+
+/// Retry escalation: wider time window (2×, centred), lower confidence bar,
+/// consolidated memories included.
+pub fn broaden(f: &Filters) -> Filters {
+    let mut f = f.clone();
+    f.min_confidence = (f.min_confidence - 0.2).max(0.0);
+    f.include_consolidated = true;
+    if let Some(TimeRange { start, end }) = &mut f.time_range {
+        let now = Utc::now().timestamp();
+        let s = start.as_ref().map(|t| t.seconds);
+        let e = end.as_ref().map(|t| t.seconds);
+        match (s, e) {
+            (Some(s), Some(e)) => {
+                let half = (e - s) / 2;
+                *start = Some(Timestamp {
+                    seconds: s - half,
+                    nanos: 0,
+                });
+                *end = Some(Timestamp {
+                    seconds: e + half,
+                    nanos: 0,
+                });
+            }
+            (Some(s), None) => {
+                *start = Some(Timestamp {
+                    seconds: s - (now - s).max(0),
+                    nanos: 0,
+                });
+            }
+            (None, Some(_)) => {
+                *end = None;
+            }
+            (None, None) => {}
+        }
+    }
+    f
+}
+
+/// Whether attempt `a` is a better answer than the best so far.
+pub fn better(a_records: usize, a_conf: f32, best_opt: Option<(usize, f32)>) -> bool {
+    best_opt.is_none_or(|(b_records, b_conf)| {
+        (b_records == 0 && a_records > 0) || (a_records > 0 && a_conf > b_conf)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_never_repeats_the_previous_plan() {
+        use Route::*;
+        let f = Filters::default();
+        // `escalate` after a previous attempt that ran `prev` on filters `f`.
+        let after = |attempt, route, evidence, filters: &Filters, prev: Option<(Route, bool)>| {
+            let prev = prev.map(|(r, e)| (r, e, Filters::default()));
+            escalate(attempt, route, evidence, filters, prev.as_ref())
+        };
+        // Same route, evidence and filters as before: one step up instead.
+        assert_eq!(
+            after(1, Simple, true, &f, Some((Simple, true))),
+            Some((MultiHop, false))
+        );
+        // A degraded previous attempt (no plan recorded) may be repeated.
+        assert_eq!(after(1, Simple, true, &f, None), Some((Simple, true)));
+        // Broadened filters make it a different plan.
+        let wider = Filters {
+            include_consolidated: true,
+            ..Filters::default()
+        };
+        assert_eq!(
+            after(1, Simple, true, &wider, Some((Simple, true))),
+            Some((Simple, true))
+        );
+        // The third attempt goes up from the best route, past a repeat...
+        assert_eq!(
+            after(2, Simple, true, &f, Some((MultiHop, false))),
+            Some((Exploratory, false))
+        );
+        // ...and stops when exploratory already ran.
+        assert_eq!(
+            after(2, MultiHop, false, &f, Some((Exploratory, false))),
+            None
+        );
+    }
+
+    #[test]
+    fn broadening_doubles_the_window_and_lowers_the_bar() {
+        let f = Filters {
+            min_confidence: 0.5,
+            time_range: Some(TimeRange {
+                start: Some(Timestamp {
+                    seconds: 1000,
+                    nanos: 0,
+                }),
+                end: Some(Timestamp {
+                    seconds: 2000,
+                    nanos: 0,
+                }),
+            }),
+            ..Default::default()
+        };
+        let b = broaden(&f);
+        assert!((b.min_confidence - 0.3).abs() < 1e-6);
+        assert!(b.include_consolidated);
+        let tr = b.time_range.expect("range");
+        assert_eq!(tr.start.map(|t| t.seconds), Some(500));
+        assert_eq!(tr.end.map(|t| t.seconds), Some(2500));
+    }
+}

@@ -1,0 +1,285 @@
+//! Stage 1: route. A cheap heuristic over indicator phrases (no model):
+//! relational / comparative wording or several named entities suggest
+//! multi-hop; "tell me everything"-style wording suggests exploratory;
+//! greetings and meta questions need no retrieval at all. The route picks
+//! the plan of the first attempt ([`plan`]); in AUTO mode the graph's entity
+//! evidence may still move it (evidence.rs).
+
+use engram_common::settings::PipelineSettings;
+
+use super::search::Plan;
+use crate::query::{Mode, Query, Raw, Route};
+
+/// What one attempt runs. Stage 1 makes the first; a retry makes the next
+/// from the best answer so far (retry.rs).
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// The route the attempt starts from (AUTO's evidence may move it).
+    pub route: Route,
+    /// AUTO: the graph's entity evidence picks the fusion weights.
+    pub by_evidence: bool,
+    /// A raw mode: the fusion stage alone, in the strategies' own order and
+    /// scores: no HyDE, cross-encoder, contradictions or retries.
+    pub raw_opt: Option<Raw>,
+}
+
+impl Step {
+    /// Stage 1: the first attempt of `q`.
+    pub fn first(q: &Query) -> Self {
+        let (route, by_evidence) = match q.mode {
+            Mode::Auto => (classify(&q.text), true),
+            Mode::Route(r) => (r, false),
+            Mode::Raw(Raw::Graph) => (Route::MultiHop, false),
+            Mode::Raw(Raw::Hybrid) => (Route::Exploratory, false),
+            Mode::Raw(_) => (Route::Simple, false),
+        };
+        let raw_opt = match q.mode {
+            Mode::Raw(raw) => Some(raw),
+            _ => None,
+        };
+        Self {
+            route,
+            by_evidence,
+            raw_opt,
+        }
+    }
+
+    /// Stage 2's plan. HYBRID is all three strategies weighted by the
+    /// evidence route (indicated by the wording, whatever the step's route).
+    pub fn plan(&self, q: &Query, p: &PipelineSettings) -> Plan {
+        match self.raw_opt {
+            Some(Raw::Hybrid) => Plan::by_evidence(classify(&q.text), p, q.limit),
+            Some(raw) => Plan::raw(raw, q.limit, p.rrf_k),
+            None if self.by_evidence => Plan::by_evidence(self.route, p, q.limit),
+            None => Plan::for_route(self.route, p, q.limit),
+        }
+    }
+
+    /// The caller's HyDE hypotheses join the dense search (not in raw modes,
+    /// which are the single strategy).
+    pub fn hypotheses<'q>(&self, q: &'q Query) -> &'q [String] {
+        match self.raw_opt {
+            Some(_) => &[],
+            None => &q.hypotheses,
+        }
+    }
+
+    pub fn reranks(&self, q: &Query) -> bool {
+        self.raw_opt.is_none() && !q.skip_rerank
+    }
+
+    pub fn is_raw(&self) -> bool {
+        self.raw_opt.is_some()
+    }
+}
+
+const EXPLORATORY: &[&str] = &[
+    "everything",
+    "all about",
+    "overview",
+    "summarize",
+    "summarise",
+    "summary of",
+    "tell me about",
+    "what do we know",
+    "what do i know",
+    "what do you know",
+    "list all",
+    "list every",
+    "history of",
+    "explore",
+    "anything about",
+    "any information",
+    "all the",
+    "brainstorm",
+];
+
+const MULTI_HOP: &[&str] = &[
+    "both",
+    "same",
+    "compare",
+    "compared",
+    "comparison",
+    "difference between",
+    "relationship between",
+    "related to",
+    "connected to",
+    "which came first",
+    "who was born first",
+    "older",
+    "younger",
+    "earlier",
+    "later than",
+    "before",
+    "after",
+    "father of",
+    "mother of",
+    "son of",
+    "daughter of",
+    "spouse of",
+    "wife of",
+    "husband of",
+    "director of",
+    "founder of",
+    "paternal",
+    "maternal",
+    "grandfather",
+    "grandmother",
+    "led to",
+    "caused",
+    "because of",
+    "why did",
+    "how did",
+];
+
+const GREETINGS: &[&str] = &[
+    "hi",
+    "hello",
+    "hey",
+    "hiya",
+    "yo",
+    "thanks",
+    "thank you",
+    "thx",
+    "ok",
+    "okay",
+    "cool",
+    "great",
+    "bye",
+    "goodbye",
+    "good morning",
+    "good afternoon",
+    "good evening",
+    "good night",
+    "how are you",
+    "who are you",
+    "what are you",
+    "what can you do",
+    "help",
+];
+
+fn normalise(text: &str) -> String {
+    let lower: String = text
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() || c == '\'' {
+                c.to_ascii_lowercase()
+            } else {
+                ' '
+            }
+        })
+        .collect();
+    lower.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn has_phrase(norm: &str, phrase: &str) -> bool {
+    // Word-boundary match on the space-normalised text.
+    format!(" {norm} ").contains(&format!(" {phrase} "))
+}
+
+/// Greetings, thanks and questions about the assistant itself.
+pub fn no_retrieval_needed(text: &str) -> bool {
+    let norm = normalise(text);
+    if norm.is_empty() {
+        return true;
+    }
+    let words = norm.split(' ').count();
+    GREETINGS.iter().any(|g| {
+        norm == *g || (words <= g.split(' ').count() + 2 && norm.starts_with(&format!("{g} ")))
+    })
+}
+
+/// Capitalised spans not at the start of the text: a cheap entity count.
+fn named_entities(text: &str) -> usize {
+    let mut count = 0;
+    let mut in_span = false;
+    for (i, w) in text.split_whitespace().enumerate() {
+        let cap = w.chars().next().is_some_and(char::is_uppercase);
+        if cap && i > 0 {
+            if !in_span {
+                count += 1;
+            }
+            in_span = true;
+        } else {
+            in_span = false;
+        }
+    }
+    count
+}
+
+/// A wh-question whose subject is defined by a relative clause ("who leads
+/// the project that migrates billing?") needs one hop to find the project
+/// and another to find its lead.
+fn bridge_clause(norm: &str) -> bool {
+    let words: Vec<&str> = norm.split_whitespace().collect();
+    let wh = [
+        "who", "what", "when", "where", "which", "how", "whom", "whose",
+    ];
+    words.first().is_some_and(|w| wh.contains(w))
+        && words
+            .iter()
+            .skip(2)
+            .any(|w| matches!(*w, "that" | "whose" | "which" | "who"))
+}
+
+pub fn classify(text: &str) -> Route {
+    let norm = normalise(text);
+    if EXPLORATORY.iter().any(|p| has_phrase(&norm, p)) {
+        return Route::Exploratory;
+    }
+    let indicators = MULTI_HOP.iter().filter(|p| has_phrase(&norm, p)).count();
+    // Possessive chains ("the director of X's film") are a classic bridge.
+    let possessive = text.contains("'s ") && norm.contains(" of ");
+    if indicators >= 1 || possessive || named_entities(text) >= 2 || bridge_clause(&norm) {
+        Route::MultiHop
+    } else {
+        Route::Simple
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_clauses_are_bridges() {
+        assert_eq!(
+            classify("Who leads the project that migrates the billing system?"),
+            Route::MultiHop
+        );
+        assert_eq!(
+            classify("What is the deadline for the migration?"),
+            Route::Simple
+        );
+    }
+
+    #[test]
+    fn routes_by_indicators() {
+        assert_eq!(classify("what is my favourite colour"), Route::Simple);
+        assert_eq!(
+            classify("Who was born first, Alan Turing or John von Neumann?"),
+            Route::MultiHop
+        );
+        assert_eq!(
+            classify("Where was the director of film Inception born?"),
+            Route::MultiHop
+        );
+        assert_eq!(
+            classify("tell me about the project history"),
+            Route::Exploratory
+        );
+        assert_eq!(Route::Simple.next_up(), Route::MultiHop);
+        assert_eq!(Route::Exploratory.next_up(), Route::Exploratory);
+    }
+
+    #[test]
+    fn greetings_need_no_retrieval() {
+        assert!(no_retrieval_needed("Hello!"));
+        assert!(no_retrieval_needed("thanks a lot"));
+        assert!(no_retrieval_needed("Who are you?"));
+        assert!(!no_retrieval_needed(
+            "hello, what did Alice say about the budget?"
+        ));
+        assert!(!no_retrieval_needed("what is the deploy procedure"));
+    }
+}

@@ -1,0 +1,138 @@
+//! The write front behind `MemoryService`: batches bounded, trust checked,
+//! working-scope memories kept in this process and the rest written through
+//! search-svc, and every write invalidating the tenant's cached answers.
+
+use std::sync::Arc;
+
+use engram_common::{AccessLevel, Identity};
+use engram_proto::{
+    AddEdgesRequest, AddEdgesResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse,
+    UpsertRequest, UpsertResponse,
+};
+
+use crate::downstream::{DownstreamError, call};
+use crate::error::Error;
+use crate::gateway::Gateway;
+use crate::surfaces::working::{self, WorkingWrite};
+
+const MAX_WRITE_BATCH: usize = 1000;
+const MAX_EDGE_BATCH: usize = 10_000;
+
+/// A write's downstream failure as the caller sees it.
+fn ds_err(service: &'static str, e: DownstreamError) -> Error {
+    match e {
+        DownstreamError::Status(status) => Error::Downstream { service, status },
+        other => Error::DownstreamUnavailable {
+            service,
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// `field` must hold 1..=`max` items.
+fn check_batch(field: &'static str, len: usize, max: usize) -> Result<(), Error> {
+    if len == 0 || len > max {
+        return Err(Error::invalid(
+            field,
+            format!("must hold 1..={max} {field}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_write_trust(identity: &Identity, level: i32, field: &'static str) -> Result<(), Error> {
+    let level = AccessLevel::from_proto(level)
+        .ok_or_else(|| Error::invalid(field, format!("unknown access level {level}")))?;
+    if level > identity.trust {
+        return Err(Error::PermissionDenied(format!(
+            "cannot write {} memories with trust level {}",
+            level.name(),
+            identity.trust.name()
+        )));
+    }
+    Ok(())
+}
+
+/// Working-scope memories stay in this process; the rest go to search-svc.
+/// Every working one is validated before anything is written.
+pub async fn upsert(
+    gw: &Gateway,
+    identity: Identity,
+    req: UpsertRequest,
+) -> Result<UpsertResponse, Error> {
+    check_batch("memories", req.memories.len(), MAX_WRITE_BATCH)?;
+    for m in &req.memories {
+        check_write_trust(&identity, m.access_level, "memories.access_level")?;
+    }
+    let mut working_at = Vec::new();
+    let mut writes = Vec::new();
+    let mut stored = Vec::with_capacity(req.memories.len());
+    for (i, m) in req.memories.into_iter().enumerate() {
+        if working::is_working(&m) {
+            working_at.push(i);
+            writes.push(WorkingWrite::from_memory(m, &gw.settings().working)?);
+        } else {
+            stored.push(m);
+        }
+    }
+    let tenant = identity.tenant.clone();
+    let identity = Arc::new(identity);
+    let mut results = Vec::new();
+    if !stored.is_empty() {
+        let req = UpsertRequest { memories: stored };
+        let r = call(&gw.downstreams().upsert, &identity, req).await;
+        // Even a failed batch may have written part of it.
+        gw.pipeline().caches().invalidate_tenant(&tenant);
+        results = r.map_err(|e| ds_err("search", e))?.results;
+        tracing::info!(tenant = %tenant, count = results.len(), "upserted memories");
+    }
+    if !writes.is_empty() {
+        let wm = working::write_working(gw, &identity, writes).await;
+        for (i, r) in working_at.into_iter().zip(wm) {
+            results.insert(i.min(results.len()), r);
+        }
+    }
+    Ok(UpsertResponse { results })
+}
+
+pub async fn delete(
+    gw: &Gateway,
+    identity: Identity,
+    req: DeleteRequest,
+) -> Result<DeleteResponse, Error> {
+    check_batch("ids", req.ids.len(), MAX_WRITE_BATCH)?;
+    let tenant = identity.tenant.clone();
+    let from_working = gw.working().delete(&identity, &req.ids);
+    let r = call(&gw.downstreams().delete, &Arc::new(identity), req).await;
+    gw.pipeline().caches().invalidate_tenant(&tenant);
+    let mut r = r.map_err(|e| ds_err("search", e))?;
+    r.deleted += from_working;
+    tracing::info!(tenant = %tenant, count = r.deleted, "deleted memories");
+    Ok(r)
+}
+
+/// Only the caller's own tenant and trust, whatever search-svc returned.
+pub async fn get(gw: &Gateway, identity: Identity, req: GetRequest) -> Result<GetResponse, Error> {
+    check_batch("ids", req.ids.len(), MAX_WRITE_BATCH)?;
+    let identity = Arc::new(identity);
+    let mut r = call(&gw.downstreams().get, &identity, req)
+        .await
+        .map_err(|e| ds_err("search", e))?;
+    r.memories
+        .retain(|m| m.tenant_id == identity.tenant && m.access_level <= identity.trust.to_proto());
+    Ok(r)
+}
+
+pub async fn add_edges(
+    gw: &Gateway,
+    identity: Identity,
+    req: AddEdgesRequest,
+) -> Result<AddEdgesResponse, Error> {
+    check_batch("edges", req.edges.len(), MAX_EDGE_BATCH)?;
+    let tenant = identity.tenant.clone();
+    let r = call(&gw.downstreams().add_edges, &Arc::new(identity), req).await;
+    gw.pipeline().caches().invalidate_tenant(&tenant);
+    let r = r.map_err(|e| ds_err("search", e))?;
+    tracing::info!(tenant = %tenant, count = r.added, "added edges");
+    Ok(r)
+}
