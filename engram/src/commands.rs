@@ -7,8 +7,9 @@ use anyhow::Context;
 use engram_common::Settings;
 use engram_proto::{AddEdgesRequest, RetrievalMode, RetrieveRequest, UpsertRequest};
 
-use crate::client::Client;
-use crate::stack::{self, Service, Stack, StackOptions};
+use engram_stack::client::Client;
+use engram_stack::stack::{self, Service, Stack, StackOptions};
+
 use crate::{demo, ingest};
 
 /// Where the CLI finds a running gateway and which key it uses.

@@ -10,7 +10,8 @@ use engram_proto::{
     RetrieveResponse, UpsertRequest,
 };
 
-use crate::client::Client;
+use engram_stack::client::Client;
+
 use crate::ingest;
 
 pub const SAMPLE: &str = include_str!("demo.jsonl");
