@@ -27,14 +27,14 @@ use engram_proto::{
     AddEdgesRequest, Edge, EmbedRequest, GetRequest, KeywordSearchRequest, Memory, PprRequest,
     RetrievalMode, RetrieveRequest, ScoreRequest, Seed, UpsertRequest, VectorSearchRequest,
 };
+use engram_stack::client::Client;
+use engram_stack::stack::{Service, Stack};
 use futures::StreamExt;
 use rand::Rng;
 use rand::SeedableRng;
 
-use crate::client::Client;
 use crate::eval::{load_2wiki, percentile};
 use crate::split::SplitStack;
-use crate::stack::{Service, Stack};
 
 pub struct BenchArgs {
     pub memories: usize,
