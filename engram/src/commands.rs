@@ -5,8 +5,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use engram_common::Settings;
-use engram_proto::{AddEdgesRequest, RetrievalMode, RetrieveRequest, UpsertRequest};
-
+use engram_proto::{RetrievalMode, RetrieveRequest, UpsertRequest};
 use engram_stack::client::Client;
 use engram_stack::stack::{self, Service, Stack, StackOptions};
 
@@ -140,17 +139,7 @@ pub async fn ingest(settings: Settings, file: &Path, conn: Conn) -> anyhow::Resu
             .await?;
         written += r.into_inner().results.len();
     }
-    let mut edges = 0;
-    for chunk in batch.edges.chunks(1000) {
-        edges += client
-            .memories
-            .add_edges(AddEdgesRequest {
-                edges: chunk.to_vec(),
-            })
-            .await?
-            .into_inner()
-            .added;
-    }
+    let edges = client.add_edges(&batch.edges).await?;
     println!(
         "ingested {written} memories and {edges} edges from {}",
         file.display()
