@@ -76,18 +76,11 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
 pub enum EvalDataset {
     /// 2WikiMultihopQA: HippoRAG's corpus and questions (dev half by default).
     #[command(name = "2wiki")]
-    TwoWiki {
-        #[arg(long)]
-        corpus: Option<std::path::PathBuf>,
-        #[arg(long)]
-        questions: Option<std::path::PathBuf>,
-        #[command(flatten)]
-        common: EvalCommon,
-    },
+    TwoWiki(CorpusFiles),
     /// LoCoMo conversations: one tenant per conversation, one memory per turn.
     Locomo {
         #[arg(long)]
-        data: Option<std::path::PathBuf>,
+        data: Option<PathBuf>,
         #[arg(long, default_value = "0-4")]
         conversations: String,
         #[command(flatten)]
@@ -96,22 +89,39 @@ pub enum EvalDataset {
     /// MuSiQue: corpus = the questions' paragraphs, gold = is_supporting.
     Musique {
         #[arg(long)]
-        questions: Option<std::path::PathBuf>,
+        questions: Option<PathBuf>,
         /// HippoRAG's OpenIE output: entities and triples supplied at ingest.
         #[arg(long)]
-        openie: Option<std::path::PathBuf>,
+        openie: Option<PathBuf>,
         #[command(flatten)]
         common: EvalCommon,
     },
     /// HotpotQA (HippoRAG's train sample): gold = supporting-fact titles.
-    Hotpotqa {
-        #[arg(long)]
-        corpus: Option<std::path::PathBuf>,
-        #[arg(long)]
-        questions: Option<std::path::PathBuf>,
-        #[command(flatten)]
-        common: EvalCommon,
-    },
+    Hotpotqa(CorpusFiles),
+}
+
+// The arguments of a data set in HippoRAG's layout: a corpus file and a
+// questions file.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CorpusFiles {
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    #[arg(long)]
+    pub questions: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: EvalCommon,
+}
+
+impl CorpusFiles {
+    /// The files given, else these defaults under `<shared>/data`.
+    fn paths(&self, corpus: &str, questions: &str) -> (PathBuf, PathBuf) {
+        let or = |given: &Option<PathBuf>, default| {
+            given
+                .clone()
+                .unwrap_or_else(|| crate::eval::data_path(default))
+        };
+        (or(&self.corpus, corpus), or(&self.questions, questions))
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -166,14 +176,13 @@ fn keyed_stack(keys: &[TenantKey]) -> StackOptions {
 async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
     use crate::eval as ev;
     let (name, parts, common) = match dataset {
-        EvalDataset::TwoWiki {
-            corpus,
-            questions,
-            common,
-        } => {
-            let c = corpus.unwrap_or_else(|| ev::data_path("hipporag/2wikimultihopqa_corpus.json"));
-            let q = questions.unwrap_or_else(|| ev::data_path("hipporag/2wiki_dev.jsonl"));
-            ("2wiki", vec![ev::load_2wiki(&c, &q, common.limit)?], common)
+        EvalDataset::TwoWiki(files) => {
+            let (c, q) = files.paths(
+                "hipporag/2wikimultihopqa_corpus.json",
+                "hipporag/2wiki_dev.jsonl",
+            );
+            let part = ev::load_2wiki(&c, &q, files.common.limit)?;
+            ("2wiki", vec![part], files.common)
         }
         EvalDataset::Locomo {
             data,
@@ -196,18 +205,13 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
                 common,
             )
         }
-        EvalDataset::Hotpotqa {
-            corpus,
-            questions,
-            common,
-        } => {
-            let c = corpus.unwrap_or_else(|| ev::data_path("hipporag/hotpotqa_train_corpus.json"));
-            let q = questions.unwrap_or_else(|| ev::data_path("hipporag/hotpotqa_train.json"));
-            (
-                "hotpotqa",
-                vec![ev::load_hotpotqa(&c, &q, common.limit)?],
-                common,
-            )
+        EvalDataset::Hotpotqa(files) => {
+            let (c, q) = files.paths(
+                "hipporag/hotpotqa_train_corpus.json",
+                "hipporag/hotpotqa_train.json",
+            );
+            let part = ev::load_hotpotqa(&c, &q, files.common.limit)?;
+            ("hotpotqa", vec![part], files.common)
         }
     };
     let progress = !common.json;

@@ -15,4 +15,4 @@ mod eval;
 mod split;
 mod tune;
 
-pub use commands::{EvalCommon, EvalDataset, LabCommand, run};
+pub use commands::{CorpusFiles, EvalCommon, EvalDataset, LabCommand, run};
