@@ -6,11 +6,11 @@
 use std::fmt::Write as _;
 
 use engram_proto::{
-    AddEdgesRequest, AgenticRetrieveRequest, FoundryResponse, QueryRoute, RetrieveRequest,
-    RetrieveResponse, UpsertRequest,
+    AgenticRetrieveRequest, FoundryResponse, QueryRoute, RetrieveRequest, RetrieveResponse,
+    UpsertRequest,
 };
+use engram_stack::client::Client;
 
-use crate::client::Client;
 use crate::ingest;
 
 pub const SAMPLE: &str = include_str!("demo.jsonl");
@@ -46,10 +46,7 @@ pub async fn load_sample(client: &mut Client, tenant: &str) -> anyhow::Result<us
         .memories
         .upsert(UpsertRequest { memories: later })
         .await?;
-    client
-        .memories
-        .add_edges(AddEdgesRequest { edges: batch.edges })
-        .await?;
+    client.add_edges(&batch.edges).await?;
     Ok(n)
 }
 

@@ -1,13 +1,12 @@
-//! The `engram` binary's library: starting any set of services in one
-//! process (`stack`), the client used by the CLI (`client`), the JSONL
-//! ingest format (`ingest`) and the demo.
+//! The `engram` binary's library: the CLI commands, the JSONL ingest format
+//! (`ingest`) and the demo. The lab commands (eval, bench, tune) live in
+//! `engram-lab`; starting services (`stack`) and the gateway client
+//! (`client`) live in `engram-stack`, shared with the lab, and are
+//! re-exported so `engram::stack` and `engram::client` stay the paths the
+//! integration tests use.
 
-pub mod bench;
-pub mod client;
 pub mod commands;
 pub mod demo;
-pub mod eval;
 pub mod ingest;
-pub mod split;
-pub mod stack;
-pub mod tune;
+
+pub use engram_stack::{client, stack};

@@ -1,5 +1,6 @@
-//! `engram`: run any set of services, the demo, ingest, query, eval, bench.
-//! Commands live in the library (`engram::commands`); this file only parses.
+//! `engram`: run any set of services, the demo, ingest, query; eval, tune
+//! and bench come from the lab (`engram-lab`). Commands live in the
+//! libraries (`engram::commands`, `engram_lab::run`); this file only parses.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,41 +42,9 @@ enum Command {
         #[command(flatten)]
         conn: engram::commands::Conn,
     },
-    /// Recall and latency through the public API (see docs/benchmarks.md).
-    Eval {
-        #[command(subcommand)]
-        dataset: engram::commands::EvalDataset,
-    },
-    /// Fit the per-route fusion weights on the dev halves; writes a config file.
-    Tune {
-        /// Where to write the fitted `[pipeline.weights.*]` config.
-        #[arg(long, default_value = "engram.tune.toml")]
-        out: PathBuf,
-        /// Also write every question's rankings and evidence (JSON lines).
-        #[arg(long)]
-        samples: Option<PathBuf>,
-        /// Fit the fusion only, without the cross-encoder pass.
-        #[arg(long)]
-        skip_rerank: bool,
-        /// Only the first N questions per data set (per conversation for LoCoMo).
-        #[arg(long)]
-        limit: Option<usize>,
-    },
-    /// Latency and throughput on a synthetic tenant (see docs/benchmarks.md).
-    Bench {
-        #[arg(long, default_value_t = 10_000)]
-        memories: usize,
-        #[arg(long, default_value_t = 500)]
-        queries: usize,
-        #[arg(long, default_value_t = 8)]
-        concurrency: usize,
-        #[arg(long)]
-        json: bool,
-        /// All services in this process (one RSS figure) instead of one
-        /// child process per service.
-        #[arg(long)]
-        in_process: bool,
-    },
+    // eval, tune, bench (engram-lab), listed here as they always were.
+    #[command(flatten)]
+    Lab(engram_lab::LabCommand),
     /// Ask the gateway one question.
     Query {
         text: String,
@@ -118,20 +87,7 @@ fn main() -> ExitCode {
             Command::Serve { services } => commands::up(settings, Some(services)).await,
             Command::Demo => commands::demo(settings).await,
             Command::Ingest { file, conn } => commands::ingest(settings, &file, conn).await,
-            Command::Eval { dataset } => commands::eval(settings, dataset).await,
-            Command::Tune {
-                out,
-                samples,
-                skip_rerank,
-                limit,
-            } => commands::tune(settings, &out, samples.as_deref(), limit, skip_rerank).await,
-            Command::Bench {
-                memories,
-                queries,
-                concurrency,
-                json,
-                in_process,
-            } => commands::bench(settings, memories, queries, concurrency, json, in_process).await,
+            Command::Lab(command) => engram_lab::run(settings, command).await,
             Command::Query {
                 text,
                 limit,

@@ -24,17 +24,17 @@ use engram_proto::graph_service_client::GraphServiceClient;
 use engram_proto::rerank_service_client::RerankServiceClient;
 use engram_proto::search_service_client::SearchServiceClient;
 use engram_proto::{
-    AddEdgesRequest, Edge, EmbedRequest, GetRequest, KeywordSearchRequest, Memory, PprRequest,
-    RetrievalMode, RetrieveRequest, ScoreRequest, Seed, UpsertRequest, VectorSearchRequest,
+    Edge, EmbedRequest, GetRequest, KeywordSearchRequest, Memory, PprRequest, RetrievalMode,
+    RetrieveRequest, ScoreRequest, Seed, UpsertRequest, VectorSearchRequest,
 };
+use engram_stack::client::Client;
+use engram_stack::stack::{Service, Stack};
 use futures::StreamExt;
 use rand::Rng;
 use rand::SeedableRng;
 
-use crate::client::Client;
 use crate::eval::{load_2wiki, percentile};
 use crate::split::SplitStack;
-use crate::stack::{Service, Stack};
 
 pub struct BenchArgs {
     pub memories: usize,
@@ -282,17 +282,8 @@ async fn build_corpus(
                     })
                     .filter(|e| e.src_id != e.dst_id)
                     .collect();
-                for chunk in edges.chunks(1000) {
-                    let n = c
-                        .memories
-                        .add_edges(AddEdgesRequest {
-                            edges: chunk.to_vec(),
-                        })
-                        .await?
-                        .into_inner()
-                        .added;
-                    added.fetch_add(u64::from(n), std::sync::atomic::Ordering::Relaxed);
-                }
+                let n = c.add_edges(&edges).await?;
+                added.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
                 if progress {
                     eprint!("\r  edges for {end}/{}", args.memories);
                 }

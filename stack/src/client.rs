@@ -3,6 +3,7 @@
 use engram_proto::knowledge_foundry_service_client::KnowledgeFoundryServiceClient;
 use engram_proto::memory_service_client::MemoryServiceClient;
 use engram_proto::retrieval_service_client::RetrievalServiceClient;
+use engram_proto::{AddEdgesRequest, Edge};
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::transport::{Channel, Endpoint};
@@ -53,4 +54,23 @@ impl Client {
                 .max_encoding_message_size(64 << 20),
         })
     }
+
+    /// Adds `edges` through the gateway, [`EDGE_BATCH`] per call; returns
+    /// how many were new. No call at all for no edges.
+    pub async fn add_edges(&mut self, edges: &[Edge]) -> anyhow::Result<u64> {
+        let mut added = 0;
+        for chunk in edges.chunks(EDGE_BATCH) {
+            let r = self
+                .memories
+                .add_edges(AddEdgesRequest {
+                    edges: chunk.to_vec(),
+                })
+                .await?;
+            added += u64::from(r.into_inner().added);
+        }
+        Ok(added)
+    }
 }
+
+/// Edges per AddEdges call: search-svc writes at most 1,000 per batch.
+pub const EDGE_BATCH: usize = 1000;

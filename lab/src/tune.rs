@@ -18,12 +18,12 @@ use anyhow::Context;
 use engram_common::settings::{FusionWeights, Settings, StrategyWeights};
 use engram_proto::graph_service_client::GraphServiceClient;
 use engram_proto::{LinkQueryRequest, RetrievalMode, RetrieveRequest};
+use engram_stack::client::Client;
 use futures::StreamExt;
 use retrieval_svc::lab::{
     Evidence, Route, blend, classify, passage, rank_fusion, route_by_evidence, weights_for,
 };
 
-use crate::client::Client;
 use crate::eval::{Part, doc_id, recall_at};
 
 /// Candidates per strategy replayed by the fit (the gateway's default).

@@ -13,8 +13,7 @@ use anyhow::{Context, bail};
 use engram_common::Settings;
 use engram_common::db::Database;
 use engram_common::settings::ApiKeySettings;
-
-use crate::stack::{Service, random_token, sha256_hex};
+use engram_stack::stack::{Service, health_status, random_token, sha256_hex};
 
 /// A running set of per-service child processes.
 pub struct SplitStack {
@@ -119,7 +118,7 @@ impl SplitStack {
                 {
                     bail!("{} process exited during start-up ({status})", svc.name());
                 }
-                let status = crate::stack::health_status(addr, svc).await;
+                let status = health_status(addr, svc).await;
                 match status {
                     Some(1) => break,
                     Some(2) if svc == Service::Rerank => break,

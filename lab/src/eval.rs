@@ -16,11 +16,10 @@ use engram_proto::{
     AgenticRetrieveRequest, GetRequest, Memory, RetrievalMode, RetrieveRequest, Triple,
     UpsertRequest,
 };
+use engram_stack::client::Client;
 use futures::StreamExt;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-
-use crate::client::Client;
 
 pub const KS: [usize; 3] = [2, 5, 10];
 pub const SETTINGS: [(&str, RetrievalMode); 5] = [

@@ -1,0 +1,474 @@
+//! The lab's command line (`engram eval`, `tune`, `bench`) and the commands
+//! themselves. The `engram` binary flattens [`LabCommand`] into its own
+//! subcommands and hands each one to [`run`].
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use engram_common::Settings;
+use engram_proto::{RetrievalMode, RetrieveRequest};
+use engram_stack::client::Client;
+use engram_stack::stack::{self, Service, Stack, StackOptions};
+
+/// The lab's subcommands, with their flags as `engram` has always taken them.
+#[derive(Debug, clap::Subcommand)]
+pub enum LabCommand {
+    /// Recall and latency through the public API (see docs/benchmarks.md).
+    Eval {
+        #[command(subcommand)]
+        dataset: EvalDataset,
+    },
+    /// Fit the per-route fusion weights on the dev halves; writes a config file.
+    Tune {
+        /// Where to write the fitted `[pipeline.weights.*]` config.
+        #[arg(long, default_value = "engram.tune.toml")]
+        out: PathBuf,
+        /// Also write every question's rankings and evidence (JSON lines).
+        #[arg(long)]
+        samples: Option<PathBuf>,
+        /// Fit the fusion only, without the cross-encoder pass.
+        #[arg(long)]
+        skip_rerank: bool,
+        /// Only the first N questions per data set (per conversation for LoCoMo).
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Latency and throughput on a synthetic tenant (see docs/benchmarks.md).
+    Bench {
+        #[arg(long, default_value_t = 10_000)]
+        memories: usize,
+        #[arg(long, default_value_t = 500)]
+        queries: usize,
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        #[arg(long)]
+        json: bool,
+        /// All services in this process (one RSS figure) instead of one
+        /// child process per service.
+        #[arg(long)]
+        in_process: bool,
+    },
+}
+
+/// Runs one lab command. `bench` without `--in-process` starts the services
+/// as `<current exe> serve --services <one>`: call it from the `engram` binary.
+pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> {
+    match command {
+        LabCommand::Eval { dataset } => eval(settings, dataset).await,
+        LabCommand::Tune {
+            out,
+            samples,
+            skip_rerank,
+            limit,
+        } => tune(settings, &out, samples.as_deref(), limit, skip_rerank).await,
+        LabCommand::Bench {
+            memories,
+            queries,
+            concurrency,
+            json,
+            in_process,
+        } => bench(settings, memories, queries, concurrency, json, in_process).await,
+    }
+}
+
+/// What `engram eval` measures.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum EvalDataset {
+    /// 2WikiMultihopQA: HippoRAG's corpus and questions (dev half by default).
+    #[command(name = "2wiki")]
+    TwoWiki(CorpusFiles),
+    /// LoCoMo conversations: one tenant per conversation, one memory per turn.
+    Locomo {
+        #[arg(long)]
+        data: Option<PathBuf>,
+        #[arg(long, default_value = "0-4")]
+        conversations: String,
+        #[command(flatten)]
+        common: EvalCommon,
+    },
+    /// MuSiQue: corpus = the questions' paragraphs, gold = is_supporting.
+    Musique {
+        #[arg(long)]
+        questions: Option<PathBuf>,
+        /// HippoRAG's OpenIE output: entities and triples supplied at ingest.
+        #[arg(long)]
+        openie: Option<PathBuf>,
+        #[command(flatten)]
+        common: EvalCommon,
+    },
+    /// HotpotQA (HippoRAG's train sample): gold = supporting-fact titles.
+    Hotpotqa(CorpusFiles),
+}
+
+// The arguments of a data set in HippoRAG's layout: a corpus file and a
+// questions file.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CorpusFiles {
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    #[arg(long)]
+    pub questions: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: EvalCommon,
+}
+
+impl CorpusFiles {
+    /// The files given, else these defaults under `<shared>/data`.
+    fn paths(&self, corpus: &str, questions: &str) -> (PathBuf, PathBuf) {
+        let or = |given: &Option<PathBuf>, default| {
+            given
+                .clone()
+                .unwrap_or_else(|| crate::eval::data_path(default))
+        };
+        (or(&self.corpus, corpus), or(&self.questions, questions))
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct EvalCommon {
+    /// Print one JSON object (the contract in docs/benchmarks.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Only the first N questions (per conversation for LoCoMo).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Concurrent queries for the single-strategy settings (the pipeline
+    /// setting always runs one at a time so its latency is clean).
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Also ask every question through RetrieveAgentic (rule-based
+    /// decomposition, reasoning_effort medium), reported as `agentic`.
+    #[arg(long)]
+    pub agentic: bool,
+}
+
+/// (api key, tenant, agent, trust): one fresh key per evaluation tenant.
+type TenantKey = (String, String, String, String);
+
+fn tenant_keys<'a>(
+    parts: impl Iterator<Item = &'a crate::eval::Part>,
+    agent: &str,
+) -> Vec<TenantKey> {
+    parts
+        .map(|p| {
+            (
+                stack::random_token(),
+                p.tenant.clone(),
+                agent.to_string(),
+                "sensitive".to_string(),
+            )
+        })
+        .collect()
+}
+
+/// eval / tune: every service on ephemeral ports, only the given keys.
+fn keyed_stack(keys: &[TenantKey]) -> StackOptions {
+    StackOptions {
+        ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys: keys.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// `engram eval`: an in-process stack on ephemeral ports (the persistent
+/// embedded data dir, so corpora are reused), one key per eval tenant.
+async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
+    use crate::eval as ev;
+    let (name, parts, common) = match dataset {
+        EvalDataset::TwoWiki(files) => {
+            let (c, q) = files.paths(
+                "hipporag/2wikimultihopqa_corpus.json",
+                "hipporag/2wiki_dev.jsonl",
+            );
+            let part = ev::load_2wiki(&c, &q, files.common.limit)?;
+            ("2wiki", vec![part], files.common)
+        }
+        EvalDataset::Locomo {
+            data,
+            conversations,
+            common,
+        } => {
+            let d = data.unwrap_or_else(|| ev::data_path("locomo/locomo10.json"));
+            let (lo, hi) = ev::parse_range(&conversations)?;
+            ("locomo", ev::load_locomo(&d, lo, hi, common.limit)?, common)
+        }
+        EvalDataset::Musique {
+            questions,
+            openie,
+            common,
+        } => {
+            let q = questions.unwrap_or_else(|| ev::data_path("hipporag/musique_train.json"));
+            (
+                "musique",
+                vec![ev::load_musique(&q, openie.as_deref(), common.limit)?],
+                common,
+            )
+        }
+        EvalDataset::Hotpotqa(files) => {
+            let (c, q) = files.paths(
+                "hipporag/hotpotqa_train_corpus.json",
+                "hipporag/hotpotqa_train.json",
+            );
+            let part = ev::load_hotpotqa(&c, &q, files.common.limit)?;
+            ("hotpotqa", vec![part], files.common)
+        }
+    };
+    let progress = !common.json;
+    let keys = tenant_keys(parts.iter(), "eval");
+    let stack = Stack::start(settings, keyed_stack(&keys)).await?;
+    let result = async {
+        let uri = stack.gateway_uri().context("no gateway")?;
+        let mut clients = std::collections::HashMap::new();
+        for (key, tenant, _, _) in &keys {
+            clients.insert(tenant.clone(), Client::connect(&uri, key).await?);
+        }
+        let mut tally = ev::Tally::default();
+        for part in &parts {
+            let client = clients.get_mut(&part.tenant).context("client")?;
+            let (ingested, secs) = ev::ensure_ingested(client, part, progress).await?;
+            if ingested {
+                tracing::info!(tenant = %part.tenant, docs = part.docs.len(), secs, rate = part.docs.len() as f64 / secs.max(1e-9), "ingested corpus");
+            }
+            // Also after a restart: graph-svc loads a tenant on first use.
+            wait_for_graph(client, part).await;
+            ev::run_part(
+                &clients,
+                part,
+                &mut tally,
+                common.concurrency.max(1),
+                common.agentic,
+                progress,
+            )
+            .await?;
+        }
+        anyhow::Ok(tally)
+    }
+    .await;
+    stack.shutdown().await;
+    let tally = result?;
+    if common.json {
+        println!("{}", ev::report_json(name, &tally));
+    } else {
+        print!("{}", ev::report_table(name, &tally));
+    }
+    Ok(())
+}
+
+/// `engram tune`: the dev halves of every data set through an in-process
+/// stack, the per-route fusion weights fitted offline (tune.rs), written to
+/// `out` as a config file; prints the per-data-set report as JSON.
+async fn tune(
+    settings: Settings,
+    out: &std::path::Path,
+    samples_opt: Option<&std::path::Path>,
+    limit_opt: Option<usize>,
+    skip_rerank: bool,
+) -> anyhow::Result<()> {
+    use crate::eval as ev;
+    let mut sets: Vec<(&'static str, Vec<ev::Part>)> = vec![
+        (
+            "2wiki",
+            vec![ev::load_2wiki(
+                &ev::data_path("hipporag/2wikimultihopqa_corpus.json"),
+                &ev::data_path("hipporag/2wiki_dev.jsonl"),
+                limit_opt,
+            )?],
+        ),
+        (
+            "locomo",
+            ev::load_locomo(&ev::data_path("locomo/locomo10.json"), 0, 4, limit_opt)?,
+        ),
+        (
+            "musique",
+            vec![ev::load_musique(
+                &ev::data_path("hipporag/musique_train.json"),
+                None,
+                limit_opt,
+            )?],
+        ),
+        (
+            "hotpotqa",
+            vec![ev::load_hotpotqa(
+                &ev::data_path("hipporag/hotpotqa_train_corpus.json"),
+                &ev::data_path("hipporag/hotpotqa_train.json"),
+                limit_opt,
+            )?],
+        ),
+    ];
+    let keys = tenant_keys(sets.iter().flat_map(|(_, parts)| parts.iter()), "tune");
+    let default_k = settings.pipeline.rrf_k;
+    let current = settings.pipeline.weights.clone();
+    let stack = Stack::start(settings.clone(), keyed_stack(&keys)).await?;
+    let result = async {
+        let uri = stack.gateway_uri().context("no gateway")?;
+        let graph_uri = stack
+            .addr(Service::Graph)
+            .map(|a| format!("http://{a}"))
+            .context("no graph-svc")?;
+        let token = stack
+            .settings
+            .auth
+            .internal_token_opt
+            .clone()
+            .unwrap_or_default();
+        let mut samples = Vec::new();
+        for (name, parts) in &mut sets {
+            for part in parts.iter() {
+                let (key, ..) = keys
+                    .iter()
+                    .find(|(_, t, ..)| *t == part.tenant)
+                    .context("key")?;
+                let mut client = Client::connect(&uri, key).await?;
+                ev::ensure_ingested(&mut client, part, true).await?;
+                // Also after a restart: graph-svc loads a tenant on first use.
+                wait_for_graph(&mut client, part).await;
+                let s = crate::tune::collect(&client, &graph_uri, &token, &settings, name, part)
+                    .await?;
+                eprintln!("  {name} {}: {} questions collected", part.tenant, s.len());
+                samples.extend(s);
+            }
+        }
+        let fits = crate::tune::fit(&samples, &current, default_k);
+        let tuned = crate::tune::to_weights(&fits, &current);
+        // Stage 3/4 on the fitted fusion: the cross-encoder over its top 20.
+        let rerank_opt = match (skip_rerank, stack.addr(Service::Rerank)) {
+            (false, Some(addr)) => {
+                let parts: Vec<&ev::Part> = sets.iter().flat_map(|(_, p)| p.iter()).collect();
+                eprintln!(
+                    "  scoring the fused top {} with the cross-encoder",
+                    crate::tune::RERANK_DEPTH
+                );
+                let rr = crate::tune::collect_relevance(
+                    &format!("http://{addr}"),
+                    &token,
+                    &samples,
+                    &parts,
+                    &tuned,
+                    default_k,
+                )
+                .await?;
+                let fit = crate::tune::fit_rerank(&samples, &rr);
+                Some((fit, crate::tune::rerank_report(&samples, &rr, &fit)))
+            }
+            _ => None,
+        };
+        anyhow::Ok((samples, fits, tuned, rerank_opt))
+    }
+    .await;
+    stack.shutdown().await;
+    let (samples, fits, tuned, rerank_opt) = result?;
+    if let Some(path) = samples_opt {
+        let lines: Vec<String> = samples.iter().map(|s| s.to_json().to_string()).collect();
+        std::fs::write(path, lines.join("\n"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let mut toml = crate::tune::to_toml(&fits);
+    if let Some((f, _)) = &rerank_opt {
+        toml.push_str(&format!(
+            "\n[pipeline]\nrerank_top_n = {}\nrelevance_threshold = {}\nrerank_blend_k = {}\nrerank_weight = {}\n",
+            f.top_n, f.threshold, f.blend_k, f.weight
+        ));
+    }
+    std::fs::write(out, toml).with_context(|| format!("cannot write {}", out.display()))?;
+    let report = serde_json::json!({
+        "config": out.display().to_string(),
+        "fits": fits.iter().map(|f| serde_json::json!({
+            "route": format!("{:?}", f.route),
+            "questions": f.questions,
+            "weights": f.weights,
+            "rrf_k": f.k,
+        })).collect::<Vec<_>>(),
+        "before": crate::tune::report(&samples, &current, default_k),
+        "after": crate::tune::report(&samples, &tuned, default_k),
+        "rerank": rerank_opt.as_ref().map(|(f, r)| serde_json::json!({
+            "top_n": f.top_n,
+            "relevance_threshold": f.threshold,
+            "blend_k": f.blend_k,
+            "weight": f.weight,
+            "by_dataset": r,
+        })),
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// After a fresh ingest graph-svc rebuilds from change events; wait (up to
+/// a minute) until a graph-only query for the first question answers.
+async fn wait_for_graph(client: &mut Client, part: &crate::eval::Part) {
+    let Some(q) = part.questions.first() else {
+        return;
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while tokio::time::Instant::now() < deadline {
+        let req = RetrieveRequest {
+            text: q.text.clone(),
+            limit: Some(5),
+            mode: RetrievalMode::Graph as i32,
+            no_cache: true,
+            ..Default::default()
+        };
+        if let Ok(r) = client.retrieval.retrieve(req).await
+            && !r.into_inner().records.is_empty()
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    tracing::warn!(tenant = %part.tenant, "graph strategy still empty after ingest; continuing");
+}
+
+/// `engram bench`: one process per service (or all in this one with
+/// `in_process`), a synthetic tenant, the query mix.
+async fn bench(
+    settings: Settings,
+    memories: usize,
+    queries: usize,
+    concurrency: usize,
+    json: bool,
+    in_process: bool,
+) -> anyhow::Result<()> {
+    if memories == 0 || queries == 0 {
+        anyhow::bail!("--memories and --queries must be at least 1");
+    }
+    let tenant = format!("bench-{memories}");
+    let key = stack::random_token();
+    let target = if in_process {
+        let opts = StackOptions {
+            ephemeral_ports: true,
+            dev_api_key: false,
+            extra_keys: vec![(
+                key.clone(),
+                tenant.clone(),
+                "bench".into(),
+                "sensitive".into(),
+            )],
+            ..Default::default()
+        };
+        crate::bench::Target::InProcess(Stack::start(settings, opts).await?)
+    } else {
+        crate::bench::Target::Split(crate::split::SplitStack::start(settings, &key, &tenant).await?)
+    };
+    let result = async {
+        let mut client =
+            Client::connect(&target.gateway_uri().context("no gateway")?, &key).await?;
+        let args = crate::bench::BenchArgs {
+            memories,
+            queries,
+            concurrency,
+            base_texts: 2000,
+            write_concurrency: 3,
+            ingest_sample: 1000,
+        };
+        crate::bench::run(&target, &mut client, &tenant, &args, !json).await
+    }
+    .await;
+    target.shutdown().await;
+    let report = result?;
+    if json {
+        println!("{report}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}

@@ -1,0 +1,7 @@
+//! Any set of engram's services in one process (`stack`) and the gateway
+//! client with an API key (`client`). The `engram` binary, the lab
+//! (`engram-lab`: eval, bench, tune) and the integration tests all start
+//! services and call the gateway through these two modules.
+
+pub mod client;
+pub mod stack;
