@@ -102,20 +102,7 @@ impl TryFrom<RetrieveRequest> for Query {
             conversation,
             fail_open,
         } = r;
-        let text = if text.trim().is_empty() && !conversation.is_empty() {
-            query_text(&conversation)?
-        } else {
-            text
-        };
-        if text.trim().is_empty() {
-            return Err(Error::invalid("text", "must not be empty"));
-        }
-        if text.chars().count() > MAX_TEXT_CHARS {
-            return Err(Error::invalid(
-                "text",
-                format!("must be at most {MAX_TEXT_CHARS} characters"),
-            ));
-        }
+        let text = checked_text(text, &conversation)?;
         let limit = limit.unwrap_or(DEFAULT_LIMIT);
         if limit == 0 || limit > MAX_LIMIT {
             return Err(Error::invalid(
@@ -133,21 +120,7 @@ impl TryFrom<RetrieveRequest> for Query {
                 format!("must be at most {MAX_TOKEN_BUDGET}"),
             ));
         }
-        if hypotheses.len() > MAX_HYPOTHESES {
-            return Err(Error::invalid(
-                "hypotheses",
-                format!("at most {MAX_HYPOTHESES} allowed"),
-            ));
-        }
-        if hypotheses
-            .iter()
-            .any(|h| h.trim().is_empty() || h.chars().count() > MAX_TEXT_CHARS)
-        {
-            return Err(Error::invalid(
-                "hypotheses",
-                format!("each must be non-empty and at most {MAX_TEXT_CHARS} characters"),
-            ));
-        }
+        check_hypotheses(&hypotheses)?;
         if memory_types.len() > 32 || agent_scope.len() > 256 {
             return Err(Error::invalid(
                 "memory_types",
@@ -165,17 +138,7 @@ impl TryFrom<RetrieveRequest> for Query {
         {
             return Err(Error::invalid("time_range", "end must not be before start"));
         }
-        let mode = match RetrievalMode::try_from(mode) {
-            Ok(RetrievalMode::Auto) => Mode::Auto,
-            Ok(RetrievalMode::Simple) => Mode::Route(Route::Simple),
-            Ok(RetrievalMode::MultiHop) => Mode::Route(Route::MultiHop),
-            Ok(RetrievalMode::Exploratory) => Mode::Route(Route::Exploratory),
-            Ok(RetrievalMode::Vector) => Mode::Raw(Raw::Vector),
-            Ok(RetrievalMode::Keyword) => Mode::Raw(Raw::Keyword),
-            Ok(RetrievalMode::Graph) => Mode::Raw(Raw::Graph),
-            Ok(RetrievalMode::Hybrid) => Mode::Raw(Raw::Hybrid),
-            Err(_) => return Err(Error::invalid("mode", format!("unknown value {mode}"))),
-        };
+        let mode = Mode::try_from(mode)?;
         Ok(Self {
             text,
             filters: Filters {
@@ -203,6 +166,63 @@ impl TryFrom<RetrieveRequest> for Query {
             fail_open,
         })
     }
+}
+
+impl TryFrom<i32> for Mode {
+    type Error = Error;
+
+    fn try_from(mode: i32) -> Result<Self, Error> {
+        Ok(match RetrievalMode::try_from(mode) {
+            Ok(RetrievalMode::Auto) => Mode::Auto,
+            Ok(RetrievalMode::Simple) => Mode::Route(Route::Simple),
+            Ok(RetrievalMode::MultiHop) => Mode::Route(Route::MultiHop),
+            Ok(RetrievalMode::Exploratory) => Mode::Route(Route::Exploratory),
+            Ok(RetrievalMode::Vector) => Mode::Raw(Raw::Vector),
+            Ok(RetrievalMode::Keyword) => Mode::Raw(Raw::Keyword),
+            Ok(RetrievalMode::Graph) => Mode::Raw(Raw::Graph),
+            Ok(RetrievalMode::Hybrid) => Mode::Raw(Raw::Hybrid),
+            Err(_) => return Err(Error::invalid("mode", format!("unknown value {mode}"))),
+        })
+    }
+}
+
+/// The query text: the request's, or the conversation window's when the
+/// text is empty; non-empty and at most `MAX_TEXT_CHARS` either way.
+fn checked_text(text: String, conversation: &[ConversationMessage]) -> Result<String, Error> {
+    let text = if text.trim().is_empty() && !conversation.is_empty() {
+        query_text(conversation)?
+    } else {
+        text
+    };
+    if text.trim().is_empty() {
+        return Err(Error::invalid("text", "must not be empty"));
+    }
+    if text.chars().count() > MAX_TEXT_CHARS {
+        return Err(Error::invalid(
+            "text",
+            format!("must be at most {MAX_TEXT_CHARS} characters"),
+        ));
+    }
+    Ok(text)
+}
+
+fn check_hypotheses(hypotheses: &[String]) -> Result<(), Error> {
+    if hypotheses.len() > MAX_HYPOTHESES {
+        return Err(Error::invalid(
+            "hypotheses",
+            format!("at most {MAX_HYPOTHESES} allowed"),
+        ));
+    }
+    if hypotheses
+        .iter()
+        .any(|h| h.trim().is_empty() || h.chars().count() > MAX_TEXT_CHARS)
+    {
+        return Err(Error::invalid(
+            "hypotheses",
+            format!("each must be non-empty and at most {MAX_TEXT_CHARS} characters"),
+        ));
+    }
+    Ok(())
 }
 
 pub const MAX_MESSAGES: usize = 200;

@@ -19,7 +19,7 @@ use engram_common::Identity;
 use engram_proto::{
     CausalLink, ConflictPair, ConflictResolution, ContradictionsRequest, EmbedRequest,
     GetMemoryResponse, GetRequest, Memory, MemoryItem, MemoryOrigin, NeighborsRequest,
-    RetrievalMode, RetrieveRequest, SourceRef, UpsertResult,
+    RetrievalMode, RetrieveRequest, ScoredMemory, SourceRef, UpsertResult,
 };
 use tokio::time::Instant;
 
@@ -211,23 +211,7 @@ async fn graph_fallback(
         .pipeline()
         .retrieve((**identity).clone(), q, start, deadline)
         .await?;
-    let mut degraded = r.degraded_stages.clone();
-    let items: Vec<MemoryItem> = r
-        .records
-        .iter()
-        .filter_map(|s| {
-            let m = s.memory.as_ref()?;
-            Some(MemoryItem {
-                id: m.id.clone(),
-                content: m.content.clone(),
-                memory_type: m.memory_type.clone(),
-                confidence: m.source_confidence.unwrap_or(1.0),
-                score: s.score,
-                written_at: m.event_time,
-                ..Default::default()
-            })
-        })
-        .collect();
+    let items: Vec<MemoryItem> = r.records.iter().filter_map(claim).collect();
     let mut resp = GetMemoryResponse {
         origin: if items.is_empty() {
             MemoryOrigin::None
@@ -235,148 +219,209 @@ async fn graph_fallback(
             MemoryOrigin::Graph
         } as i32,
         query_id: r.query_id.clone(),
+        degraded_stages: r.degraded_stages.clone(),
         ..Default::default()
     };
     if mq.compact || items.is_empty() {
         resp.items = items;
-        resp.degraded_stages = degraded;
         return Ok(resp);
     }
-    let ds = gw.downstreams();
+    let mut x = Expansion {
+        gw,
+        identity,
+        mq,
+        deadline,
+        degraded: std::mem::take(&mut resp.degraded_stages),
+    };
     let item_ids: Vec<String> = items.iter().map(|i| i.id.clone()).collect();
-    let item_set: HashSet<&str> = item_ids.iter().map(String::as_str).collect();
-
-    let req = NeighborsRequest {
-        memory_ids: item_ids.clone(),
-        depth: mq.max_depth,
-        max_nodes: MAX_CHAIN,
-        edge_types: vec!["causes".into(), "supports".into()],
-    };
-    let neighbors = match call_until(&ds.neighbors, identity, deadline, req).await {
-        Ok(n) => n.neighbors,
-        Err(e) => {
-            tracing::warn!(error = %e, "causal expansion degraded");
-            degraded.push("causal_chain".into());
-            Vec::new()
-        }
-    };
-    let neighbors: Vec<_> = neighbors
-        .into_iter()
-        .filter(|n| !item_set.contains(n.memory_id.as_str()))
-        .collect();
-    let mut chain_mems: HashMap<String, Memory> = HashMap::new();
-    if !neighbors.is_empty() {
-        let req = GetRequest {
-            ids: neighbors.iter().map(|n| n.memory_id.clone()).collect(),
-            include_embedding: false,
-        };
-        match call_until(&ds.get, identity, deadline, req).await {
-            Ok(g) => {
-                chain_mems = g
-                    .memories
-                    .into_iter()
-                    .filter(|m| {
-                        m.tenant_id == identity.tenant
-                            && m.access_level <= identity.trust.to_proto()
-                            && m.source_confidence.unwrap_or(1.0) >= mq.min_confidence
-                    })
-                    .map(|m| (m.id.clone(), m))
-                    .collect();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "causal chain contents degraded");
-                degraded.push("causal_chain".into());
-            }
-        }
-    }
-    let chain: Vec<CausalLink> = neighbors
-        .iter()
-        .filter_map(|n| {
-            let m = chain_mems.get(&n.memory_id)?;
-            Some(CausalLink {
-                memory_id: n.memory_id.clone(),
-                edge_type: n.via_edge_type.clone(),
-                depth: n.depth,
-                content: m.content.clone(),
-                confidence: m.source_confidence.unwrap_or(1.0),
-            })
-        })
-        .collect();
-
-    // Pairs the pipeline settled (a winner chosen) are not reported again.
-    let settled: HashSet<(String, String)> = r
-        .conflicts
-        .iter()
-        .filter(|c| c.resolution != ConflictResolution::Unresolved as i32)
-        .flat_map(|c| {
-            [
-                (c.memory_a.clone(), c.memory_b.clone()),
-                (c.memory_b.clone(), c.memory_a.clone()),
-            ]
-        })
-        .collect();
-    let mut all_ids = item_ids.clone();
+    let (chain, chain_mems) = x.causal_chain(&item_ids).await;
+    let mut all_ids = item_ids;
     all_ids.extend(chain.iter().map(|c| c.memory_id.clone()));
-    if all_ids.len() >= 2 {
-        let req = ContradictionsRequest {
-            memory_ids: all_ids,
-        };
-        match call_until(&ds.contradictions, identity, deadline, req).await {
-            Ok(c) => {
-                resp.contradictions = c
-                    .pairs
-                    .into_iter()
-                    .filter(|p| !settled.contains(&(p.memory_a.clone(), p.memory_b.clone())))
-                    .map(|p| ConflictPair {
-                        memory_a: p.memory_a,
-                        memory_b: p.memory_b,
-                        resolution: ConflictResolution::Unresolved as i32,
-                        winner_id: String::new(),
-                    })
-                    .collect();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "contradiction lookup degraded");
-                degraded.push("contradictions".into());
-            }
-        }
-    }
+    resp.contradictions = x.open_contradictions(all_ids, &r.conflicts).await;
     if mq.include_sources {
-        resp.sources = r
-            .records
-            .iter()
-            .filter_map(|s| {
-                let m = s.memory.as_ref()?;
-                let prov = s.provenance.as_ref();
-                Some(SourceRef {
-                    memory_id: m.id.clone(),
-                    citation: prov
-                        .map(|p| p.citation.clone())
-                        .filter(|c| !c.is_empty())
-                        .unwrap_or_else(|| citation(m)),
-                    found_by: prov
-                        .map(|p| p.strategies.iter().map(|h| h.strategy.clone()).collect())
-                        .unwrap_or_default(),
-                    namespace: m.namespace.clone(),
-                    session_id: String::new(),
-                })
-            })
-            .chain(chain.iter().filter_map(|c| {
-                let m = chain_mems.get(&c.memory_id)?;
-                Some(SourceRef {
-                    memory_id: m.id.clone(),
-                    citation: citation(m),
-                    found_by: vec![c.edge_type.clone()],
-                    namespace: m.namespace.clone(),
-                    session_id: String::new(),
-                })
-            }))
-            .collect();
+        resp.sources = sources(&r.records, &chain, &chain_mems);
     }
-    degraded.sort();
-    degraded.dedup();
+    x.degraded.sort();
+    x.degraded.dedup();
     resp.items = items;
     resp.causal_chain = chain;
-    resp.degraded_stages = degraded;
+    resp.degraded_stages = x.degraded;
     Ok(resp)
+}
+
+/// A pipeline record as a `GetMemory` item.
+fn claim(s: &ScoredMemory) -> Option<MemoryItem> {
+    let m = s.memory.as_ref()?;
+    Some(MemoryItem {
+        id: m.id.clone(),
+        content: m.content.clone(),
+        memory_type: m.memory_type.clone(),
+        confidence: m.source_confidence.unwrap_or(1.0),
+        score: s.score,
+        written_at: m.event_time,
+        ..Default::default()
+    })
+}
+
+/// The graph fallback's expansion of the claims; a failed step degrades
+/// the answer and leaves its part empty.
+struct Expansion<'a> {
+    gw: &'a Gateway,
+    identity: &'a Arc<Identity>,
+    mq: &'a MemoryQuery,
+    deadline: Instant,
+    degraded: Vec<String>,
+}
+
+impl Expansion<'_> {
+    /// The `causes` / `supports` neighbourhood of the claims (the claims
+    /// themselves left out), with the contents the caller may read.
+    async fn causal_chain(
+        &mut self,
+        item_ids: &[String],
+    ) -> (Vec<CausalLink>, HashMap<String, Memory>) {
+        let ds = self.gw.downstreams();
+        let req = NeighborsRequest {
+            memory_ids: item_ids.to_vec(),
+            depth: self.mq.max_depth,
+            max_nodes: MAX_CHAIN,
+            edge_types: vec!["causes".into(), "supports".into()],
+        };
+        let neighbors = match call_until(&ds.neighbors, self.identity, self.deadline, req).await {
+            Ok(n) => n.neighbors,
+            Err(e) => {
+                tracing::warn!(error = %e, "causal expansion degraded");
+                self.degraded.push("causal_chain".into());
+                Vec::new()
+            }
+        };
+        let item_set: HashSet<&str> = item_ids.iter().map(String::as_str).collect();
+        let neighbors: Vec<_> = neighbors
+            .into_iter()
+            .filter(|n| !item_set.contains(n.memory_id.as_str()))
+            .collect();
+        let ids: Vec<String> = neighbors.iter().map(|n| n.memory_id.clone()).collect();
+        let chain_mems = self.readable(ids).await;
+        let chain = neighbors
+            .iter()
+            .filter_map(|n| {
+                let m = chain_mems.get(&n.memory_id)?;
+                Some(CausalLink {
+                    memory_id: n.memory_id.clone(),
+                    edge_type: n.via_edge_type.clone(),
+                    depth: n.depth,
+                    content: m.content.clone(),
+                    confidence: m.source_confidence.unwrap_or(1.0),
+                })
+            })
+            .collect();
+        (chain, chain_mems)
+    }
+
+    /// The memories of `ids` within the caller's tenant, trust and
+    /// confidence floor.
+    async fn readable(&mut self, ids: Vec<String>) -> HashMap<String, Memory> {
+        if ids.is_empty() {
+            return HashMap::new();
+        }
+        let (identity, min_confidence) = (self.identity, self.mq.min_confidence);
+        let req = GetRequest {
+            ids,
+            include_embedding: false,
+        };
+        match call_until(&self.gw.downstreams().get, identity, self.deadline, req).await {
+            Ok(g) => g
+                .memories
+                .into_iter()
+                .filter(|m| {
+                    m.tenant_id == identity.tenant
+                        && m.access_level <= identity.trust.to_proto()
+                        && m.source_confidence.unwrap_or(1.0) >= min_confidence
+                })
+                .map(|m| (m.id.clone(), m))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "causal chain contents degraded");
+                self.degraded.push("causal_chain".into());
+                HashMap::new()
+            }
+        }
+    }
+
+    /// Contradictions among claims and chain that the pipeline did not
+    /// settle (a pair with a winner is not reported again).
+    async fn open_contradictions(
+        &mut self,
+        ids: Vec<String>,
+        settled_by_pipeline: &[ConflictPair],
+    ) -> Vec<ConflictPair> {
+        if ids.len() < 2 {
+            return Vec::new();
+        }
+        let settled: HashSet<(String, String)> = settled_by_pipeline
+            .iter()
+            .filter(|c| c.resolution != ConflictResolution::Unresolved as i32)
+            .flat_map(|c| {
+                [
+                    (c.memory_a.clone(), c.memory_b.clone()),
+                    (c.memory_b.clone(), c.memory_a.clone()),
+                ]
+            })
+            .collect();
+        let req = ContradictionsRequest { memory_ids: ids };
+        let ds = self.gw.downstreams();
+        match call_until(&ds.contradictions, self.identity, self.deadline, req).await {
+            Ok(c) => c
+                .pairs
+                .into_iter()
+                .filter(|p| !settled.contains(&(p.memory_a.clone(), p.memory_b.clone())))
+                .map(|p| ConflictPair {
+                    memory_a: p.memory_a,
+                    memory_b: p.memory_b,
+                    resolution: ConflictResolution::Unresolved as i32,
+                    winner_id: String::new(),
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "contradiction lookup degraded");
+                self.degraded.push("contradictions".into());
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// Where each claim and chain link came from.
+fn sources(
+    records: &[ScoredMemory],
+    chain: &[CausalLink],
+    chain_mems: &HashMap<String, Memory>,
+) -> Vec<SourceRef> {
+    let claims = records.iter().filter_map(|s| {
+        let m = s.memory.as_ref()?;
+        let prov = s.provenance.as_ref();
+        Some(SourceRef {
+            memory_id: m.id.clone(),
+            citation: prov
+                .map(|p| p.citation.clone())
+                .filter(|c| !c.is_empty())
+                .unwrap_or_else(|| citation(m)),
+            found_by: prov
+                .map(|p| p.strategies.iter().map(|h| h.strategy.clone()).collect())
+                .unwrap_or_default(),
+            namespace: m.namespace.clone(),
+            session_id: String::new(),
+        })
+    });
+    let links = chain.iter().filter_map(|c| {
+        let m = chain_mems.get(&c.memory_id)?;
+        Some(SourceRef {
+            memory_id: m.id.clone(),
+            citation: citation(m),
+            found_by: vec![c.edge_type.clone()],
+            namespace: m.namespace.clone(),
+            session_id: String::new(),
+        })
+    });
+    claims.chain(links).collect()
 }
