@@ -86,6 +86,17 @@ impl SearchSvc {
         )?)
     }
 
+    /// Every handler's opening: the caller from the internal metadata, then
+    /// the message validated by its `TryFrom` at the boundary.
+    fn open<T, U>(&self, req: Request<T>) -> Result<(Identity, U), Status>
+    where
+        U: TryFrom<T, Error = Error>,
+    {
+        let identity = self.identity(&req)?;
+        let msg = U::try_from(req.into_inner())?;
+        Ok((identity, msg))
+    }
+
     /// Keyword search with an explicit scoring (the eval compares both).
     pub async fn keyword_search_with(
         &self,
@@ -110,18 +121,13 @@ impl SearchSvc {
     }
 }
 
-fn into_pb<T, U>(req: Request<T>, f: impl FnOnce(T) -> Result<U, Error>) -> Result<U, Status> {
-    f(req.into_inner()).map_err(Status::from)
-}
-
 #[tonic::async_trait]
 impl SearchService for SearchSvc {
     async fn upsert(
         &self,
         req: Request<pb::UpsertRequest>,
     ) -> Result<Response<pb::UpsertResponse>, Status> {
-        let identity = self.identity(&req)?;
-        let batch = into_pb(req, UpsertBatch::try_from)?;
+        let (identity, batch) = self.open::<_, UpsertBatch>(req)?;
         let results =
             writes::upsert(&self.inner.pool, &self.inner.embeddings, &identity, batch).await?;
         Ok(Response::new(pb::UpsertResponse { results }))
@@ -131,15 +137,13 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
-        let identity = self.identity(&req)?;
-        let ids = into_pb(req, DeleteIds::try_from)?;
+        let (identity, ids) = self.open::<_, DeleteIds>(req)?;
         let deleted = writes::delete(&self.inner.pool, &identity, ids).await?;
         Ok(Response::new(pb::DeleteResponse { deleted }))
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
-        let identity = self.identity(&req)?;
-        let q = into_pb(req, GetQuery::try_from)?;
+        let (identity, q) = self.open::<_, GetQuery>(req)?;
         let memories = get::get(&self.inner.pool, &identity, q).await?;
         Ok(Response::new(pb::GetResponse { memories }))
     }
@@ -148,8 +152,7 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::AddEdgesRequest>,
     ) -> Result<Response<pb::AddEdgesResponse>, Status> {
-        let identity = self.identity(&req)?;
-        let batch = into_pb(req, EdgeBatch::try_from)?;
+        let (identity, batch) = self.open::<_, EdgeBatch>(req)?;
         let added = writes::add_edges(&self.inner.pool, &identity, batch).await?;
         Ok(Response::new(pb::AddEdgesResponse { added }))
     }
@@ -158,8 +161,7 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::VectorSearchRequest>,
     ) -> Result<Response<pb::SearchResponse>, Status> {
-        let identity = self.identity(&req)?;
-        let q = into_pb(req, VectorQuery::try_from)?;
+        let (identity, q) = self.open::<_, VectorQuery>(req)?;
         let (embedding, query_embedding) = match q.embedding_opt {
             Some(v) => (v, Vec::new()),
             None => {
@@ -190,8 +192,7 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::KeywordSearchRequest>,
     ) -> Result<Response<pb::SearchResponse>, Status> {
-        let identity = self.identity(&req)?;
-        let q = into_pb(req, KeywordQuery::try_from)?;
+        let (identity, q) = self.open::<_, KeywordQuery>(req)?;
         let hits = self
             .keyword_search_with(&identity, q, self.inner.scoring)
             .await?;
@@ -205,8 +206,7 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::EmbedRequest>,
     ) -> Result<Response<pb::EmbedResponse>, Status> {
-        self.identity(&req)?;
-        let texts = into_pb(req, EmbedTexts::try_from)?;
+        let (_, texts) = self.open::<_, EmbedTexts>(req)?;
         let vecs = self.inner.embeddings.embed(texts.0).await?;
         Ok(Response::new(pb::EmbedResponse {
             embeddings: vecs
@@ -220,8 +220,7 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::StoreFeedbackRequest>,
     ) -> Result<Response<pb::StoreFeedbackResponse>, Status> {
-        let identity = self.identity(&req)?;
-        let batch = into_pb(req, FeedbackBatch::try_from)?;
+        let (identity, batch) = self.open::<_, FeedbackBatch>(req)?;
         let stored = writes::store_feedback(&self.inner.pool, &identity, batch).await?;
         Ok(Response::new(pb::StoreFeedbackResponse { stored }))
     }

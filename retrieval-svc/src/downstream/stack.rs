@@ -32,7 +32,6 @@ pub struct StackSpec {
 }
 
 /// Builds the resilience stack around `inner` (a tonic call in production,
-
 /// a `tower_test` mock in tests).
 pub fn layered<S, T, R>(
     spec: &StackSpec,

@@ -5,7 +5,7 @@
 //! named after it; they share per-request state through [`ctx::Ctx`].
 //!
 //! Nothing here knows the gateway, the surfaces or the API adapters: they
-//! call the pipeline, never the reverse (`tests::dependencies_point_one_way`).
+//! call the pipeline, never the reverse (`layering::dependencies_point_one_way` in lib.rs).
 
 pub mod assemble;
 pub mod cache;

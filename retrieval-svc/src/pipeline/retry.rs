@@ -79,10 +79,13 @@ pub fn broaden(f: &Filters) -> Filters {
     f
 }
 
-/// Whether attempt `a` is a better answer than the best so far.
-pub fn better(a_records: usize, a_conf: f32, best_opt: Option<(usize, f32)>) -> bool {
-    best_opt.is_none_or(|(b_records, b_conf)| {
-        (b_records == 0 && a_records > 0) || (a_records > 0 && a_conf > b_conf)
+/// Whether an attempt with `records` records at `confidence` is a better
+/// answer than the best so far (records, confidence): the first answer
+/// always is; later, only a non-empty one that beats an empty best or a
+/// less confident one.
+pub fn better(records: usize, confidence: f32, best_opt: Option<(usize, f32)>) -> bool {
+    best_opt.is_none_or(|(best_records, best_confidence)| {
+        records > 0 && (best_records == 0 || confidence > best_confidence)
     })
 }
 

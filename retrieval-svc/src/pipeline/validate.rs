@@ -208,8 +208,8 @@ pub fn passage(m: &Memory) -> String {
     s
 }
 
-/// Cross-encoder over the top `rerank_top_n` in one batch (the pairs the
-/// request's memo does not hold yet), until 50 ms before the deadline.
+/// Cross-encoder over the top `rerank_top_n` (scores the request's memo
+/// does not hold yet are asked for in one batch), then the relevance floor.
 /// Returns false when the reranker could not be used (down, slow, malformed
 /// answer): the caller marks the stage degraded and keeps the candidates
 /// unchecked.
@@ -218,80 +218,76 @@ async fn relevance(
     checked: &mut Vec<Checked>,
     dropped: &mut Vec<DroppedCandidate>,
 ) -> bool {
-    let p = &ctx.settings.pipeline;
-    let (top_n, threshold) = (p.rerank_top_n, p.relevance_threshold);
-    let deadline = ctx
-        .deadline
-        .checked_sub(Duration::from_millis(50))
-        .unwrap_or(ctx.deadline);
-    let memo = &mut ctx.memo;
-    let n = top_n.min(checked.len());
+    let n = ctx.settings.pipeline.rerank_top_n.min(checked.len());
     if n == 0 {
         return true;
     }
-    let fresh: Vec<&Memory> = checked[..n]
-        .iter()
-        .map(|c| &c.cand.memory)
-        .filter(|m| !memo.0.contains_key(&ScoreMemo::key(m)))
-        .collect();
-    if !fresh.is_empty() {
-        let req = ScoreRequest {
-            query: ctx.query.text.clone(),
-            candidates: fresh.iter().map(|m| passage(m)).collect(),
-            max_length: 0,
-        };
-        let want = fresh.len();
-        let keys: Vec<(String, i32)> = fresh.into_iter().map(ScoreMemo::key).collect();
-        match call_until(&ctx.ds.score, &ctx.identity, deadline, req).await {
-            Ok(r) if r.scores.len() == want => {
-                memo.0.extend(keys.into_iter().zip(r.scores));
-            }
-            Ok(r) => {
-                tracing::warn!(
-                    expected = want,
-                    got = r.scores.len(),
-                    "rerank returned wrong count"
-                );
-                return false;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "rerank degraded");
-                return false;
-            }
-        }
+    if !score_fresh(ctx, &checked[..n]).await {
+        return false;
     }
-    let scores: Vec<f32> = checked[..n]
-        .iter()
-        .map(|c| {
-            memo.0
-                .get(&ScoreMemo::key(&c.cand.memory))
-                .copied()
-                .unwrap_or(0.0)
-        })
-        .collect();
+    let threshold = ctx.settings.pipeline.relevance_threshold;
+    let memo = &ctx.memo;
     let mut i = 0;
     checked.retain_mut(|c| {
-        let keep = if i < n {
-            let s = scores[i];
+        let keep = i >= n || {
+            let s = memo.0.get(&ScoreMemo::key(&c.cand.memory)).copied();
+            let s = s.unwrap_or(0.0);
             c.relevance_opt = Some(s);
-            if s >= threshold {
+            let pass = s >= threshold;
+            if pass {
                 c.checks.push("relevance");
-                true
             } else {
                 dropped.push(DroppedCandidate {
                     memory_id: c.cand.memory.id.clone(),
                     stage: "relevance".into(),
                     reason: format!("cross-encoder {s:.3} below {threshold}"),
                 });
-                false
             }
-        } else {
-            true
+            pass
         };
         i += 1;
         keep
     });
     true
+}
+
+/// Asks rerank-svc for the scores of `top` the memo lacks, until 50 ms
+/// before the deadline, and keeps them in the memo; false when it could not.
+async fn score_fresh(ctx: &mut Ctx<'_>, top: &[Checked]) -> bool {
+    let fresh: Vec<&Memory> = top
+        .iter()
+        .map(|c| &c.cand.memory)
+        .filter(|m| !ctx.memo.0.contains_key(&ScoreMemo::key(m)))
+        .collect();
+    if fresh.is_empty() {
+        return true;
+    }
+    let req = ScoreRequest {
+        query: ctx.query.text.clone(),
+        candidates: fresh.iter().map(|m| passage(m)).collect(),
+        max_length: 0,
+    };
+    let want = fresh.len();
+    let keys: Vec<(String, i32)> = fresh.into_iter().map(ScoreMemo::key).collect();
+    let deadline = ctx
+        .deadline
+        .checked_sub(Duration::from_millis(50))
+        .unwrap_or(ctx.deadline);
+    match call_until(&ctx.ds.score, &ctx.identity, deadline, req).await {
+        Ok(r) if r.scores.len() == want => {
+            ctx.memo.0.extend(keys.into_iter().zip(r.scores));
+            true
+        }
+        Ok(r) => {
+            let got = r.scores.len();
+            tracing::warn!(expected = want, got, "rerank returned wrong count");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "rerank degraded");
+            false
+        }
+    }
 }
 
 #[cfg(test)]
