@@ -49,6 +49,16 @@ fn trim_punct(w: &str) -> &str {
     w.trim_matches(|c: char| !c.is_alphanumeric() && c != '\'' && c != '-')
 }
 
+/// What follows `trimmed` (= `trim_punct(w)`) inside `w`: its trailing
+/// punctuation. Counted from where `trimmed` starts, since leading
+/// punctuation shifts it, and never inside a character.
+fn after_trimmed<'a>(w: &'a str, trimmed: &str) -> &'a str {
+    let lead = w.len()
+        - w.trim_start_matches(|c: char| !c.is_alphanumeric() && c != '\'' && c != '-')
+            .len();
+    w.get(lead + trimmed.len()..).unwrap_or("")
+}
+
 fn is_cap(w: &str) -> bool {
     trim_punct(w).chars().next().is_some_and(char::is_uppercase)
 }
@@ -120,14 +130,18 @@ fn leading_entity(right: &str) -> Option<String> {
     (1..=4).contains(&n).then(|| head.to_string())
 }
 
+/// Byte offset in `hay` of the first occurrence of `needle` (a lowercase
+/// ASCII cue such as " and "), ignoring ASCII case. Compared in place
+/// rather than on `hay.to_lowercase()`: lowercasing changes the byte length
+/// of some characters (U+212A KELVIN SIGN shrinks, U+0130 grows), so an
+/// offset into the lowercased copy may fall inside a character of `hay` and
+/// slicing there panics. Every offset returned is a char boundary of `hay`,
+/// and so is the offset plus `needle.len()`.
 fn find_word(hay: &str, needle: &str) -> Option<usize> {
-    let lower = hay.to_lowercase();
-    // Lowercasing can change byte lengths only for non-ASCII text; fall
-    // back to no match rather than slicing at a wrong offset.
-    if lower.len() != hay.len() {
-        return None;
-    }
-    lower.find(needle)
+    hay.char_indices().map(|(i, _)| i).find(|&i| {
+        hay.get(i..i + needle.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(needle))
+    })
 }
 
 fn replace_span(q: &str, from: usize, to: usize, with: &str) -> String {
@@ -269,11 +283,7 @@ fn bridge(q: &str) -> Option<(String, String)> {
         }
         let owner = owner.join(" ");
         let mut follow = words[..start].to_vec();
-        let suffix = if words[i + 1].len() > relation.len() {
-            &words[i + 1][relation.len()..]
-        } else {
-            ""
-        };
+        let suffix = after_trimmed(words[i + 1], relation);
         let slot = format!("{SLOT}{suffix}");
         follow.push(&slot);
         follow.extend(&words[i + 2..]);
@@ -581,5 +591,33 @@ mod tests {
             named_spans("The meeting with Alice Chen. She moved to Acme Corp's Berlin office."),
             vec!["Alice Chen", "Acme Corp", "Berlin"]
         );
+    }
+
+    #[test]
+    fn case_changes_that_resize_characters_never_split_one() {
+        // K = U+212A (3 bytes, lowercases to 1), İ = U+0130 (2 bytes,
+        // lowercases to 3): the same total length, shifted offsets.
+        let q = "\u{212A}\u{212A}\u{212A} aaaa\u{e9}both \u{130}\u{130}\u{130}\u{130}\u{130}\u{130} and Y";
+        let plan = decompose(q, 4);
+        assert!(!plan.sub_queries().is_empty());
+        for max_parts in 1..=4 {
+            decompose("\u{130}\u{130} or \u{212A}X vs Y both A and B", max_parts);
+        }
+        assert_eq!(find_word("\u{212A}\u{212A} BOTH x", "both "), Some(7));
+        assert_eq!(find_word("\u{e9}", "and"), None);
+        // Leading punctuation before a multi-byte relation word.
+        decompose("Where was Bob's \"\u{e9}\" born?", 4);
+        assert_eq!(after_trimmed("\"\u{e9}\"?", "\u{e9}"), "\"?");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decomposition_never_panics(q in "\\PC{0,80}", n in 1usize..6) {
+            let plan = decompose(&q, n);
+            let _ = plan.sub_queries();
+            let names: Vec<String> = named_spans(&q);
+            let hits: Vec<(&str, &[String])> = vec![(q.as_str(), names.as_slice())];
+            let _ = bridge_entity(&hits, &q);
+        }
     }
 }
