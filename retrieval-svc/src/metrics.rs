@@ -125,7 +125,7 @@ impl Metrics {
             )?,
             downstream_requests: counter_vec(
                 "engram_downstream_requests_total",
-                "Downstream calls per stack and outcome (ok, error, timeout, circuit_open, overloaded); retries count once.",
+                "Downstream calls per stack and outcome (ok, error, timeout: the stack's own, deadline: the request's, circuit_open, overloaded, cancelled: the caller hung up); retries count once.",
                 &["stack", "outcome"],
             )?,
             downstream_latency: histogram_vec(
@@ -167,6 +167,8 @@ impl Metrics {
                 timeout: outcome("timeout"),
                 circuit_open: outcome("circuit_open"),
                 overloaded: outcome("overloaded"),
+                deadline: outcome("deadline"),
+                cancelled: outcome("cancelled"),
                 latency: self.downstream_latency.with_label_values(&[name]),
             }),
         }
@@ -314,6 +316,8 @@ struct StackHandles {
     timeout: IntCounter,
     circuit_open: IntCounter,
     overloaded: IntCounter,
+    deadline: IntCounter,
+    cancelled: IntCounter,
     latency: Histogram,
 }
 
@@ -325,6 +329,10 @@ pub enum CallOutcome {
     Timeout,
     CircuitOpen,
     Overloaded,
+    /// The request's deadline passed before the call finished.
+    Deadline,
+    /// The caller dropped the call before it finished.
+    Cancelled,
 }
 
 impl StackMetrics {
@@ -339,6 +347,8 @@ impl StackMetrics {
             CallOutcome::Timeout => h.timeout.inc(),
             CallOutcome::CircuitOpen => h.circuit_open.inc(),
             CallOutcome::Overloaded => h.overloaded.inc(),
+            CallOutcome::Deadline => h.deadline.inc(),
+            CallOutcome::Cancelled => h.cancelled.inc(),
         }
     }
 }

@@ -3,9 +3,11 @@
 //! Hand-written rather than tower-resilience 0.13's: that one keeps time
 //! with `std::time::Instant`, so its open → half-open transition cannot be
 //! driven by tokio's paused clock in tests, and it adds a boxed future per
-//! call anyway. This one is ~100 lines, uses `tokio::time`, and counts a call
-//! cancelled by the outer timeout as a failure, so a hanging downstream trips
-//! it exactly like a failing one.
+//! call anyway. This one is ~100 lines and uses `tokio::time`. Only the
+//! downstream's own failures count (see `Verdict`): the stack's timeout sits
+//! inside the breaker, so a hanging downstream trips it like a failing one,
+//! while a call its caller abandoned (deadline, hang-up) or that our own
+//! limit shed is neutral.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -150,21 +152,40 @@ fn admit(s: &mut BreakerState, cfg: &BreakerConfig) -> bool {
     }
 }
 
-fn record(shared: &Mutex<BreakerState>, cfg: &BreakerConfig, failed: bool) {
+/// What a finished (or abandoned) call says about the downstream's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// It answered: a result, or a client error (bad argument, not found,
+    /// auth), which a healthy service gives too.
+    Healthy,
+    /// It failed or was too slow for the stack's own timeout.
+    Failed,
+    /// Nothing learned about its health: the caller gave up (its deadline
+    /// or a hang-up dropped the call), our own concurrency limit shed it, or
+    /// the downstream said it is busy (queue full) or saw the call cancelled.
+    /// A hostile or hasty caller must not open the circuit for everyone.
+    Neutral,
+}
+
+fn record(shared: &Mutex<BreakerState>, cfg: &BreakerConfig, verdict: Verdict) {
     let mut s = shared.lock();
-    match (s.phase, failed) {
-        (BreakerPhase::HalfOpen, true) => {
+    match (s.phase, verdict) {
+        (BreakerPhase::HalfOpen, Verdict::Failed) => {
             s.phase = BreakerPhase::Open;
             s.open_until = Instant::now() + cfg.open_for;
             s.trials_in_flight = 0;
             tracing::warn!("downstream circuit re-opened after failed trial");
         }
-        (BreakerPhase::HalfOpen, false) => {
+        (BreakerPhase::HalfOpen, Verdict::Healthy) => {
             s.phase = BreakerPhase::Closed;
             s.consecutive_failures = 0;
             s.trials_in_flight = 0;
         }
-        (BreakerPhase::Closed, true) => {
+        // The trial taught nothing: let another call try.
+        (BreakerPhase::HalfOpen, Verdict::Neutral) => {
+            s.trials_in_flight = s.trials_in_flight.saturating_sub(1);
+        }
+        (BreakerPhase::Closed, Verdict::Failed) => {
             s.consecutive_failures += 1;
             if s.consecutive_failures >= cfg.failure_threshold {
                 s.phase = BreakerPhase::Open;
@@ -175,34 +196,39 @@ fn record(shared: &Mutex<BreakerState>, cfg: &BreakerConfig, failed: bool) {
                 );
             }
         }
-        (BreakerPhase::Closed, false) => s.consecutive_failures = 0,
+        (BreakerPhase::Closed, Verdict::Healthy) => s.consecutive_failures = 0,
+        (BreakerPhase::Closed, Verdict::Neutral) => {}
         // A late answer from before the circuit opened changes nothing.
         (BreakerPhase::Open, _) => {}
     }
 }
 
-/// Failures that say something about the downstream's health; client
-/// errors (bad argument, not found, auth) do not trip the circuit.
-fn is_failure<R>(r: &Result<R, BoxError>) -> bool {
-    match r {
-        Ok(_) => false,
-        Err(e) => match e.downcast_ref::<Status>() {
-            Some(s) => matches!(
-                s.code(),
-                tonic::Code::Unavailable
-                    | tonic::Code::Unknown
-                    | tonic::Code::Internal
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::ResourceExhausted
-                    | tonic::Code::Cancelled
-            ),
-            None => true,
-        },
+fn verdict<R>(r: &Result<R, BoxError>) -> Verdict {
+    let e = match r {
+        Ok(_) => return Verdict::Healthy,
+        Err(e) => e,
+    };
+    if e.is::<tower::load_shed::error::Overloaded>() {
+        return Verdict::Neutral;
+    }
+    match e.downcast_ref::<Status>().map(Status::code) {
+        Some(
+            tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Internal
+            | tonic::Code::DeadlineExceeded,
+        ) => Verdict::Failed,
+        Some(tonic::Code::ResourceExhausted | tonic::Code::Cancelled) => Verdict::Neutral,
+        Some(_) => Verdict::Healthy,
+        // The stack's own timeout (inside the breaker) and transport errors.
+        None => Verdict::Failed,
     }
 }
 
-/// Records a failure when the call is dropped before finishing (the outer
-/// timeout fired), so slowness trips the breaker too.
+/// A call dropped before it finished was abandoned by its caller (the
+/// request's deadline or a hang-up): neutral, and a half-open trial is
+/// released. Slowness still trips the breaker through the stack's own
+/// timeout, which sits inside it and ends the call with an error.
 struct Outcome {
     shared: Arc<Mutex<BreakerState>>,
     cfg: Arc<BreakerConfig>,
@@ -212,7 +238,7 @@ struct Outcome {
 impl Drop for Outcome {
     fn drop(&mut self) {
         if !self.done {
-            record(&self.shared, &self.cfg, true);
+            record(&self.shared, &self.cfg, Verdict::Neutral);
         }
     }
 }
@@ -246,7 +272,7 @@ where
         Box::pin(async move {
             let r = fut.await.map_err(Into::into);
             outcome.done = true;
-            record(&outcome.shared, &outcome.cfg, is_failure(&r));
+            record(&outcome.shared, &outcome.cfg, verdict(&r));
             r
         })
     }

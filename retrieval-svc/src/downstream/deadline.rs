@@ -1,45 +1,38 @@
-//! The timeout layer of a downstream stack. Unlike `tower::timeout` it also
-//! honours the deadline the request carries ([`Call::deadline_opt`]): a call
-//! made with 80 ms of the pipeline left gives up after 80 ms even when the
-//! stack allows 300, so call sites need no second `timeout_at` around the
-//! stack, and the call is counted (metrics, breaker) like any other timeout.
+//! The request-deadline layer of a downstream stack: a call made with 80 ms
+//! of the pipeline left gives up after 80 ms even when the stack allows 300
+//! ([`Call::deadline_opt`]), so call sites need no second `timeout_at`
+//! around the stack. It sits outside retry and the breaker and ends the call
+//! with [`DeadlineReached`]: the caller ran out of time, which says nothing
+//! about the downstream, so the breaker stays neutral and the metrics count
+//! it as `deadline`. The stack's own timeout is a separate layer inside the
+//! breaker.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use tokio::time::Instant;
-use tower::timeout::error::Elapsed;
 use tower::{BoxError, Layer, Service};
 
 use super::Call;
 
-#[derive(Debug, Clone, Copy)]
-pub struct DeadlineLayer {
-    timeout: Duration,
-}
+/// The call's request deadline passed before it finished.
+#[derive(Debug, thiserror::Error)]
+#[error("request deadline reached")]
+pub struct DeadlineReached;
 
-impl DeadlineLayer {
-    pub fn new(timeout: Duration) -> Self {
-        Self { timeout }
-    }
-}
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeadlineLayer;
 
 impl<S> Layer<S> for DeadlineLayer {
     type Service = Deadline<S>;
     fn layer(&self, inner: S) -> Deadline<S> {
-        Deadline {
-            inner,
-            timeout: self.timeout,
-        }
+        Deadline { inner }
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct Deadline<S> {
     inner: S,
-    timeout: Duration,
 }
 
 impl<S, T> Service<Call<T>> for Deadline<S>
@@ -58,13 +51,15 @@ where
     }
 
     fn call(&mut self, req: Call<T>) -> Self::Future {
-        let own = Instant::now() + self.timeout;
-        let until = req.deadline_opt.map_or(own, |d| d.min(own));
+        let deadline_opt = req.deadline_opt;
         let fut = self.inner.call(req);
         Box::pin(async move {
-            match tokio::time::timeout_at(until, fut).await {
+            let Some(deadline) = deadline_opt else {
+                return fut.await.map_err(Into::into);
+            };
+            match tokio::time::timeout_at(deadline, fut).await {
                 Ok(r) => r.map_err(Into::into),
-                Err(_) => Err(Elapsed::new().into()),
+                Err(_) => Err(DeadlineReached.into()),
             }
         })
     }

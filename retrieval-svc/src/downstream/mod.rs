@@ -58,8 +58,12 @@ impl<T> Call<T> {
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum DownstreamError {
+    /// The stack's own timeout: the downstream was too slow.
     #[error("timed out")]
     Timeout,
+    /// The request's deadline passed first: the caller ran out of time.
+    #[error("request deadline reached")]
+    Deadline,
     #[error("circuit open")]
     CircuitOpen,
     #[error("overloaded")]
@@ -74,6 +78,8 @@ impl DownstreamError {
     fn classify(e: BoxError) -> Self {
         if e.is::<tower::timeout::error::Elapsed>() {
             Self::Timeout
+        } else if e.is::<deadline::DeadlineReached>() {
+            Self::Deadline
         } else if e.is::<breaker::BreakerOpen>() {
             Self::CircuitOpen
         } else if e.is::<tower::load_shed::error::Overloaded>() {

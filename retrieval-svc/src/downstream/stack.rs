@@ -1,9 +1,12 @@
 //! The one recipe every downstream call gets its resilience from:
-//! [`layered`] stacks (outside → in) metrics, the per-call timeout (the
-//! stack's own, or the request's deadline when that comes first), retry
+//! [`layered`] stacks (outside → in) metrics, the request's deadline, retry
 //! (idempotent reads only, inside a shared retry budget), a circuit breaker,
-//! load shedding and a concurrency limit. Metrics sit outside retry so a
-//! retried call counts once.
+//! the stack's own timeout, load shedding and a concurrency limit. Metrics
+//! sit outside retry so a retried call counts once, and outside everything so
+//! every call is counted with its real outcome, a caller's hang-up included.
+//! The request's deadline sits outside the breaker and the stack's timeout
+//! inside it: running out of the caller's time is neutral, a slow downstream
+//! is a failure.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -50,8 +53,6 @@ where
     let name = spec.name;
     let svc = ServiceBuilder::new()
         .map_future(move |fut| {
-            let metrics = metrics.clone();
-            let start = Instant::now();
             // One client span per call (retries included), a child of the
             // caller's stage span; `rpc` injects its context as traceparent.
             let span = tracing::info_span!(
@@ -63,17 +64,18 @@ where
                 downstream = name,
                 outcome = tracing::field::Empty,
             );
+            // Made before the future is first polled, so a call dropped even
+            // then is counted (as cancelled).
+            let mut counted = Counted {
+                metrics: metrics.clone(),
+                start: Instant::now(),
+                done: false,
+            };
             let record = span.clone();
             async move {
                 let r: Result<R, DownstreamError> = fut.await;
-                let (outcome, label) = match &r {
-                    Ok(_) => (CallOutcome::Ok, "ok"),
-                    Err(DownstreamError::Timeout) => (CallOutcome::Timeout, "timeout"),
-                    Err(DownstreamError::CircuitOpen) => (CallOutcome::CircuitOpen, "circuit_open"),
-                    Err(DownstreamError::Overloaded) => (CallOutcome::Overloaded, "overloaded"),
-                    Err(_) => (CallOutcome::Error, "error"),
-                };
-                metrics.record(outcome, start.elapsed());
+                let (outcome, label) = outcome_of(&r);
+                counted.finish(outcome);
                 record.record("outcome", label);
                 if let Err(e) = &r {
                     record.record("otel.status_code", "ERROR");
@@ -84,17 +86,53 @@ where
             .instrument(span)
         })
         .map_err(DownstreamError::classify)
-        .layer(DeadlineLayer::new(spec.timeout))
+        .layer(DeadlineLayer)
         .retry(RetryPolicy {
             idempotent: spec.idempotent,
             budget,
             retries_left: 1,
         })
         .layer(breaker)
+        .timeout(spec.timeout)
         .load_shed()
         .concurrency_limit(spec.max_concurrency)
         .service(inner);
     (BoxCloneSyncService::new(svc), handle)
+}
+
+fn outcome_of<R>(r: &Result<R, DownstreamError>) -> (CallOutcome, &'static str) {
+    match r {
+        Ok(_) => (CallOutcome::Ok, "ok"),
+        Err(DownstreamError::Timeout) => (CallOutcome::Timeout, "timeout"),
+        Err(DownstreamError::Deadline) => (CallOutcome::Deadline, "deadline"),
+        Err(DownstreamError::CircuitOpen) => (CallOutcome::CircuitOpen, "circuit_open"),
+        Err(DownstreamError::Overloaded) => (CallOutcome::Overloaded, "overloaded"),
+        Err(_) => (CallOutcome::Error, "error"),
+    }
+}
+
+/// Counts one call in the stack's metrics exactly once: with its outcome
+/// when it finishes, as cancelled when its caller drops it first.
+struct Counted {
+    metrics: Arc<StackMetrics>,
+    start: Instant,
+    done: bool,
+}
+
+impl Counted {
+    fn finish(&mut self, outcome: CallOutcome) {
+        self.done = true;
+        self.metrics.record(outcome, self.start.elapsed());
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics
+                .record(CallOutcome::Cancelled, self.start.elapsed());
+        }
+    }
 }
 
 /// tower clones the policy per call, so `retries_left` bounds one call's
@@ -174,10 +212,116 @@ mod tests {
     }
 
     fn stack(idempotent: bool) -> (Down<u32, u32>, BreakerHandle, mock::Handle<Call<u32>, u32>) {
+        let (svc, breaker, handle, _) = counted_stack(spec(idempotent));
+        (svc, breaker, handle)
+    }
+
+    type Counted = (
+        Down<u32, u32>,
+        BreakerHandle,
+        mock::Handle<Call<u32>, u32>,
+        Arc<crate::metrics::Metrics>,
+    );
+
+    /// A stack whose calls are counted in a real registry.
+    fn counted_stack(spec: StackSpec) -> Counted {
         let (m, handle) = mock::pair::<Call<u32>, u32>();
         let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 100, 0.5));
-        let (svc, breaker) = layered(&spec(idempotent), budget, Arc::default(), m);
-        (svc, breaker, handle)
+        let metrics = Arc::new(crate::metrics::Metrics::new().expect("metrics"));
+        let stack_metrics = Arc::new(metrics.stack(spec.name));
+        let (svc, breaker) = layered(&spec, budget, stack_metrics, m);
+        (svc, breaker, handle, metrics)
+    }
+
+    fn count(metrics: &crate::metrics::Metrics, outcome: &str) -> String {
+        let text = metrics.render(&[], 0);
+        let series =
+            format!("engram_downstream_requests_total{{outcome=\"{outcome}\",stack=\"test\"}}");
+        text.lines()
+            .find(|l| l.starts_with(&series))
+            .and_then(|l| l.rsplit(' ').next())
+            .unwrap_or("0")
+            .to_string()
+    }
+
+    async fn call_by(
+        svc: &Down<u32, u32>,
+        id: &Arc<Identity>,
+        deadline: Instant,
+    ) -> Result<u32, DownstreamError> {
+        crate::downstream::call_until(svc, id, deadline, 1).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_callers_deadline_is_neutral_for_the_breaker() {
+        let (svc, breaker, mut handle, metrics) = counted_stack(spec(true));
+        let id = ident();
+        for _ in 0..5 {
+            let (s, i) = (svc.clone(), id.clone());
+            let deadline = Instant::now() + Duration::from_millis(10);
+            let task = tokio::spawn(async move { call_by(&s, &i, deadline).await });
+            let _pending = handle.next_request().await.expect("request");
+            let r = task.await.expect("join");
+            assert!(matches!(r, Err(DownstreamError::Deadline)), "{r:?}");
+        }
+        assert_eq!(breaker.phase(), BreakerPhase::Closed);
+        assert_eq!(count(&metrics, "deadline"), "5");
+        assert_eq!(count(&metrics, "timeout"), "0");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_call_is_counted_and_releases_a_half_open_trial() {
+        let (svc, breaker, mut handle, metrics) = counted_stack(spec(false));
+        let id = ident();
+        for _ in 0..3 {
+            let (s, i) = (svc.clone(), id.clone());
+            let task = tokio::spawn(async move { call(&s, &i, 1).await });
+            let (_r, send) = handle.next_request().await.expect("request");
+            send.send_error(Status::unavailable("down"));
+            let _ = task.await;
+        }
+        assert_eq!(breaker.phase(), BreakerPhase::Open);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        // The half-open trial's caller hangs up before it is answered...
+        let (s, i) = (svc.clone(), id.clone());
+        let trial = tokio::spawn(async move { call(&s, &i, 2).await });
+        let _pending = handle.next_request().await.expect("trial");
+        trial.abort();
+        let _ = trial.await;
+        assert_eq!(count(&metrics, "cancelled"), "1");
+        // ...which releases the trial: the next call is let through.
+        let (s, i) = (svc.clone(), id.clone());
+        let next = tokio::spawn(async move { call(&s, &i, 3).await });
+        let (req, send) = handle.next_request().await.expect("second trial");
+        assert_eq!(req.msg, 3);
+        send.send_response(4);
+        assert_eq!(next.await.expect("join").expect("ok"), 4);
+        assert_eq!(breaker.phase(), BreakerPhase::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shedding_and_a_busy_downstream_are_neutral() {
+        let mut one = spec(false);
+        one.max_concurrency = 1;
+        let (svc, breaker, mut handle, _metrics) = counted_stack(one);
+        let id = ident();
+        let (s, i) = (svc.clone(), id.clone());
+        let held = tokio::spawn(async move { call(&s, &i, 1).await });
+        let (_r, hold) = handle.next_request().await.expect("held");
+        for _ in 0..5 {
+            let r = call(&svc, &id, 2).await;
+            assert!(matches!(r, Err(DownstreamError::Overloaded)), "{r:?}");
+        }
+        hold.send_response(1);
+        held.await.expect("join").expect("ok");
+        for _ in 0..5 {
+            let (s, i) = (svc.clone(), id.clone());
+            let task = tokio::spawn(async move { call(&s, &i, 3).await });
+            let (_r, send) = handle.next_request().await.expect("request");
+            send.send_error(Status::resource_exhausted("queue full"));
+            assert!(task.await.expect("join").is_err());
+        }
+        assert_eq!(breaker.phase(), BreakerPhase::Closed);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,0 +1,118 @@
+//! One tenant cannot hurt another (issue 16): each test reproduces what a
+//! hostile or hasty tenant did to everyone else, on the real stack (every
+//! service on port 0, the shared test Postgres).
+
+use std::time::Duration;
+
+use engram::client::Client;
+use engram::stack::{Service, Stack, StackOptions};
+use engram_proto::{Memory, RetrieveRequest, UpsertRequest};
+
+/// The whole stack with two tenants, each with its own key.
+async fn two_tenants() -> anyhow::Result<(Stack, Client, Client)> {
+    let settings = engram_tests::settings().await?;
+    let key = |who: &str| format!("k-{who}-{}", uuid::Uuid::new_v4().simple());
+    let (key_a, key_b) = (key("a"), key("b"));
+    let tenant = |who: &str| format!("t-{who}-{}", uuid::Uuid::new_v4().simple());
+    let opts = StackOptions {
+        services: Service::ALL.into_iter().collect(),
+        ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys: vec![
+            (
+                key_a.clone(),
+                tenant("a"),
+                "agent-a".into(),
+                "internal".into(),
+            ),
+            (
+                key_b.clone(),
+                tenant("b"),
+                "agent-b".into(),
+                "internal".into(),
+            ),
+        ],
+    };
+    let stack = Stack::start(settings, opts).await?;
+    let uri = stack
+        .gateway_uri()
+        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
+    let a = Client::connect(&uri, &key_a).await?;
+    let b = Client::connect(&uri, &key_b).await?;
+    Ok((stack, a, b))
+}
+
+fn query(text: &str) -> RetrieveRequest {
+    RetrieveRequest {
+        text: text.into(),
+        no_cache: true,
+        ..Default::default()
+    }
+}
+
+/// The gateway's /metrics lines that start with `prefix`.
+async fn metric_lines(stack: &Stack, prefix: &str) -> anyhow::Result<Vec<String>> {
+    let body = reqwest::get(format!("http://{}/metrics", stack.admin_addr))
+        .await?
+        .text()
+        .await?;
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(str::to_string)
+        .collect())
+}
+
+#[tokio::test]
+async fn a_tenants_cancelled_calls_never_open_anothers_breaker() -> anyhow::Result<()> {
+    let (stack, mut a, mut b) = two_tenants().await?;
+    let memories = (0..12)
+        .map(|i| Memory {
+            id: uuid::Uuid::new_v4().to_string(),
+            memory_type: "semantic".into(),
+            content: format!("Billing migration note {i}: Alice leads the rollout of step {i}."),
+            ..Default::default()
+        })
+        .collect();
+    a.memories.upsert(UpsertRequest { memories }).await?;
+
+    // A deadline gone on arrival (grpc-timeout 1 ms): every downstream call
+    // of the request runs out of the caller's time.
+    for _ in 0..8 {
+        let mut req = tonic::Request::new(query("who leads the billing migration?"));
+        req.set_timeout(Duration::from_millis(1));
+        let _ = a.retrieval.retrieve(req).await;
+    }
+    // A client that hangs up mid-request (cross-encoder usually in flight).
+    for i in 0..8 {
+        let text = format!("which step of the billing migration is number {i}?");
+        let call = a.retrieval.retrieve(query(&text));
+        let _ = tokio::time::timeout(Duration::from_millis(30), call).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let states = metric_lines(&stack, "engram_retrieval_circuit_state").await?;
+    assert!(!states.is_empty());
+    for line in &states {
+        assert!(line.ends_with(" 0"), "a breaker opened: {states:#?}");
+    }
+    // The abandoned calls are counted, as the caller's deadline.
+    let deadline = metric_lines(
+        &stack,
+        "engram_downstream_requests_total{outcome=\"deadline\"",
+    )
+    .await?;
+    assert!(
+        deadline.iter().any(|l| !l.ends_with(" 0")),
+        "no deadline outcome counted: {deadline:#?}"
+    );
+    // Another tenant's ordinary query is answered in full.
+    let r = b
+        .retrieval
+        .retrieve(query("what do we know about the rollout?"))
+        .await?
+        .into_inner();
+    assert!(r.degraded_stages.is_empty(), "{:?}", r.degraded_stages);
+    stack.shutdown().await;
+    Ok(())
+}
