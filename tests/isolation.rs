@@ -116,3 +116,80 @@ async fn a_tenants_cancelled_calls_never_open_anothers_breaker() -> anyhow::Resu
     stack.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_nul_byte_or_an_impossible_time_is_the_callers_error_and_opens_no_breaker()
+-> anyhow::Result<()> {
+    let (stack, mut a, mut b) = two_tenants().await?;
+    let far = prost_types::Timestamp {
+        seconds: -1_000_000_000_000,
+        nanos: 0,
+    };
+    let bad_reads = [
+        ("text", query("who\0 leads?")),
+        (
+            "namespace",
+            RetrieveRequest {
+                namespace: "ns\0".into(),
+                ..query("who leads?")
+            },
+        ),
+        (
+            "agent_scope",
+            RetrieveRequest {
+                agent_scope: vec!["a\0".into()],
+                ..query("who leads?")
+            },
+        ),
+        (
+            "as_of_event",
+            RetrieveRequest {
+                as_of_event: Some(far),
+                ..query("who leads?")
+            },
+        ),
+    ];
+    for _ in 0..3 {
+        for (field, req) in bad_reads.clone() {
+            let e = a.retrieval.retrieve(req).await.expect_err(field);
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{field}: {e:?}");
+            assert!(e.message().contains(field), "{field}: {}", e.message());
+        }
+    }
+    for _ in 0..6 {
+        let m = Memory {
+            content: "a NUL \0 in the content".into(),
+            ..Default::default()
+        };
+        let e = a
+            .memories
+            .upsert(UpsertRequest { memories: vec![m] })
+            .await
+            .expect_err("nul content");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("content"), "{}", e.message());
+    }
+    let states = metric_lines(&stack, "engram_retrieval_circuit_state").await?;
+    for line in &states {
+        assert!(line.ends_with(" 0"), "a breaker opened: {states:#?}");
+    }
+    // The other tenant still writes and reads.
+    let m = Memory {
+        content: "Bob owns the invoice service.".into(),
+        ..Default::default()
+    };
+    b.memories
+        .upsert(UpsertRequest { memories: vec![m] })
+        .await?;
+    let r = b
+        .retrieval
+        .retrieve(query("who owns the invoice service?"))
+        .await?
+        .into_inner();
+    assert!(
+        !r.records.is_empty() && r.degraded_stages.is_empty(),
+        "{r:?}"
+    );
+    stack.shutdown().await;
+    Ok(())
+}

@@ -13,6 +13,7 @@ pub mod scrub;
 pub mod server;
 pub mod settings;
 pub mod telemetry;
+pub mod text;
 
 pub use identity::{AccessLevel, Identity};
 pub use settings::Settings;

@@ -8,6 +8,8 @@ use engram_proto::{
     ConversationMessage, Filters, QueryRoute, RetrievalMode, RetrieveRequest, TimeRange,
 };
 
+use engram_common::text::{check_struct_text, check_text, check_timestamp};
+
 use crate::error::Error;
 
 pub const MAX_TEXT_CHARS: usize = 4096;
@@ -139,21 +141,23 @@ impl TryFrom<RetrieveRequest> for Query {
             return Err(Error::invalid("time_range", "end must not be before start"));
         }
         let mode = Mode::try_from(mode)?;
+        let filters = Filters {
+            memory_types,
+            time_range,
+            agent_scope,
+            namespace,
+            include_consolidated,
+            include_historical,
+            min_confidence,
+            as_of_event,
+            as_of_ingestion,
+            metadata: metadata_filter,
+            decay_floor: 0.0,
+        };
+        check_storable(&text, &hypotheses, &turn_id, &filters)?;
         Ok(Self {
             text,
-            filters: Filters {
-                memory_types,
-                time_range,
-                agent_scope,
-                namespace,
-                include_consolidated,
-                include_historical,
-                min_confidence,
-                as_of_event,
-                as_of_ingestion,
-                metadata: metadata_filter,
-                decay_floor: 0.0,
-            },
+            filters,
             limit,
             mode,
             hypotheses,
@@ -206,6 +210,51 @@ fn checked_text(text: String, conversation: &[ConversationMessage]) -> Result<St
     Ok(text)
 }
 
+/// Every caller string free of control characters and every time one
+/// Postgres can store (engram_common::text): a NUL byte or the year 300000
+/// is the caller's mistake, named here, not a database error downstream.
+fn check_storable(
+    text: &str,
+    hypotheses: &[String],
+    turn_id: &str,
+    f: &Filters,
+) -> Result<(), Error> {
+    let texts = [
+        ("text", text),
+        ("turn_id", turn_id),
+        ("namespace", &f.namespace),
+    ];
+    for (field, s) in texts {
+        check_text(s).map_err(|rule| Error::invalid(field, rule))?;
+    }
+    let lists = [
+        ("hypotheses", hypotheses),
+        ("agent_scope", &f.agent_scope),
+        ("memory_types", &f.memory_types),
+    ];
+    for (field, list) in lists {
+        for s in list {
+            check_text(s).map_err(|rule| Error::invalid(field, rule))?;
+        }
+    }
+    if let Some(m) = &f.metadata {
+        check_struct_text(m).map_err(|rule| Error::invalid("metadata_filter", rule))?;
+    }
+    let range = f.time_range.as_ref();
+    let times = [
+        ("time_range.start", range.and_then(|r| r.start.as_ref())),
+        ("time_range.end", range.and_then(|r| r.end.as_ref())),
+        ("as_of_event", f.as_of_event.as_ref()),
+        ("as_of_ingestion", f.as_of_ingestion.as_ref()),
+    ];
+    for (field, ts_opt) in times {
+        if let Some(ts) = ts_opt {
+            check_timestamp(ts).map_err(|rule| Error::invalid(field, rule))?;
+        }
+    }
+    Ok(())
+}
+
 fn check_hypotheses(hypotheses: &[String]) -> Result<(), Error> {
     if hypotheses.len() > MAX_HYPOTHESES {
         return Err(Error::invalid(
@@ -247,6 +296,7 @@ pub fn query_text(messages: &[ConversationMessage]) -> Result<String, Error> {
                 "must be user, assistant, system or tool",
             ));
         }
+        check_text(&m.content).map_err(|rule| Error::invalid("conversation.content", rule))?;
         if m.content.chars().count() > MAX_MESSAGE_CHARS {
             return Err(Error::invalid(
                 "conversation.content",
@@ -384,6 +434,31 @@ mod tests {
                 ..req("q")
             }),
             "token_budget"
+        );
+        assert_eq!(field_of(req("a\0b")), "text");
+        assert_eq!(
+            field_of(RetrieveRequest {
+                namespace: "ns\0".into(),
+                ..req("q")
+            }),
+            "namespace"
+        );
+        assert_eq!(
+            field_of(RetrieveRequest {
+                agent_scope: vec!["ok".into(), "a\u{7}".into()],
+                ..req("q")
+            }),
+            "agent_scope"
+        );
+        assert_eq!(
+            field_of(RetrieveRequest {
+                as_of_event: Some(prost_types::Timestamp {
+                    seconds: -1_000_000_000_000,
+                    nanos: 0,
+                }),
+                ..req("q")
+            }),
+            "as_of_event"
         );
         let q = Query::try_from(RetrieveRequest {
             mode: RetrievalMode::Hybrid as i32,

@@ -54,6 +54,15 @@ impl From<Error> for tonic::Status {
             Error::ModelUnavailable(m) => tonic::Status::failed_precondition(m),
             Error::Conflict(m) => tonic::Status::aborted(m),
             Error::Identity(e) => e.into(),
+            // Data exceptions (SQLSTATE class 22: a value Postgres cannot
+            // store or compare) are the caller's input, not our failure;
+            // the boundary should have named the field already.
+            Error::Database(sqlx::Error::Database(db))
+                if db.code().is_some_and(|c| c.starts_with("22")) =>
+            {
+                tracing::warn!(error = %db, "database refused a value");
+                tonic::Status::invalid_argument(format!("invalid value: {}", db.message()))
+            }
             Error::Database(e) => {
                 tracing::error!(error = %e, "database error");
                 match e {

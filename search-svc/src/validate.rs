@@ -5,6 +5,7 @@
 use chrono::{DateTime, Utc};
 use engram_common::AccessLevel;
 use engram_common::convert::{struct_to_json, ts_to_chrono};
+use engram_common::text::{check_struct_text, check_text, check_timestamp};
 use engram_proto as pb;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -80,9 +81,12 @@ pub fn parse_uuid(field: &str, s: &str) -> Result<Uuid> {
 fn timestamp(field: &str, ts_opt: Option<prost_types::Timestamp>) -> Result<Option<DateTime<Utc>>> {
     match ts_opt {
         None => Ok(None),
-        Some(ts) => ts_to_chrono(&ts)
-            .map(Some)
-            .ok_or_else(|| Error::invalid(field, "is not a valid timestamp")),
+        Some(ts) => {
+            check_timestamp(&ts).map_err(|rule| Error::invalid(field, rule))?;
+            ts_to_chrono(&ts)
+                .map(Some)
+                .ok_or_else(|| Error::invalid(field, "is not a valid timestamp"))
+        }
     }
 }
 
@@ -122,7 +126,14 @@ fn check_unit(field: &str, v: f32) -> Result<()> {
     }
 }
 
+/// No control characters (engram_common::text): Postgres refuses NUL, and
+/// a refused write must be the caller's error, not a database failure.
+fn check_plain(field: &str, s: &str) -> Result<()> {
+    check_text(s).map_err(|rule| Error::invalid(field, rule))
+}
+
 fn check_name(field: &str, s: &str) -> Result<()> {
+    check_plain(field, s)?;
     if s.trim().is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
     }
@@ -136,6 +147,9 @@ fn check_name(field: &str, s: &str) -> Result<()> {
 }
 
 fn metadata_json(field: &str, s_opt: Option<prost_types::Struct>) -> Result<serde_json::Value> {
+    if let Some(s) = &s_opt {
+        check_struct_text(s).map_err(|rule| Error::invalid(field, rule))?;
+    }
     let v = s_opt
         .map(|s| struct_to_json(&s))
         .unwrap_or_else(|| serde_json::Value::Object(Default::default()));
@@ -187,6 +201,7 @@ impl NewMemory {
         } else {
             namespace
         };
+        check_plain(&f("namespace"), &namespace)?;
         if namespace.chars().count() > MAX_NAMESPACE_CHARS {
             return Err(Error::invalid(
                 f("namespace"),
@@ -199,6 +214,9 @@ impl NewMemory {
             memory_type
         };
         check_label(&f("memory_type"), &memory_type)?;
+        check_plain(&f("content"), &content)?;
+        check_plain(&f("title"), &title)?;
+        check_plain(&f("source"), &source)?;
         if content.trim().is_empty() {
             return Err(Error::invalid(f("content"), "must not be empty"));
         }
@@ -514,6 +532,10 @@ impl SearchFilters {
                 "must have at most 256 items",
             ));
         }
+        check_plain(&n("namespace"), &namespace)?;
+        for (i, a) in agent_scope.iter().enumerate() {
+            check_plain(&n(&format!("agent_scope[{i}]")), a)?;
+        }
         if namespace.chars().count() > MAX_NAMESPACE_CHARS {
             return Err(Error::invalid(
                 n("namespace"),
@@ -556,6 +578,7 @@ fn check_k(k: u32) -> Result<u32> {
 }
 
 fn check_query_text(text: &str) -> Result<()> {
+    check_plain("text", text)?;
     if text.chars().count() > MAX_QUERY_CHARS {
         return Err(Error::invalid(
             "text",
@@ -644,6 +667,7 @@ impl TryFrom<pb::EmbedRequest> for EmbedTexts {
             ));
         }
         for (i, t) in texts.iter().enumerate() {
+            check_plain(&format!("texts[{i}]"), t)?;
             if t.len() > MAX_CONTENT_BYTES {
                 return Err(Error::invalid(
                     format!("texts[{i}]"),
@@ -687,6 +711,7 @@ impl TryFrom<pb::StoreFeedbackRequest> for FeedbackBatch {
                 signal,
                 value,
             } = it;
+            check_plain(&format!("items[{i}].query_id"), &query_id)?;
             if query_id.is_empty() || query_id.len() > 128 {
                 return Err(Error::invalid(
                     format!("items[{i}].query_id"),
@@ -762,6 +787,24 @@ mod tests {
                 "memories[0].embedding",
             ),
             (mem(""), "memories[0].content"),
+            (mem("nul \0 byte"), "memories[0].content"),
+            (
+                pb::Memory {
+                    namespace: "ns\u{1b}".into(),
+                    ..mem("a")
+                },
+                "memories[0].namespace",
+            ),
+            (
+                pb::Memory {
+                    event_time: Some(prost_types::Timestamp {
+                        seconds: -1_000_000_000_000,
+                        nanos: 0,
+                    }),
+                    ..mem("a")
+                },
+                "memories[0].event_time",
+            ),
         ];
         for (m, field) in cases {
             let err =

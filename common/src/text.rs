@@ -1,0 +1,134 @@
+//! Rules every boundary applies to caller text and times, so a value that
+//! Postgres would refuse (a NUL byte, the year 300000) is rejected as the
+//! caller's mistake with the field named, and never reaches the database as
+//! a server error that counts against a downstream's health.
+
+use prost_types::value::Kind;
+use prost_types::{Struct, Timestamp};
+
+/// The rule [`check_text`] enforces, as it is reported.
+pub const TEXT_RULE: &str =
+    "must not contain control characters (tab, newline and carriage return are allowed)";
+/// The rule [`check_timestamp`] enforces, as it is reported.
+pub const TIMESTAMP_RULE: &str = "must be between 0001-01-01 and 9999-12-31 (UTC)";
+
+/// 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z in Unix seconds: well inside
+/// both Postgres' and chrono's ranges.
+const MIN_SECONDS: i64 = -62_135_596_800;
+const MAX_SECONDS: i64 = 253_402_300_799;
+
+/// No control character but tab, newline and carriage return (NUL is what
+/// Postgres refuses; the rest has no place in memory text either).
+pub fn check_text(s: &str) -> Result<(), &'static str> {
+    match s
+        .chars()
+        .any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+    {
+        true => Err(TEXT_RULE),
+        false => Ok(()),
+    }
+}
+
+pub fn check_timestamp(ts: &Timestamp) -> Result<(), &'static str> {
+    let in_range =
+        (MIN_SECONDS..=MAX_SECONDS).contains(&ts.seconds) && (0..1_000_000_000).contains(&ts.nanos);
+    match in_range {
+        true => Ok(()),
+        false => Err(TIMESTAMP_RULE),
+    }
+}
+
+/// [`check_text`] for every key and string value of a metadata struct,
+/// nested ones included.
+pub fn check_struct_text(s: &Struct) -> Result<(), &'static str> {
+    for (key, value) in &s.fields {
+        check_text(key)?;
+        check_kind_text(value.kind.as_ref())?;
+    }
+    Ok(())
+}
+
+fn check_kind_text(kind_opt: Option<&Kind>) -> Result<(), &'static str> {
+    match kind_opt {
+        Some(Kind::StringValue(s)) => check_text(s),
+        Some(Kind::StructValue(s)) => check_struct_text(s),
+        Some(Kind::ListValue(l)) => l
+            .values
+            .iter()
+            .try_for_each(|v| check_kind_text(v.kind.as_ref())),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost_types::{ListValue, Value};
+
+    use super::*;
+
+    #[test]
+    fn control_characters_are_refused_but_whitespace_is_not() {
+        assert!(check_text("a\tb\nc\r\nd é ✓ \u{301}").is_ok());
+        assert!(check_text("a\0b").is_err());
+        assert!(check_text("\u{1b}[31m").is_err());
+        assert!(check_text("\u{85}").is_err());
+    }
+
+    #[test]
+    fn timestamps_stay_within_four_digit_years() {
+        assert!(
+            check_timestamp(&Timestamp {
+                seconds: 0,
+                nanos: 0
+            })
+            .is_ok()
+        );
+        assert!(
+            check_timestamp(&Timestamp {
+                seconds: MAX_SECONDS,
+                nanos: 999_999_999
+            })
+            .is_ok()
+        );
+        assert!(
+            check_timestamp(&Timestamp {
+                seconds: -1_000_000_000_000,
+                nanos: 0
+            })
+            .is_err()
+        );
+        assert!(
+            check_timestamp(&Timestamp {
+                seconds: MAX_SECONDS + 1,
+                nanos: 0
+            })
+            .is_err()
+        );
+        assert!(
+            check_timestamp(&Timestamp {
+                seconds: 0,
+                nanos: -1
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn metadata_is_checked_all_the_way_down() {
+        let nested = |s: &str| Struct {
+            fields: [(
+                "k".to_string(),
+                Value {
+                    kind: Some(Kind::ListValue(ListValue {
+                        values: vec![Value {
+                            kind: Some(Kind::StringValue(s.into())),
+                        }],
+                    })),
+                },
+            )]
+            .into(),
+        };
+        assert!(check_struct_text(&nested("fine")).is_ok());
+        assert!(check_struct_text(&nested("no\0")).is_err());
+    }
+}
