@@ -6,7 +6,12 @@ use std::time::Duration;
 
 use engram::client::Client;
 use engram::stack::{Service, Stack, StackOptions};
-use engram_proto::{Memory, RetrieveRequest, UpsertRequest};
+use engram_common::convert::json_to_struct;
+use engram_proto::memory_service_client::MemoryServiceClient;
+use engram_proto::working_memory_service_client::WorkingMemoryServiceClient;
+use engram_proto::{
+    AccessLevel, DeleteRequest, GetMemoryRequest, Memory, RetrieveRequest, UpsertRequest,
+};
 
 /// The whole stack with two tenants, each with its own key.
 async fn two_tenants() -> anyhow::Result<(Stack, Client, Client)> {
@@ -189,6 +194,111 @@ async fn a_nul_byte_or_an_impossible_time_is_the_callers_error_and_opens_no_brea
     assert!(
         !r.records.is_empty() && r.degraded_stages.is_empty(),
         "{r:?}"
+    );
+    stack.shutdown().await;
+    Ok(())
+}
+
+fn authed<T>(key: &str, msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {key}").parse().expect("ascii key"),
+    );
+    r
+}
+
+#[tokio::test]
+async fn a_public_key_cannot_overwrite_delete_or_count_an_agents_sensitive_fragments()
+-> anyhow::Result<()> {
+    // One agent with two keys: sensitive and public.
+    let settings = engram_tests::settings().await?;
+    let tenant = format!("t-{}", uuid::Uuid::new_v4().simple());
+    let high = format!("k-high-{}", uuid::Uuid::new_v4().simple());
+    let low = format!("k-low-{}", uuid::Uuid::new_v4().simple());
+    let opts = StackOptions {
+        services: Service::ALL.into_iter().collect(),
+        ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys: vec![
+            (
+                high.clone(),
+                tenant.clone(),
+                "agent-1".into(),
+                "sensitive".into(),
+            ),
+            (low.clone(), tenant, "agent-1".into(), "public".into()),
+        ],
+    };
+    let stack = Stack::start(settings, opts).await?;
+    let uri = stack
+        .gateway_uri()
+        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
+    let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
+    let mut wm = WorkingMemoryServiceClient::connect(uri).await?;
+    let session = format!("s-{}", uuid::Uuid::new_v4().simple());
+    let id = uuid::Uuid::new_v4().to_string();
+    let note = |content: &str, level: AccessLevel| Memory {
+        id: id.clone(),
+        memory_type: "working".into(),
+        content: content.into(),
+        access_level: level as i32,
+        metadata: Some(json_to_struct(
+            &serde_json::json!({ "session_id": session }),
+        )),
+        ..Default::default()
+    };
+    let secret = note("The launch code is blue.", AccessLevel::Sensitive);
+    mem.upsert(authed(
+        &high,
+        UpsertRequest {
+            memories: vec![secret],
+        },
+    ))
+    .await?;
+
+    let overwrite = note("The launch code is red.", AccessLevel::Public);
+    let e = mem
+        .upsert(authed(
+            &low,
+            UpsertRequest {
+                memories: vec![overwrite],
+            },
+        ))
+        .await
+        .expect_err("public overwrite of a sensitive fragment");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("memories[0].id"), "{}", e.message());
+    let deleted = mem
+        .delete(authed(
+            &low,
+            DeleteRequest {
+                ids: vec![id.clone()],
+            },
+        ))
+        .await?
+        .into_inner();
+    assert_eq!(deleted.deleted, 0);
+
+    let get = |key: &str| {
+        authed(
+            key,
+            GetMemoryRequest {
+                query: "what is the launch code?".into(),
+                session_id: session.clone(),
+                compact: true,
+                ..Default::default()
+            },
+        )
+    };
+    let seen_low = wm.get_memory(get(&low)).await?.into_inner();
+    assert!(seen_low.items.iter().all(|i| i.id != id), "{seen_low:?}");
+    assert_eq!(seen_low.working_candidates, 0, "{seen_low:?}");
+    let seen_high = wm.get_memory(get(&high)).await?.into_inner();
+    let item = seen_high.items.iter().find(|i| i.id == id);
+    assert!(
+        item.is_some_and(|i| i.content == "The launch code is blue."),
+        "{seen_high:?}"
     );
     stack.shutdown().await;
     Ok(())

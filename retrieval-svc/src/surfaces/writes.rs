@@ -75,6 +75,15 @@ pub async fn upsert(
             stored.push(m);
         }
     }
+    let unwritable = |i: usize| -> Error {
+        let at = working_at.get(i).copied().unwrap_or(i);
+        Error::PermissionDenied(format!(
+            "memories[{at}].id: a working-memory fragment above the caller's trust level has this id"
+        ))
+    };
+    if let Some(i) = gw.working().first_unwritable(&identity, &writes) {
+        return Err(unwritable(i));
+    }
     let tenant = identity.tenant.clone();
     let identity = Arc::new(identity);
     let mut results = Vec::new();
@@ -87,7 +96,9 @@ pub async fn upsert(
         tracing::info!(tenant = %tenant, count = results.len(), "upserted memories");
     }
     if !writes.is_empty() {
-        let wm = working::write_working(gw, &identity, writes).await;
+        let wm = working::write_working(gw, &identity, writes)
+            .await
+            .map_err(unwritable)?;
         for (i, r) in working_at.into_iter().zip(wm) {
             results.insert(i.min(results.len()), r);
         }

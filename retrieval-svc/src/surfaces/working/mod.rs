@@ -35,13 +35,15 @@ fn ts(dt: DateTime<Utc>) -> prost_types::Timestamp {
     engram_common::convert::chrono_to_ts(dt)
 }
 
-/// Embeds the fragments that came without a vector, in one call; a
-/// failure leaves them text-matchable only rather than failing the write.
+/// Embeds the fragments that came without a vector, in one call (a
+/// failure leaves them text-matchable only rather than failing the write),
+/// then stores them all or none: `Err(i)` when write `i` would replace a
+/// fragment above the caller's trust.
 pub(crate) async fn write_working(
     gw: &Gateway,
     identity: &Arc<Identity>,
     mut writes: Vec<WorkingWrite>,
-) -> Vec<UpsertResult> {
+) -> Result<Vec<UpsertResult>, usize> {
     let need: Vec<usize> = (0..writes.len())
         .filter(|&i| writes[i].embedding_opt.is_none())
         .collect();
@@ -61,14 +63,14 @@ pub(crate) async fn write_working(
             }
         }
     }
-    let r = gw.working().put(identity, writes, Utc::now());
+    let r = gw.working().put(identity, writes, Utc::now())?;
     tracing::info!(
         tenant = %identity.tenant,
         agent = %identity.agent_id,
         count = r.len(),
         "wrote working memory"
     );
-    r
+    Ok(r)
 }
 
 /// Working memory first; the graph when nothing in the session matches.

@@ -289,6 +289,16 @@ impl State {
     }
 }
 
+fn first_unwritable(st: &State, identity: &Identity, writes: &[WorkingWrite]) -> Option<usize> {
+    writes.iter().position(|w| {
+        let key = SessionKey::new(identity, &w.session_id);
+        st.sessions
+            .get(&key)
+            .and_then(|s| s.fragments.get(&w.id))
+            .is_some_and(|f| f.access > identity.trust)
+    })
+}
+
 /// The in-process store. One short lock per call; ranking (cosine over the
 /// session's fragments) happens on clones outside it.
 pub struct WorkingMemory {
@@ -356,13 +366,26 @@ impl WorkingMemory {
     /// Writes (or rewrites, by id) fragments of one identity; a rewrite with
     /// new content bumps the version. Full sessions lose their least recently
     /// used fragment, a full store its least recently used session.
+    /// The index of the first write that would replace a fragment stored
+    /// above the caller's trust: a public key of an agent must not overwrite
+    /// what the same agent wrote at a higher level.
+    pub fn first_unwritable(&self, identity: &Identity, writes: &[WorkingWrite]) -> Option<usize> {
+        let st = self.state.lock();
+        first_unwritable(&st, identity, writes)
+    }
+
+    /// Stores `writes`, all or none: `Err(i)` when write `i` would replace a
+    /// fragment above the caller's trust ([`Self::first_unwritable`]).
     pub fn put(
         &self,
         identity: &Identity,
         writes: Vec<WorkingWrite>,
         now: DateTime<Utc>,
-    ) -> Vec<UpsertResult> {
+    ) -> Result<Vec<UpsertResult>, usize> {
         let mut st = self.state.lock();
+        if let Some(i) = first_unwritable(&st, identity, &writes) {
+            return Err(i);
+        }
         let mut out = Vec::with_capacity(writes.len());
         for w in writes {
             let key = SessionKey::new(identity, &w.session_id);
@@ -433,7 +456,7 @@ impl WorkingMemory {
             });
         }
         self.gauges(&st);
-        out
+        Ok(out)
     }
 
     /// Makes room for one session: expired fragments everywhere first, then
@@ -479,7 +502,7 @@ impl WorkingMemory {
             return (Vec::new(), 0);
         };
         s.used = tick;
-        let total = s.fragments.len();
+        let total = s.fragments.values().filter(|f| f.access <= trust).count();
         let out = s
             .fragments
             .values()
@@ -510,7 +533,12 @@ impl WorkingMemory {
         st.sessions.retain(|k, s| {
             if k.tenant == identity.tenant && k.agent == identity.agent_id {
                 for id in ids {
-                    if s.fragments.remove(id).is_some() {
+                    // Above the caller's trust is as if absent.
+                    if s.fragments
+                        .get(id)
+                        .is_some_and(|f| f.access <= identity.trust)
+                    {
+                        s.fragments.remove(id);
                         n += 1;
                     }
                 }
@@ -765,7 +793,8 @@ mod tests {
         let a = ident("t1", "agent", AccessLevel::Sensitive);
         let mut secret = write("s", 1, "launch code is blue", 1.0);
         secret.access = AccessLevel::Sensitive;
-        wm.put(&a, vec![secret, write("s", 2, "lunch at noon", 1.0)], now);
+        wm.put(&a, vec![secret, write("s", 2, "lunch at noon", 1.0)], now)
+            .expect("stored");
         let (v, total) = wm.visible(&SessionKey::new(&a, "s"), AccessLevel::Sensitive, 0.0, now);
         assert_eq!((v.len(), total), (2, 2));
         let (v, _) = wm.visible(&SessionKey::new(&a, "s"), AccessLevel::Public, 0.0, now);
@@ -785,6 +814,29 @@ mod tests {
     }
 
     #[test]
+    fn a_lower_trust_key_cannot_overwrite_delete_or_count_higher_fragments() {
+        let wm = WorkingMemory::new(&settings(10, 10)).expect("metrics");
+        let now = Utc::now();
+        let high = ident("t1", "agent", AccessLevel::Sensitive);
+        let low = ident("t1", "agent", AccessLevel::Public);
+        let mut secret = write("s", 1, "launch code is blue", 1.0);
+        secret.access = AccessLevel::Sensitive;
+        wm.put(&high, vec![secret], now).expect("stored");
+        let overwrite = write("s", 1, "launch code is red", 1.0);
+        assert_eq!(
+            wm.put(&low, vec![write("s", 2, "fine", 1.0), overwrite], now),
+            Err(1)
+        );
+        let key = SessionKey::new(&low, "s");
+        let (v, total) = wm.visible(&key, AccessLevel::Public, 0.0, now);
+        assert_eq!((v.len(), total), (0, 0), "nothing written, nothing counted");
+        assert_eq!(wm.delete(&low, &[uuid::Uuid::from_u128(1).to_string()]), 0);
+        let (v, total) = wm.visible(&key, AccessLevel::Sensitive, 0.0, now);
+        assert_eq!((v.len(), total), (1, 1));
+        assert_eq!(v[0].content, "launch code is blue");
+    }
+
+    #[test]
     fn ttl_and_lru_evict() {
         let wm = WorkingMemory::new(&settings(2, 2)).expect("metrics");
         let now = Utc::now();
@@ -794,21 +846,27 @@ mod tests {
             &a,
             vec![write("s", 1, "one", 1.0), write("s", 2, "two", 1.0)],
             now,
-        );
+        )
+        .expect("stored");
         // Reading 1 makes 2 the least recently used.
         wm.touch(&key, &[&uuid::Uuid::from_u128(1).to_string()]);
-        wm.put(&a, vec![write("s", 3, "three", 1.0)], now);
+        wm.put(&a, vec![write("s", 3, "three", 1.0)], now)
+            .expect("stored");
         let (v, _) = wm.visible(&key, AccessLevel::Public, 0.0, now);
         let mut ids: Vec<String> = v.into_iter().map(|f| f.content).collect();
         ids.sort();
         assert_eq!(ids, ["one", "three"]);
         // A rewrite bumps the version and does not evict.
-        let r = wm.put(&a, vec![write("s", 3, "three!", 1.0)], now);
+        let r = wm
+            .put(&a, vec![write("s", 3, "three!", 1.0)], now)
+            .expect("stored");
         assert_eq!((r[0].version, r[0].created), (2, false));
         // Sessions: a third one evicts the least recently used session.
-        wm.put(&a, vec![write("s2", 10, "x", 1.0)], now);
+        wm.put(&a, vec![write("s2", 10, "x", 1.0)], now)
+            .expect("stored");
         wm.visible(&key, AccessLevel::Public, 0.0, now);
-        wm.put(&a, vec![write("s3", 11, "y", 1.0)], now);
+        wm.put(&a, vec![write("s3", 11, "y", 1.0)], now)
+            .expect("stored");
         let (v, _) = wm.visible(&SessionKey::new(&a, "s2"), AccessLevel::Public, 0.0, now);
         assert!(v.is_empty());
         assert_eq!(wm.visible(&key, AccessLevel::Public, 0.0, now).0.len(), 2);
@@ -829,13 +887,16 @@ mod tests {
         let now = Utc::now();
         let a = ident("t", "a", AccessLevel::Public);
         let t0 = now - chrono::Duration::minutes(20);
-        wm.put(&a, vec![write("s", 1, "deadline is Monday", 1.0)], t0);
+        wm.put(&a, vec![write("s", 1, "deadline is Monday", 1.0)], t0)
+            .expect("stored");
         wm.put(
             &a,
             vec![write("s", 2, "deadline moved to Friday", 0.2)],
             now,
-        );
-        wm.put(&a, vec![write("s", 3, "buy oat milk", 1.0)], now);
+        )
+        .expect("stored");
+        wm.put(&a, vec![write("s", 3, "buy oat milk", 1.0)], now)
+            .expect("stored");
         let (v, _) = wm.visible(&SessionKey::new(&a, "s"), AccessLevel::Public, 0.0, now);
         let hits = rank(v.clone(), "when is the deadline?", None, 0.5, 10);
         let contents: Vec<&str> = hits.iter().map(|h| h.fragment.content.as_str()).collect();
@@ -853,7 +914,7 @@ mod tests {
         w.embedding_opt = Some(vec![1.0, 0.0, 0.0]);
         let wm = WorkingMemory::new(&settings(10, 10)).expect("metrics");
         let a = ident("t", "a", AccessLevel::Public);
-        wm.put(&a, vec![w], now);
+        wm.put(&a, vec![w], now).expect("stored");
         let (v, _) = wm.visible(&SessionKey::new(&a, "s"), AccessLevel::Public, 0.0, now);
         let hits = rank(v.clone(), "revenue report", Some(&[0.9, 0.1, 0.0]), 0.5, 10);
         assert_eq!(hits.len(), 1);
