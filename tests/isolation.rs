@@ -303,3 +303,102 @@ async fn a_public_key_cannot_overwrite_delete_or_count_an_agents_sensitive_fragm
     stack.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn raw_vectors_and_higher_supersedes_targets_never_leave_the_service() -> anyhow::Result<()> {
+    let settings = engram_tests::settings().await?;
+    let tenant = format!("t-{}", uuid::Uuid::new_v4().simple());
+    let high = format!("k-high-{}", uuid::Uuid::new_v4().simple());
+    let low = format!("k-low-{}", uuid::Uuid::new_v4().simple());
+    let opts = StackOptions {
+        services: Service::ALL.into_iter().collect(),
+        ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys: vec![
+            (
+                high.clone(),
+                tenant.clone(),
+                "agent-1".into(),
+                "sensitive".into(),
+            ),
+            (low.clone(), tenant, "agent-1".into(), "public".into()),
+        ],
+    };
+    let stack = Stack::start(settings, opts).await?;
+    let uri = stack
+        .gateway_uri()
+        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
+    let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
+    let (old_id, new_id) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let old = Memory {
+        id: old_id.to_string(),
+        content: "The vault combination is 4-8-15, noted by the security team.".into(),
+        access_level: AccessLevel::Sensitive as i32,
+        ..Default::default()
+    };
+    let new = Memory {
+        id: new_id.to_string(),
+        content: "The vault combination was changed; ask the security team.".into(),
+        access_level: AccessLevel::Public as i32,
+        supersedes: old_id.to_string(),
+        ..Default::default()
+    };
+    mem.upsert(authed(
+        &high,
+        UpsertRequest {
+            memories: vec![old],
+        },
+    ))
+    .await?;
+    mem.upsert(authed(
+        &high,
+        UpsertRequest {
+            memories: vec![new],
+        },
+    ))
+    .await?;
+
+    let get = |key: &str| {
+        authed(
+            key,
+            engram_proto::GetRequest {
+                ids: vec![new_id.to_string()],
+                include_embedding: true,
+            },
+        )
+    };
+    let seen_low = mem.get(get(&low)).await?.into_inner().memories;
+    assert_eq!(seen_low.len(), 1, "{seen_low:?}");
+    assert!(
+        seen_low[0].embedding.is_empty(),
+        "an embedding left the service"
+    );
+    assert_eq!(seen_low[0].supersedes, "", "a sensitive id leaked");
+    let seen_high = mem.get(get(&high)).await?.into_inner().memories;
+    assert!(
+        seen_high[0].embedding.is_empty(),
+        "an embedding left the service"
+    );
+    assert_eq!(seen_high[0].supersedes, old_id.to_string());
+
+    let mut low_client = Client::connect(
+        &stack
+            .gateway_uri()
+            .ok_or_else(|| anyhow::anyhow!("no gateway"))?,
+        &low,
+    )
+    .await?;
+    let r = low_client
+        .retrieval
+        .retrieve(query("what is the vault combination?"))
+        .await?
+        .into_inner();
+    let found: Vec<_> = r.records.iter().filter_map(|s| s.memory.as_ref()).collect();
+    assert!(
+        found.iter().any(|m| m.id == new_id.to_string()),
+        "{found:?}"
+    );
+    assert!(found.iter().all(|m| m.supersedes.is_empty()), "{found:?}");
+    stack.shutdown().await;
+    Ok(())
+}

@@ -27,13 +27,15 @@ pub async fn get(pool: &PgPool, identity: &Identity, q: GetQuery) -> Result<Vec<
            CASE WHEN $4 THEN m.embedding END AS embedding \
          FROM memories m WHERE m.tenant_id = $1 AND m.access_level <= $2 AND m.id = ANY($3)"
     );
-    let rows: Vec<GetRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let mut rows: Vec<GetRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(&identity.tenant)
         .bind(identity.trust.as_i16())
         .bind(&q.ids)
         .bind(q.include_embedding)
         .fetch_all(pool)
         .await?;
+    let memories = rows.iter_mut().map(|r| &mut r.memory);
+    crate::rows::hide_unreadable_supersedes(pool, identity, memories).await?;
     let mut by_id: std::collections::HashMap<Uuid, pb::Memory> = rows
         .into_iter()
         .map(|r| {

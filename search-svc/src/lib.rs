@@ -104,7 +104,7 @@ impl SearchSvc {
         q: KeywordQuery,
         scoring: Scoring,
     ) -> Result<Vec<pb::SearchHit>, Error> {
-        let rows = keyword::search(
+        let mut rows = keyword::search(
             &self.inner.pool,
             identity,
             &q.text,
@@ -117,6 +117,8 @@ impl SearchSvc {
             },
         )
         .await?;
+        let memories = rows.iter_mut().map(|(m, _)| m);
+        rows::hide_unreadable_supersedes(&self.inner.pool, identity, memories).await?;
         Ok(rows::hits(rows))
     }
 }
@@ -172,7 +174,7 @@ impl SearchService for SearchSvc {
                 (e.clone(), e)
             }
         };
-        let rows = dense::search(
+        let mut rows = dense::search(
             &self.inner.pool,
             &identity,
             &embedding,
@@ -182,6 +184,10 @@ impl SearchService for SearchSvc {
         )
         .await
         .map_err(Status::from)?;
+        let memories = rows.iter_mut().map(|(m, _)| m);
+        rows::hide_unreadable_supersedes(&self.inner.pool, &identity, memories)
+            .await
+            .map_err(Error::from)?;
         Ok(Response::new(pb::SearchResponse {
             hits: rows::hits(rows),
             query_embedding,

@@ -1,6 +1,9 @@
 //! Mapping between `memories` rows and the proto `Memory`.
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Utc};
+use engram_common::Identity;
 use engram_common::convert::{chrono_to_ts, json_to_struct};
 use engram_proto as pb;
 use uuid::Uuid;
@@ -34,6 +37,40 @@ pub struct MemoryRow {
     pub consolidated: bool,
     pub metadata: serde_json::Value,
     pub source: String,
+}
+
+/// Blanks `supersedes` where the memory it names is above the reader's
+/// trust (or gone): a reader must not learn the id, or the existence, of a
+/// memory it cannot read through the one that replaced it. One indexed
+/// query, and none when no row supersedes anything.
+pub async fn hide_unreadable_supersedes<'a>(
+    pool: &sqlx::PgPool,
+    identity: &Identity,
+    rows: impl IntoIterator<Item = &'a mut MemoryRow>,
+) -> Result<(), sqlx::Error> {
+    let rows: Vec<&mut MemoryRow> = rows
+        .into_iter()
+        .filter(|r| r.supersedes.is_some())
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let targets: Vec<Uuid> = rows.iter().filter_map(|r| r.supersedes).collect();
+    let readable: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM memories WHERE tenant_id = $1 AND access_level <= $2 AND id = ANY($3)",
+    )
+    .bind(&identity.tenant)
+    .bind(identity.trust.as_i16())
+    .bind(&targets)
+    .fetch_all(pool)
+    .await?;
+    let readable: HashSet<Uuid> = readable.into_iter().collect();
+    for r in rows {
+        if r.supersedes.is_some_and(|t| !readable.contains(&t)) {
+            r.supersedes = None;
+        }
+    }
+    Ok(())
 }
 
 /// A search hit: the memory plus the raw score column computed in SQL.

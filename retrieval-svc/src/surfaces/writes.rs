@@ -122,9 +122,17 @@ pub async fn delete(
     Ok(r)
 }
 
-/// Only the caller's own tenant and trust, whatever search-svc returned.
-pub async fn get(gw: &Gateway, identity: Identity, req: GetRequest) -> Result<GetResponse, Error> {
+/// Only the caller's own tenant and trust, whatever search-svc returned,
+/// and never an embedding: raw vectors do not leave the service (they can
+/// be inverted into the text they encode), so `include_embedding` is
+/// ignored on the public API.
+pub async fn get(
+    gw: &Gateway,
+    identity: Identity,
+    mut req: GetRequest,
+) -> Result<GetResponse, Error> {
     check_batch("ids", req.ids.len(), MAX_WRITE_BATCH)?;
+    req.include_embedding = false;
     let identity = Arc::new(identity);
     let mut r = call(&gw.downstreams().get, &identity, req)
         .await
