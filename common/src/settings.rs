@@ -161,11 +161,23 @@ pub struct ApiKeySettings {
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {
     pub api_keys: Vec<ApiKeySettings>,
-    /// HS256 secret for JWTs (claims: tenant, sub = agent, trust).
+    /// HS256 secret for JWTs (claims: tenant, sub = agent, trust); at
+    /// least 32 bytes.
     pub jwt_hs256_secret_opt: Option<String>,
-    /// Token every internal call must carry; `engram up` generates one per run.
+    /// When set, a JWT's `aud` (a string, or a list holding it) must be this.
+    pub jwt_audience_opt: Option<String>,
+    /// When set, a JWT's `iss` must be this.
+    pub jwt_issuer_opt: Option<String>,
+    /// Token every internal call must carry; `engram up` generates one per
+    /// run. At least 32 bytes, and never a placeholder shipped in deploy/.
     pub internal_token_opt: Option<String>,
 }
+
+/// Internal-token values shipped in deploy/ as placeholders: a deployment
+/// that forgot to replace one must not start.
+pub const PLACEHOLDER_TOKENS: &[&str] = &["change-me-to-a-long-random-string"];
+/// Shortest internal token and JWT secret accepted, in bytes.
+pub const MIN_SECRET_BYTES: usize = 32;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -479,6 +491,35 @@ impl Default for WorkingMemorySettings {
     }
 }
 
+impl AuthSettings {
+    /// The internal boundary is only as strong as its secrets.
+    fn validate(&self) -> Result<(), SettingsError> {
+        if let Some(t) = self.internal_token_opt.as_deref().filter(|t| !t.is_empty()) {
+            if PLACEHOLDER_TOKENS.contains(&t) {
+                return Err(SettingsError::Invalid(
+                    "auth.internal_token_opt is the placeholder shipped in deploy/: set a random one".into(),
+                ));
+            }
+            if t.len() < MIN_SECRET_BYTES {
+                return Err(SettingsError::Invalid(format!(
+                    "auth.internal_token_opt must be at least {MIN_SECRET_BYTES} bytes"
+                )));
+            }
+        }
+        if let Some(s) = self
+            .jwt_hs256_secret_opt
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            && s.len() < MIN_SECRET_BYTES
+        {
+            return Err(SettingsError::Invalid(format!(
+                "auth.jwt_hs256_secret_opt must be at least {MIN_SECRET_BYTES} bytes"
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Settings {
     /// Defaults, then `path_opt` (or `ENGRAM_CONFIG`, or `engram.toml` when it
     /// exists), then `ENGRAM__*` variables, then `DATABASE_URL`.
@@ -582,6 +623,7 @@ impl Settings {
                 "search.keyword_scoring must be ts_rank_cd or bm25".into(),
             ));
         }
+        self.auth.validate()?;
         for key in &self.auth.api_keys {
             if AccessLevelName::parse(&key.trust).is_none() {
                 return Err(SettingsError::Invalid(format!(
@@ -708,5 +750,23 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn weak_or_placeholder_secrets_are_refused() {
+        let load = |k: &str, v: &str| Settings::from_sources(None, &env(&[(k, v)]));
+        let token = "ENGRAM__AUTH__INTERNAL_TOKEN_OPT";
+        for bad in ["short", "change-me-to-a-long-random-string"] {
+            let err = load(token, bad).expect_err(bad);
+            assert!(err.to_string().contains("auth.internal_token_opt"), "{err}");
+        }
+        load(token, &"x".repeat(32)).expect("32 bytes");
+        let secret = "ENGRAM__AUTH__JWT_HS256_SECRET_OPT";
+        let err = load(secret, "s3cret").expect_err("short jwt secret");
+        assert!(
+            err.to_string().contains("auth.jwt_hs256_secret_opt"),
+            "{err}"
+        );
+        load(secret, &"y".repeat(40)).expect("40 bytes");
     }
 }

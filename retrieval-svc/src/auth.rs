@@ -17,7 +17,14 @@ use crate::error::Error;
 pub struct Authenticator {
     /// sha256 hex of the key → identity.
     keys: HashMap<String, Identity>,
-    jwt_secret_opt: Option<Vec<u8>>,
+    jwt_opt: Option<JwtRules>,
+}
+
+/// What a JWT must satisfy besides its HS256 signature and `exp`.
+struct JwtRules {
+    secret: Vec<u8>,
+    audience_opt: Option<String>,
+    issuer_opt: Option<String>,
 }
 
 impl Authenticator {
@@ -37,14 +44,16 @@ impl Authenticator {
                 ))
             })
             .collect();
-        Self {
-            keys,
-            jwt_secret_opt: settings
-                .jwt_hs256_secret_opt
-                .as_ref()
-                .filter(|s| !s.is_empty())
-                .map(|s| s.as_bytes().to_vec()),
-        }
+        let jwt_opt = settings
+            .jwt_hs256_secret_opt
+            .as_ref()
+            .filter(|s| !s.is_empty())
+            .map(|s| JwtRules {
+                secret: s.as_bytes().to_vec(),
+                audience_opt: settings.jwt_audience_opt.clone(),
+                issuer_opt: settings.jwt_issuer_opt.clone(),
+            });
+        Self { keys, jwt_opt }
     }
 
     pub fn authenticate(&self, md: &MetadataMap) -> Result<Identity, Error> {
@@ -61,7 +70,7 @@ impl Authenticator {
             .and_then(|v| v.to_str().ok())
             .map(str::trim);
         match (bearer_opt, key_opt) {
-            (Some(token), _) if token.split('.').count() == 3 && self.jwt_secret_opt.is_some() => {
+            (Some(token), _) if token.split('.').count() == 3 && self.jwt_opt.is_some() => {
                 self.jwt(token)
             }
             (Some(key), _) | (None, Some(key)) => self.api_key(key),
@@ -85,17 +94,20 @@ impl Authenticator {
     }
 
     fn jwt(&self, token: &str) -> Result<Identity, Error> {
-        let secret = self
-            .jwt_secret_opt
-            .as_deref()
+        let rules = self
+            .jwt_opt
+            .as_ref()
             .ok_or(Error::Unauthenticated("jwt not enabled"))?;
-        verify_hs256(token, secret, chrono::Utc::now().timestamp())
+        let claims = verify_hs256(token, &rules.secret, chrono::Utc::now().timestamp())?;
+        check_audience_and_issuer(&claims, rules)?;
+        identity_of(&claims)
     }
 }
 
 const BAD_JWT: Error = Error::Unauthenticated("invalid jwt");
 
-fn verify_hs256(token: &str, secret: &[u8], now: i64) -> Result<Identity, Error> {
+/// The claims of a token whose signature, `exp` and `nbf` hold at `now`.
+fn verify_hs256(token: &str, secret: &[u8], now: i64) -> Result<serde_json::Value, Error> {
     let mut parts = token.split('.');
     let (Some(h), Some(p), Some(s), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -121,6 +133,38 @@ fn verify_hs256(token: &str, secret: &[u8], now: i64) -> Result<Identity, Error>
     if exp <= now {
         return Err(Error::Unauthenticated("jwt expired"));
     }
+    if let Some(nbf) = claims.get("nbf") {
+        let nbf = nbf
+            .as_i64()
+            .or_else(|| nbf.as_f64().map(|f| f as i64))
+            .ok_or(BAD_JWT)?;
+        if nbf > now {
+            return Err(Error::Unauthenticated("jwt not yet valid"));
+        }
+    }
+    Ok(claims)
+}
+
+fn check_audience_and_issuer(claims: &serde_json::Value, rules: &JwtRules) -> Result<(), Error> {
+    if let Some(want) = &rules.audience_opt {
+        let ok = match claims.get("aud") {
+            Some(serde_json::Value::String(a)) => a == want,
+            Some(serde_json::Value::Array(list)) => list.iter().any(|a| a.as_str() == Some(want)),
+            _ => false,
+        };
+        if !ok {
+            return Err(Error::Unauthenticated("jwt audience mismatch"));
+        }
+    }
+    if let Some(want) = &rules.issuer_opt
+        && claims.get("iss").and_then(|i| i.as_str()) != Some(want.as_str())
+    {
+        return Err(Error::Unauthenticated("jwt issuer mismatch"));
+    }
+    Ok(())
+}
+
+fn identity_of(claims: &serde_json::Value) -> Result<Identity, Error> {
     let tenant = claims
         .get("tenant")
         .and_then(|t| t.as_str())
@@ -168,7 +212,13 @@ pub(crate) fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
         .into()
 }
 
+/// Strict unpadded base64url (RFC 7515): any other character, padding,
+/// an impossible length or non-zero leftover bits is a malformed token, not
+/// a prefix to decode.
 fn b64url_decode(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 4 == 1 {
+        return None;
+    }
     let mut out = Vec::with_capacity(s.len() * 3 / 4);
     let mut acc: u32 = 0;
     let mut bits = 0;
@@ -179,7 +229,6 @@ fn b64url_decode(s: &str) -> Option<Vec<u8>> {
             b'0'..=b'9' => c - b'0' + 52,
             b'-' => 62,
             b'_' => 63,
-            b'=' => break,
             _ => return None,
         };
         acc = (acc << 6) | u32::from(v);
@@ -190,7 +239,7 @@ fn b64url_decode(s: &str) -> Option<Vec<u8>> {
             acc &= (1 << bits) - 1;
         }
     }
-    Some(out)
+    (acc == 0).then_some(out)
 }
 
 #[cfg(test)]
@@ -233,6 +282,8 @@ mod tests {
                 trust: "internal".into(),
             }],
             jwt_hs256_secret_opt: Some("s3cret".into()),
+            jwt_audience_opt: None,
+            jwt_issuer_opt: None,
             internal_token_opt: None,
         })
     }
@@ -297,6 +348,47 @@ mod tests {
         );
         assert!(
             a.authenticate(&md("authorization", &format!("Bearer {forged}")))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn jwt_checks_nbf_audience_issuer_and_strict_base64() {
+        let a = Authenticator::new(&AuthSettings {
+            jwt_hs256_secret_opt: Some("s3cret".into()),
+            jwt_audience_opt: Some("engram".into()),
+            jwt_issuer_opt: Some("https://issuer.example".into()),
+            ..Default::default()
+        });
+        let now = chrono::Utc::now().timestamp();
+        let with = |extra: serde_json::Value| {
+            let mut c = serde_json::json!({"tenant":"t2","sub":"bob","exp": now + 60,
+                "aud":"engram","iss":"https://issuer.example"});
+            for (k, v) in extra.as_object().into_iter().flatten() {
+                c[k] = v.clone();
+            }
+            let t = make_jwt(b"s3cret", &c);
+            a.authenticate(&md("authorization", &format!("Bearer {t}")))
+        };
+        assert!(with(serde_json::json!({})).is_ok());
+        assert!(with(serde_json::json!({"aud": ["x", "engram"]})).is_ok());
+        assert!(with(serde_json::json!({"nbf": now - 5})).is_ok());
+        assert!(with(serde_json::json!({"nbf": now + 600})).is_err());
+        assert!(with(serde_json::json!({"aud": "other"})).is_err());
+        assert!(with(serde_json::json!({"iss": "https://evil.example"})).is_err());
+        // Strict decoding: padding or junk after the data is refused.
+        let good = make_jwt(
+            b"s3cret",
+            &serde_json::json!({"tenant":"t2","exp": now + 60}),
+        );
+        assert_eq!(b64url_decode("QUI"), Some(b"AB".to_vec()));
+        assert_eq!(b64url_decode("QUI="), None);
+        assert_eq!(b64url_decode("QUJ"), None, "non-zero leftover bits");
+        assert_eq!(b64url_decode("Q"), None);
+        let (h, rest) = good.split_once('.').expect("three parts");
+        let padded = format!("{h}==.{rest}");
+        assert!(
+            a.authenticate(&md("authorization", &format!("Bearer {padded}")))
                 .is_err()
         );
     }
