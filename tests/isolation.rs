@@ -402,3 +402,73 @@ async fn raw_vectors_and_higher_supersedes_targets_never_leave_the_service() -> 
     stack.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn an_id_held_by_another_tenant_or_above_trust_gets_one_answer() -> anyhow::Result<()> {
+    let settings = engram_tests::settings().await?;
+    let (ta, tb) = (
+        format!("t-{}", uuid::Uuid::new_v4().simple()),
+        format!("t-{}", uuid::Uuid::new_v4().simple()),
+    );
+    let key = |who: &str| format!("k-{who}-{}", uuid::Uuid::new_v4().simple());
+    let (a_high, a_low, b) = (key("a-high"), key("a-low"), key("b"));
+    let opts = StackOptions {
+        services: Service::ALL.into_iter().collect(),
+        ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys: vec![
+            (
+                a_high.clone(),
+                ta.clone(),
+                "agent-1".into(),
+                "sensitive".into(),
+            ),
+            (a_low.clone(), ta, "agent-1".into(), "public".into()),
+            (b.clone(), tb, "agent-1".into(), "sensitive".into()),
+        ],
+    };
+    let stack = Stack::start(settings, opts).await?;
+    let uri = stack
+        .gateway_uri()
+        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
+    let mut mem = MemoryServiceClient::connect(uri).await?;
+    let id = uuid::Uuid::new_v4().to_string();
+    let m = |content: &str| Memory {
+        id: id.clone(),
+        content: content.into(),
+        access_level: AccessLevel::Sensitive as i32,
+        ..Default::default()
+    };
+    let public = |mut m: Memory| {
+        m.access_level = AccessLevel::Public as i32;
+        m
+    };
+    mem.upsert(authed(
+        &a_high,
+        UpsertRequest {
+            memories: vec![m("A's secret plan.")],
+        },
+    ))
+    .await?;
+    let mut answers = Vec::new();
+    for (who, memory) in [
+        (&b, m("B takes the id.")),
+        (&a_low, public(m("A's public key overwrites."))),
+    ] {
+        let e = mem
+            .upsert(authed(
+                who,
+                UpsertRequest {
+                    memories: vec![memory],
+                },
+            ))
+            .await
+            .expect_err("an id the caller cannot use");
+        answers.push((e.code(), e.message().to_string()));
+    }
+    assert_eq!(answers[0], answers[1], "the answer tells the cases apart");
+    assert_eq!(answers[0].0, tonic::Code::PermissionDenied);
+    assert!(answers[0].1.contains("memories[0].id"), "{answers:?}");
+    stack.shutdown().await;
+    Ok(())
+}

@@ -80,29 +80,28 @@ const EXISTING_SQL: &str = "SELECT id, tenant_id, content_hash, access_level, \
 const EXISTING_LOCK_SQL: &str = "SELECT id, tenant_id, content_hash, access_level, \
      (embedding IS NOT NULL) AS has_embedding FROM memories WHERE id = ANY($1) ORDER BY id FOR UPDATE";
 
-/// Refuses rows owned by another tenant or above the caller's trust level.
+/// Refuses rows owned by another tenant or above the caller's trust level,
+/// with one answer for both: the caller learns neither which tenant holds
+/// an id nor that a memory above its level exists.
 fn check_ownership(
     identity: &Identity,
     existing: &HashMap<Uuid, Existing>,
     batch: &[(usize, NewMemory)],
 ) -> Result<()> {
     for (idx, m) in batch {
-        if let Some(e) = existing.get(&m.id) {
-            if e.tenant_id != identity.tenant {
-                return Err(Error::PermissionDenied(format!(
-                    "memories[{idx}].id: {} belongs to another tenant",
-                    m.id
-                )));
-            }
-            if e.access_level > identity.trust.as_i16() {
-                return Err(Error::PermissionDenied(format!(
-                    "memories[{idx}].id: {} is above the caller's trust level",
-                    m.id
-                )));
-            }
+        if existing.get(&m.id).is_some_and(|e| {
+            e.tenant_id != identity.tenant || e.access_level > identity.trust.as_i16()
+        }) {
+            return Err(unavailable_id(*idx, m.id));
         }
     }
     Ok(())
+}
+
+fn unavailable_id(idx: usize, id: Uuid) -> Error {
+    Error::PermissionDenied(format!(
+        "memories[{idx}].id: {id} cannot be written by this caller"
+    ))
 }
 
 /// True when the stored row can keep its embedding for `m`.
@@ -351,10 +350,7 @@ async fn write_batch(
         let Some(w) = w else {
             // The conflicting row appeared after the lock: another tenant's,
             // or one the caller may not see.
-            return Err(Error::PermissionDenied(format!(
-                "memories[{idx}].id: {} belongs to another tenant or is above the caller's trust level",
-                m.id
-            )));
+            return Err(unavailable_id(*idx, m.id));
         };
         if !w.has_embedding {
             return Err(Error::Conflict(format!(
