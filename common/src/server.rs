@@ -30,6 +30,7 @@ use tonic::transport::Server;
 use tonic_health::pb::health_check_response::ServingStatus as PbStatus;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
+use tower_http::catch_panic::CatchPanicLayer;
 use tracing::Instrument as _;
 
 use crate::settings::ListenSettings;
@@ -254,6 +255,8 @@ pub async fn serve_with(
     };
     let server = Server::builder()
         .layer(ObserveLayer)
+        // Inside the observer, so a panic is counted as the INTERNAL it becomes.
+        .layer(CatchPanicLayer::custom(panic_response))
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming(listener), signal);
     tokio::pin!(server);
@@ -277,6 +280,21 @@ pub async fn serve_with(
             Ok(())
         }
     }
+}
+
+/// A handler that panicked answers INTERNAL, never a reset stream, and
+/// says so in one structured log line (the message, not the payload's
+/// debug dump or a backtrace, which the panic hook logs).
+fn panic_response(
+    payload: Box<dyn std::any::Any + Send + 'static>,
+) -> http::Response<tonic::body::Body> {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    tracing::error!(panic = %message, "handler panicked; answered INTERNAL");
+    tonic::Status::internal("internal error").into_http()
 }
 
 /// Binds `addr`, turning "address in use" into one line with the fix.
@@ -598,6 +616,27 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_internal() {
+        use tower::{Layer as _, ServiceExt as _};
+        let panics = tower::service_fn(|_req: http::Request<tonic::body::Body>| async {
+            if true {
+                panic!("boom at a char boundary");
+            }
+            Ok::<_, std::convert::Infallible>(http::Response::new(tonic::body::Body::empty()))
+        });
+        let svc = CatchPanicLayer::custom(panic_response).layer(panics);
+        let req = http::Request::new(tonic::body::Body::empty());
+        let resp = svc.oneshot(req).await.expect("answered");
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        assert_eq!(
+            resp.headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok()),
+            Some("13")
+        );
+    }
 
     #[test]
     fn labels_are_closed_sets() {

@@ -69,6 +69,9 @@ pub fn init(log: &LogSettings) {
         .with(filter)
         .try_init()
         .is_ok();
+    if installed {
+        log_panics();
+    }
     if let Some(provider) = provider_opt
         && installed
     {
@@ -76,6 +79,30 @@ pub fn init(log: &LogSettings) {
         let _ = PROVIDER.set(provider);
         tracing::info!("otlp trace export enabled");
     }
+}
+
+/// Panics become one structured error event (message, location and, when
+/// RUST_BACKTRACE asks for it, the backtrace as a field) instead of the
+/// default hook's plain text in the middle of a JSON log.
+fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let backtrace = std::backtrace::Backtrace::capture();
+        let backtrace = match backtrace.status() {
+            std::backtrace::BacktraceStatus::Captured => backtrace.to_string(),
+            _ => String::new(),
+        };
+        tracing::error!(panic = %message, location, backtrace, "panic");
+    }));
 }
 
 /// Flushes and stops the OTLP exporter (no-op without one). Bounded by the

@@ -17,6 +17,7 @@ use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
+use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::error::Error;
 use crate::gateway::Gateway;
@@ -50,6 +51,14 @@ pub fn router(gateway: Gateway) -> Router {
         .route(BASIC_PATH, post(basic))
         .route(AGENTIC_PATH, post(agentic))
         .with_state(gateway)
+        .layer(CatchPanicLayer::custom(panic_response))
+}
+
+/// A handler that panicked answers 500 in the API's error shape, with one
+/// structured log line, never a dropped connection.
+fn panic_response(_payload: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    tracing::error!("http handler panicked; answered 500");
+    error_response(Error::Internal("internal error".into()))
 }
 
 fn http_code(code: tonic::Code) -> StatusCode {
