@@ -15,7 +15,12 @@ use engram_proto::{
 
 /// The whole stack with two tenants, each with its own key.
 async fn two_tenants() -> anyhow::Result<(Stack, Client, Client)> {
-    let settings = engram_tests::settings().await?;
+    two_tenants_with(engram_tests::settings().await?).await
+}
+
+async fn two_tenants_with(
+    settings: engram_common::Settings,
+) -> anyhow::Result<(Stack, Client, Client)> {
     let key = |who: &str| format!("k-{who}-{}", uuid::Uuid::new_v4().simple());
     let (key_a, key_b) = (key("a"), key("b"));
     let tenant = |who: &str| format!("t-{who}-{}", uuid::Uuid::new_v4().simple());
@@ -469,6 +474,43 @@ async fn an_id_held_by_another_tenant_or_above_trust_gets_one_answer() -> anyhow
     assert_eq!(answers[0], answers[1], "the answer tells the cases apart");
     assert_eq!(answers[0].0, tonic::Code::PermissionDenied);
     assert!(answers[0].1.contains("memories[0].id"), "{answers:?}");
+    stack.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_tenants_flood_is_refused_with_a_retry_hint_and_others_are_served() -> anyhow::Result<()>
+{
+    let mut settings = engram_tests::settings().await?;
+    settings.tenant.requests_per_second = 1;
+    settings.tenant.burst = 3;
+    let (stack, mut a, mut b) = two_tenants_with(settings).await?;
+    let mut refused = Vec::new();
+    for i in 0..10 {
+        let text = format!("flood question {i}?");
+        if let Err(e) = a.retrieval.retrieve(query(&text)).await {
+            refused.push(e);
+        }
+    }
+    assert!(refused.len() >= 6, "{} refused", refused.len());
+    for e in &refused {
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        let hint = e
+            .metadata()
+            .get("retry-after-ms")
+            .and_then(|v| v.to_str().ok());
+        assert!(
+            hint.and_then(|h| h.parse::<u64>().ok())
+                .is_some_and(|ms| ms > 0),
+            "{e:?}"
+        );
+    }
+    let r = b
+        .retrieval
+        .retrieve(query("what about me?"))
+        .await?
+        .into_inner();
+    assert!(r.degraded_stages.is_empty(), "{:?}", r.degraded_stages);
     stack.shutdown().await;
     Ok(())
 }

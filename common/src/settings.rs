@@ -37,6 +37,31 @@ pub struct Settings {
     pub log: LogSettings,
     pub llm: LlmSettings,
     pub working: WorkingMemorySettings,
+    pub tenant: TenantLimitSettings,
+}
+
+/// Per-tenant fairness at the gateway: one tenant's burst or flood of slow
+/// requests must not take the capacity every other tenant shares.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantLimitSettings {
+    /// Sustained requests per second per tenant (every gateway RPC counts).
+    pub requests_per_second: u32,
+    /// Requests a tenant may send at once above the sustained rate.
+    pub burst: u32,
+    /// Requests of one tenant in flight at once; an agentic request counts
+    /// as the pipelines it may run at once.
+    pub max_concurrent: u32,
+}
+
+impl Default for TenantLimitSettings {
+    fn default() -> Self {
+        Self {
+            requests_per_second: 200,
+            burst: 400,
+            max_concurrent: 32,
+        }
+    }
 }
 
 impl Default for Settings {
@@ -55,6 +80,7 @@ impl Default for Settings {
             log: LogSettings::default(),
             llm: LlmSettings::default(),
             working: WorkingMemorySettings::default(),
+            tenant: TenantLimitSettings::default(),
         }
     }
 }
@@ -624,6 +650,12 @@ impl Settings {
             ));
         }
         self.auth.validate()?;
+        let t = &self.tenant;
+        if t.requests_per_second == 0 || t.burst == 0 || t.max_concurrent == 0 {
+            return Err(SettingsError::Invalid(
+                "tenant.requests_per_second, tenant.burst and tenant.max_concurrent must be at least 1".into(),
+            ));
+        }
         for key in &self.auth.api_keys {
             if AccessLevelName::parse(&key.trust).is_none() {
                 return Err(SettingsError::Invalid(format!(

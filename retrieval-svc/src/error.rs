@@ -27,6 +27,12 @@ pub enum Error {
         service: &'static str,
         reason: String,
     },
+    /// The caller's tenant is over its rate or concurrency share.
+    #[error("tenant limit: {what}; retry after {retry_after_ms} ms")]
+    TenantLimit {
+        what: &'static str,
+        retry_after_ms: u64,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -65,6 +71,15 @@ impl From<Error> for Status {
                 _ => Status::unavailable(msg),
             },
             Error::DownstreamUnavailable { .. } => Status::unavailable(msg),
+            // The retry hint also travels as metadata a client can read
+            // without parsing the message.
+            Error::TenantLimit { retry_after_ms, .. } => {
+                let mut status = Status::resource_exhausted(msg);
+                if let Ok(v) = retry_after_ms.to_string().parse() {
+                    status.metadata_mut().insert("retry-after-ms", v);
+                }
+                status
+            }
             Error::Internal(_) => Status::internal(msg),
         }
     }

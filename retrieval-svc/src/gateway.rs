@@ -12,6 +12,7 @@ use engram_proto::{RetrieveResponse, SkipReason};
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 
+use crate::admission::{Admission, Permit};
 use crate::auth::Authenticator;
 use crate::downstream::Downstreams;
 use crate::error::Error;
@@ -30,6 +31,7 @@ pub struct Gateway {
 struct Inner {
     pipeline: Pipeline,
     auth: Authenticator,
+    admission: Admission,
     llm_opt: Option<LlmClient>,
     working: WorkingMemory,
     demand: Demand,
@@ -53,6 +55,7 @@ impl Gateway {
         demand.register(&metrics)?;
         Ok(Self {
             inner: Arc::new(Inner {
+                admission: Admission::new(&settings.tenant),
                 pipeline: Pipeline::new(settings, ds, metrics),
                 auth,
                 llm_opt,
@@ -106,6 +109,13 @@ impl Gateway {
     /// Every surface accepts exactly the same credentials.
     pub fn authenticate(&self, md: &MetadataMap) -> Result<Identity, Error> {
         self.inner.auth.authenticate(md)
+    }
+
+    /// The caller's tenant's share of the gateway for one request that may
+    /// run `weight` pipelines at once; RESOURCE_EXHAUSTED with a retry hint
+    /// when the tenant is over its rate or in-flight cap.
+    pub fn admit(&self, identity: &Identity, weight: u32) -> Result<Permit, Error> {
+        self.inner.admission.admit(&identity.tenant, weight)
     }
 
     /// The deadline of a request that arrived at `start` with `md`.

@@ -8,6 +8,7 @@
 //! writes) → `gateway` (shared state) → `pipeline` (the stages) →
 //! `downstream` (stacks); `query`, `error`, `auth` and `metrics` are leaves.
 
+mod admission;
 mod api;
 mod auth;
 mod downstream;

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use crate::gateway::Gateway;
-use crate::surfaces::foundry::{Agentic, Basic, agentic, basic};
+use crate::surfaces::foundry::{AGENTIC_IN_FLIGHT, Agentic, Basic, agentic, basic};
 
 /// The gRPC `KnowledgeFoundryService` over a shared [`Gateway`].
 #[derive(Clone)]
@@ -21,6 +21,7 @@ impl KnowledgeFoundryService for Foundry {
     ) -> Result<Response<FoundryResponse>, Status> {
         let start = Instant::now();
         let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, 1)?;
         let deadline = self.0.deadline(request.metadata(), start);
         let b = Basic::try_from(request.into_inner())?;
         Ok(Response::new(
@@ -34,6 +35,7 @@ impl KnowledgeFoundryService for Foundry {
     ) -> Result<Response<FoundryResponse>, Status> {
         let start = Instant::now();
         let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, AGENTIC_IN_FLIGHT)?;
         let a = Agentic::try_from(request.into_inner())?;
         Ok(Response::new(agentic(&self.0, identity, a, start).await?))
     }

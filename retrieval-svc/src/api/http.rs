@@ -233,6 +233,7 @@ async fn basic(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> Re
     let md = MetadataMap::from_headers(headers);
     let run = async {
         let identity = gw.authenticate(&md)?;
+        let _permit = gw.admit(&identity, 1)?;
         let b = Basic::try_from(basic_request(&body)?)?;
         let deadline = gw.deadline(&md, start);
         foundry::basic(&gw, identity, b, start, deadline).await
@@ -245,6 +246,7 @@ async fn agentic(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> 
     let md = MetadataMap::from_headers(headers);
     let run = async {
         let identity = gw.authenticate(&md)?;
+        let _permit = gw.admit(&identity, foundry::AGENTIC_IN_FLIGHT)?;
         let a = Agentic::try_from(agentic_request(&body)?)?;
         foundry::agentic(&gw, identity, a, start).await
     };

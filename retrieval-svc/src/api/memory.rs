@@ -20,6 +20,7 @@ impl MemoryService for Memory {
         request: Request<UpsertRequest>,
     ) -> Result<Response<UpsertResponse>, Status> {
         let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, 1)?;
         let r = writes::upsert(&self.0, identity, request.into_inner()).await?;
         Ok(Response::new(r))
     }
@@ -29,12 +30,14 @@ impl MemoryService for Memory {
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
         let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, 1)?;
         let r = writes::delete(&self.0, identity, request.into_inner()).await?;
         Ok(Response::new(r))
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, 1)?;
         let r = writes::get(&self.0, identity, request.into_inner()).await?;
         Ok(Response::new(r))
     }
@@ -44,6 +47,7 @@ impl MemoryService for Memory {
         request: Request<AddEdgesRequest>,
     ) -> Result<Response<AddEdgesResponse>, Status> {
         let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, 1)?;
         let r = writes::add_edges(&self.0, identity, request.into_inner()).await?;
         Ok(Response::new(r))
     }

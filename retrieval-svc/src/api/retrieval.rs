@@ -46,6 +46,7 @@ impl RetrievalService for Retrieval {
         request: Request<FeedbackRequest>,
     ) -> Result<Response<FeedbackResponse>, Status> {
         let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, 1)?;
         let feedback = Feedback::try_from(request.into_inner())?;
         let accepted = self.0.pipeline().feedback(identity, feedback);
         Ok(Response::new(FeedbackResponse { accepted }))
@@ -61,6 +62,7 @@ async fn retrieve_common(
 ) -> Result<RetrieveResponse, Status> {
     let timeout_opt = grpc_timeout(request.metadata());
     let identity = gw.authenticate(request.metadata())?;
+    let _permit = gw.admit(&identity, 1)?;
     let mut req = request.into_inner();
     if let Some(h) = conversation::hypotheses(gw, &identity, &req, timeout_opt, start).await {
         req.hypotheses = h;

@@ -23,6 +23,7 @@ impl WorkingMemoryService for Working {
     ) -> Result<Response<GetMemoryResponse>, Status> {
         let start = Instant::now();
         let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, 1)?;
         let deadline = self.0.deadline(request.metadata(), start);
         let mq = MemoryQuery::try_from(request.into_inner())?;
         Ok(Response::new(
@@ -35,6 +36,7 @@ impl WorkingMemoryService for Working {
         request: Request<GetDemandRequest>,
     ) -> Result<Response<GetDemandResponse>, Status> {
         let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, 1)?;
         let GetDemandRequest { limit } = request.into_inner();
         let limit = limit.unwrap_or(demand::DEFAULT_DEMAND_LIMIT);
         if !(1..=demand::MAX_DEMAND_LIMIT).contains(&limit) {

@@ -38,6 +38,10 @@ pub const TOKEN_BUDGET_RANGE: std::ops::RangeInclusive<u32> = 100..=100_000;
 pub const DEFAULT_MAX_LATENCY_MS: u32 = 30_000;
 pub const LATENCY_RANGE: std::ops::RangeInclusive<u32> = 1_000..=120_000;
 pub const MAX_KB_IDS: usize = 32;
+/// Pipelines one agentic request runs at once, whatever its steps and
+/// knowledge bases (up to 5 parallel steps × 32 bases would be 160); the
+/// tenant is charged this many in-flight slots for it.
+pub const AGENTIC_IN_FLIGHT: u32 = 8;
 /// Share of the token budget the packed context may fill; the rest is left
 /// for the caller's prompt and answer.
 pub const CONTEXT_SHARE: f32 = 0.7;
@@ -467,6 +471,9 @@ struct Run<'a> {
     index: HashMap<String, usize>,
     /// The latest retrieve's top hits, best first, for a bridge follow-up.
     top_hits: Vec<BestHit>,
+    /// At most [`AGENTIC_IN_FLIGHT`] pipelines at once, the share the
+    /// request was admitted with.
+    pipelines: tokio::sync::Semaphore,
 }
 
 /// Content and stored entities of one of a step's top hits.
@@ -546,8 +553,14 @@ impl Run<'_> {
             // "..., John von Neumann?"): the semantic cache would match one
             // to the other.
             q.no_cache = true;
-            self.gw
-                .retrieve(self.identity.clone(), q, Instant::now(), step_deadline)
+            async move {
+                // Never closed, so a permit always comes.
+                let _permit = self.pipelines.acquire().await.ok();
+                let start = Instant::now();
+                self.gw
+                    .retrieve(self.identity.clone(), q, start, step_deadline)
+                    .await
+            }
         });
         let mut records: Vec<ScoredMemory> = Vec::new();
         let mut error_opt = None;
@@ -926,6 +939,7 @@ pub async fn agentic(
         results: Vec::new(),
         index: HashMap::new(),
         top_hits: Vec::new(),
+        pipelines: tokio::sync::Semaphore::new(AGENTIC_IN_FLIGHT as usize),
     };
     let plan = if a.effort == Effort::Low {
         Plan::Single(a.query.clone())

@@ -1,0 +1,152 @@
+//! Per-tenant fairness at the gateway's door. Every RPC takes a permit for
+//! its tenant before any work: a keyed GCRA rate limit (governor) and a cap
+//! on the tenant's requests in flight. Over either, the caller gets
+//! RESOURCE_EXHAUSTED with a retry hint, and the other tenants never notice:
+//! the downstream stacks' shared concurrency limits are only reached by
+//! traffic that is each tenant's fair share. A leaf: no gateway types.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use engram_common::settings::TenantLimitSettings;
+use governor::clock::{Clock, DefaultClock};
+use governor::state::keyed::DefaultKeyedStateStore;
+use governor::{Quota, RateLimiter};
+use parking_lot::Mutex;
+
+use crate::error::Error;
+
+/// Rate-limiter state of tenants idle for a while is dropped every this
+/// many checks, so tenant names (JWTs bring any) cannot grow it unbounded.
+const PRUNE_EVERY: u64 = 4096;
+/// Retry hint when only the concurrency cap refused: about one request's
+/// time.
+const BUSY_RETRY_MS: u64 = 100;
+
+type Keyed = RateLimiter<String, DefaultKeyedStateStore<String>, DefaultClock>;
+
+pub struct Admission {
+    rate: Keyed,
+    clock: DefaultClock,
+    max_concurrent: u32,
+    in_flight: Arc<Mutex<HashMap<String, u32>>>,
+    checks: AtomicU64,
+}
+
+/// A tenant's share of the gateway, held for the request's duration.
+#[derive(Debug)]
+pub struct Permit {
+    in_flight: Arc<Mutex<HashMap<String, u32>>>,
+    tenant: String,
+    weight: u32,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut map = self.in_flight.lock();
+        if let Some(n) = map.get_mut(&self.tenant) {
+            *n = n.saturating_sub(self.weight);
+            if *n == 0 {
+                map.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+impl Admission {
+    pub fn new(s: &TenantLimitSettings) -> Self {
+        let one = NonZeroU32::MIN;
+        let rps = NonZeroU32::new(s.requests_per_second).unwrap_or(one);
+        let burst = NonZeroU32::new(s.burst).unwrap_or(one);
+        Self {
+            rate: RateLimiter::keyed(Quota::per_second(rps).allow_burst(burst)),
+            clock: DefaultClock::default(),
+            max_concurrent: s.max_concurrent.max(1),
+            in_flight: Arc::default(),
+            checks: AtomicU64::new(0),
+        }
+    }
+
+    /// Admits one request of `tenant` that may run `weight` pipelines at
+    /// once (1 for everything but agentic retrieval).
+    pub fn admit(&self, tenant: &str, weight: u32) -> Result<Permit, Error> {
+        self.prune();
+        let key = tenant.to_string();
+        if let Err(not_until) = self.rate.check_key(&key) {
+            let wait = not_until.wait_time_from(self.clock.now());
+            return Err(Error::TenantLimit {
+                what: "request rate",
+                retry_after_ms: (wait.as_millis() as u64).max(1),
+            });
+        }
+        let weight = weight.clamp(1, self.max_concurrent);
+        let mut map = self.in_flight.lock();
+        let n = map.entry(key.clone()).or_insert(0);
+        if *n + weight > self.max_concurrent {
+            if *n == 0 {
+                map.remove(&key);
+            }
+            return Err(Error::TenantLimit {
+                what: "requests in flight",
+                retry_after_ms: BUSY_RETRY_MS,
+            });
+        }
+        *n += weight;
+        Ok(Permit {
+            in_flight: self.in_flight.clone(),
+            tenant: key,
+            weight,
+        })
+    }
+
+    fn prune(&self) {
+        if self.checks.fetch_add(1, Ordering::Relaxed) % PRUNE_EVERY == PRUNE_EVERY - 1 {
+            self.rate.retain_recent();
+            self.rate.shrink_to_fit();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(rps: u32, burst: u32, max_concurrent: u32) -> Admission {
+        Admission::new(&TenantLimitSettings {
+            requests_per_second: rps,
+            burst,
+            max_concurrent,
+        })
+    }
+
+    fn is_limit(r: &Result<Permit, Error>, what: &str) -> bool {
+        matches!(r, Err(Error::TenantLimit { what: w, retry_after_ms }) if *w == what && *retry_after_ms > 0)
+    }
+
+    #[test]
+    fn a_tenants_burst_is_its_own() {
+        let a = limits(1, 3, 100);
+        let held: Vec<_> = (0..3).map(|_| a.admit("t1", 1)).collect();
+        assert!(held.iter().all(Result::is_ok));
+        assert!(is_limit(&a.admit("t1", 1), "request rate"));
+        assert!(a.admit("t2", 1).is_ok(), "another tenant is not charged");
+    }
+
+    #[test]
+    fn in_flight_is_capped_per_tenant_and_freed_on_drop() {
+        let a = limits(1000, 1000, 4);
+        let agentic = a.admit("t1", 3).expect("weight 3 of 4");
+        let one = a.admit("t1", 1).expect("the fourth slot");
+        assert!(is_limit(&a.admit("t1", 1), "requests in flight"));
+        assert!(a.admit("t2", 4).is_ok(), "another tenant has its own cap");
+        drop(agentic);
+        assert!(a.admit("t1", 3).is_ok());
+        drop(one);
+        assert!(
+            a.in_flight.lock().get("t1").is_none(),
+            "idle tenants leave no entry"
+        );
+    }
+}
