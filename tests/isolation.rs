@@ -21,35 +21,45 @@ async fn two_tenants() -> anyhow::Result<(Stack, Client, Client)> {
 async fn two_tenants_with(
     settings: engram_common::Settings,
 ) -> anyhow::Result<(Stack, Client, Client)> {
-    let key = |who: &str| format!("k-{who}-{}", uuid::Uuid::new_v4().simple());
-    let (key_a, key_b) = (key("a"), key("b"));
-    let tenant = |who: &str| format!("t-{who}-{}", uuid::Uuid::new_v4().simple());
+    let (stack, uri, keys) =
+        stack_with_keys(settings, &[("a", "internal"), ("b", "internal")]).await?;
+    let a = Client::connect(&uri, &keys[0]).await?;
+    let b = Client::connect(&uri, &keys[1]).await?;
+    Ok((stack, a, b))
+}
+
+/// The whole stack with one API key per (tenant tag, trust): keys with the
+/// same tag share a tenant and the agent `agent-1`. Returns the stack, the
+/// gateway's URI and the keys in order.
+async fn stack_with_keys(
+    settings: engram_common::Settings,
+    keys: &[(&str, &str)],
+) -> anyhow::Result<(Stack, String, Vec<String>)> {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let extra_keys: Vec<_> = keys
+        .iter()
+        .map(|(tag, trust)| {
+            let key = format!("k-{tag}-{}", uuid::Uuid::new_v4().simple());
+            (
+                key,
+                format!("t-{tag}-{run}"),
+                "agent-1".into(),
+                trust.to_string(),
+            )
+        })
+        .collect();
+    let keys = extra_keys.iter().map(|k| k.0.clone()).collect();
     let opts = StackOptions {
         services: Service::ALL.into_iter().collect(),
         ephemeral_ports: true,
         dev_api_key: false,
-        extra_keys: vec![
-            (
-                key_a.clone(),
-                tenant("a"),
-                "agent-a".into(),
-                "internal".into(),
-            ),
-            (
-                key_b.clone(),
-                tenant("b"),
-                "agent-b".into(),
-                "internal".into(),
-            ),
-        ],
+        extra_keys,
     };
     let stack = Stack::start(settings, opts).await?;
     let uri = stack
         .gateway_uri()
         .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
-    let a = Client::connect(&uri, &key_a).await?;
-    let b = Client::connect(&uri, &key_b).await?;
-    Ok((stack, a, b))
+    Ok((stack, uri, keys))
 }
 
 fn query(text: &str) -> RetrieveRequest {
@@ -218,27 +228,9 @@ async fn a_public_key_cannot_overwrite_delete_or_count_an_agents_sensitive_fragm
 -> anyhow::Result<()> {
     // One agent with two keys: sensitive and public.
     let settings = engram_tests::settings().await?;
-    let tenant = format!("t-{}", uuid::Uuid::new_v4().simple());
-    let high = format!("k-high-{}", uuid::Uuid::new_v4().simple());
-    let low = format!("k-low-{}", uuid::Uuid::new_v4().simple());
-    let opts = StackOptions {
-        services: Service::ALL.into_iter().collect(),
-        ephemeral_ports: true,
-        dev_api_key: false,
-        extra_keys: vec![
-            (
-                high.clone(),
-                tenant.clone(),
-                "agent-1".into(),
-                "sensitive".into(),
-            ),
-            (low.clone(), tenant, "agent-1".into(), "public".into()),
-        ],
-    };
-    let stack = Stack::start(settings, opts).await?;
-    let uri = stack
-        .gateway_uri()
-        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
+    let (stack, uri, keys) =
+        stack_with_keys(settings, &[("a", "sensitive"), ("a", "public")]).await?;
+    let (high, low) = (keys[0].clone(), keys[1].clone());
     let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
     let mut wm = WorkingMemoryServiceClient::connect(uri).await?;
     let session = format!("s-{}", uuid::Uuid::new_v4().simple());
@@ -312,27 +304,9 @@ async fn a_public_key_cannot_overwrite_delete_or_count_an_agents_sensitive_fragm
 #[tokio::test]
 async fn raw_vectors_and_higher_supersedes_targets_never_leave_the_service() -> anyhow::Result<()> {
     let settings = engram_tests::settings().await?;
-    let tenant = format!("t-{}", uuid::Uuid::new_v4().simple());
-    let high = format!("k-high-{}", uuid::Uuid::new_v4().simple());
-    let low = format!("k-low-{}", uuid::Uuid::new_v4().simple());
-    let opts = StackOptions {
-        services: Service::ALL.into_iter().collect(),
-        ephemeral_ports: true,
-        dev_api_key: false,
-        extra_keys: vec![
-            (
-                high.clone(),
-                tenant.clone(),
-                "agent-1".into(),
-                "sensitive".into(),
-            ),
-            (low.clone(), tenant, "agent-1".into(), "public".into()),
-        ],
-    };
-    let stack = Stack::start(settings, opts).await?;
-    let uri = stack
-        .gateway_uri()
-        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
+    let (stack, uri, keys) =
+        stack_with_keys(settings, &[("a", "sensitive"), ("a", "public")]).await?;
+    let (high, low) = (keys[0].clone(), keys[1].clone());
     let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
     let (old_id, new_id) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
     let old = Memory {
@@ -386,13 +360,7 @@ async fn raw_vectors_and_higher_supersedes_targets_never_leave_the_service() -> 
     );
     assert_eq!(seen_high[0].supersedes, old_id.to_string());
 
-    let mut low_client = Client::connect(
-        &stack
-            .gateway_uri()
-            .ok_or_else(|| anyhow::anyhow!("no gateway"))?,
-        &low,
-    )
-    .await?;
+    let mut low_client = Client::connect(&uri, &low).await?;
     let r = low_client
         .retrieval
         .retrieve(query("what is the vault combination?"))
@@ -411,31 +379,9 @@ async fn raw_vectors_and_higher_supersedes_targets_never_leave_the_service() -> 
 #[tokio::test]
 async fn an_id_held_by_another_tenant_or_above_trust_gets_one_answer() -> anyhow::Result<()> {
     let settings = engram_tests::settings().await?;
-    let (ta, tb) = (
-        format!("t-{}", uuid::Uuid::new_v4().simple()),
-        format!("t-{}", uuid::Uuid::new_v4().simple()),
-    );
-    let key = |who: &str| format!("k-{who}-{}", uuid::Uuid::new_v4().simple());
-    let (a_high, a_low, b) = (key("a-high"), key("a-low"), key("b"));
-    let opts = StackOptions {
-        services: Service::ALL.into_iter().collect(),
-        ephemeral_ports: true,
-        dev_api_key: false,
-        extra_keys: vec![
-            (
-                a_high.clone(),
-                ta.clone(),
-                "agent-1".into(),
-                "sensitive".into(),
-            ),
-            (a_low.clone(), ta, "agent-1".into(), "public".into()),
-            (b.clone(), tb, "agent-1".into(), "sensitive".into()),
-        ],
-    };
-    let stack = Stack::start(settings, opts).await?;
-    let uri = stack
-        .gateway_uri()
-        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
+    let tenants = [("a", "sensitive"), ("a", "public"), ("b", "sensitive")];
+    let (stack, uri, keys) = stack_with_keys(settings, &tenants).await?;
+    let (a_high, a_low, b) = (keys[0].clone(), keys[1].clone(), keys[2].clone());
     let mut mem = MemoryServiceClient::connect(uri).await?;
     let id = uuid::Uuid::new_v4().to_string();
     let m = |content: &str| Memory {
