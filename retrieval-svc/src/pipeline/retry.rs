@@ -1,11 +1,10 @@
 //! When and how an attempt is retried: a weak answer (no records, or
-//! confidence under [`LOW_CONFIDENCE`]) is asked again with broader filters
-//! and, from the third attempt, one route up; a plan identical to the last
-//! one is never repeated.
+//! confidence under [`LOW_CONFIDENCE`]) is asked again with consolidated
+//! memories included and, from the third attempt, one route up; what the
+//! caller set stays a hard filter, and a plan identical to the last one is
+//! never repeated.
 
-use chrono::Utc;
-use engram_proto::{Filters, TimeRange};
-use prost_types::Timestamp;
+use engram_proto::Filters;
 
 use crate::query::Route;
 
@@ -42,41 +41,18 @@ pub fn escalate(
     Some((route, by_evidence))
 }
 
-/// Retry escalation: wider time window (2×, centred), lower confidence bar,
-/// consolidated memories included.
+/// What a retry may open: only what the caller left open. The caller's
+/// time window, confidence floor, types, scope, namespace, metadata and
+/// as-of times are hard filters, kept as set (a retry that returned
+/// memories outside the window the caller asked for was a wrong answer
+/// with `retry_count` its only sign). A request cannot mark
+/// `include_consolidated` as deliberately false, so it is the one filter a
+/// retry opens; the retry's other lever is the route (`escalate`).
 pub fn broaden(f: &Filters) -> Filters {
-    let mut f = f.clone();
-    f.min_confidence = (f.min_confidence - 0.2).max(0.0);
-    f.include_consolidated = true;
-    if let Some(TimeRange { start, end }) = &mut f.time_range {
-        let now = Utc::now().timestamp();
-        let s = start.as_ref().map(|t| t.seconds);
-        let e = end.as_ref().map(|t| t.seconds);
-        match (s, e) {
-            (Some(s), Some(e)) => {
-                let half = (e - s) / 2;
-                *start = Some(Timestamp {
-                    seconds: s - half,
-                    nanos: 0,
-                });
-                *end = Some(Timestamp {
-                    seconds: e + half,
-                    nanos: 0,
-                });
-            }
-            (Some(s), None) => {
-                *start = Some(Timestamp {
-                    seconds: s - (now - s).max(0),
-                    nanos: 0,
-                });
-            }
-            (None, Some(_)) => {
-                *end = None;
-            }
-            (None, None) => {}
-        }
+    Filters {
+        include_consolidated: true,
+        ..f.clone()
     }
-    f
 }
 
 /// Whether an attempt with `records` records at `confidence` is a better
@@ -91,6 +67,9 @@ pub fn better(records: usize, confidence: f32, best_opt: Option<(usize, f32)>) -
 
 #[cfg(test)]
 mod tests {
+    use engram_proto::TimeRange;
+    use prost_types::Timestamp;
+
     use super::*;
 
     #[test]
@@ -131,7 +110,7 @@ mod tests {
     }
 
     #[test]
-    fn broadening_doubles_the_window_and_lowers_the_bar() {
+    fn broadening_keeps_what_the_caller_set() {
         let f = Filters {
             min_confidence: 0.5,
             time_range: Some(TimeRange {
@@ -144,13 +123,17 @@ mod tests {
                     nanos: 0,
                 }),
             }),
+            namespace: "ns".into(),
             ..Default::default()
         };
         let b = broaden(&f);
-        assert!((b.min_confidence - 0.3).abs() < 1e-6);
         assert!(b.include_consolidated);
-        let tr = b.time_range.expect("range");
-        assert_eq!(tr.start.map(|t| t.seconds), Some(500));
-        assert_eq!(tr.end.map(|t| t.seconds), Some(2500));
+        assert_eq!(
+            Filters {
+                include_consolidated: false,
+                ..b
+            },
+            f
+        );
     }
 }
