@@ -80,3 +80,40 @@ async fn a_retry_never_widens_what_the_caller_set() -> anyhow::Result<()> {
     stack.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_write_makes_the_turns_cached_answer_stale() -> anyhow::Result<()> {
+    let (stack, mut c) = one_tenant().await?;
+    let m = |content: &str| Memory {
+        content: content.into(),
+        ..Default::default()
+    };
+    let ask = || RetrieveRequest {
+        text: "who leads the billing migration?".into(),
+        turn_id: "turn-7".into(),
+        ..Default::default()
+    };
+    c.memories
+        .upsert(UpsertRequest {
+            memories: vec![m("Alice leads the billing migration.")],
+        })
+        .await?;
+    let first = c.retrieval.retrieve(ask()).await?.into_inner();
+    assert!(!first.records.is_empty());
+    let news = "Bob now leads the billing migration; Alice moved to search.";
+    c.memories
+        .upsert(UpsertRequest {
+            memories: vec![m(news)],
+        })
+        .await?;
+    let again = c.retrieval.retrieve(ask()).await?.into_inner();
+    let contents: Vec<_> = (again.records.iter())
+        .filter_map(|r| r.memory.as_ref().map(|m| m.content.as_str()))
+        .collect();
+    assert!(
+        contents.contains(&news),
+        "the turn's answer from before the write was served: {contents:?}"
+    );
+    stack.shutdown().await;
+    Ok(())
+}

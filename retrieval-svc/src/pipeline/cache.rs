@@ -82,7 +82,8 @@ pub struct Caches {
     similarity: f32,
     results: Mutex<HashMap<[u8; 32], Entry>>,
     semantic: Mutex<HashMap<[u8; 32], VecDeque<SemEntry>>>,
-    turns: Mutex<HashMap<(Identity, String), (Instant, RetrieveResponse)>>,
+    /// A turn's first answer, with the tenant's generation it was computed at.
+    turns: Mutex<HashMap<(Identity, String), (Instant, u64, RetrieveResponse)>>,
     generations: Mutex<HashMap<String, u64>>,
 }
 
@@ -98,7 +99,10 @@ impl Caches {
         }
     }
 
-    fn generation(&self, tenant: &str) -> u64 {
+    /// The tenant's write generation. A request reads it when it starts and
+    /// stores its answer under it, so a write that lands while the request
+    /// runs leaves that answer stale instead of cached as fresh.
+    pub fn generation(&self, tenant: &str) -> u64 {
         self.generations.lock().get(tenant).copied().unwrap_or(0)
     }
 
@@ -144,14 +148,15 @@ impl Caches {
             .map(|(_, e)| e.response.clone())
     }
 
+    /// Stores an answer computed from the tenant's data as of `generation`
+    /// (read when the request started).
     pub fn put(
         &self,
         key: &CacheKey,
-        tenant: &str,
+        generation: u64,
         response: &RetrieveResponse,
         embedding_opt: Option<Vec<f32>>,
     ) {
-        let generation = self.generation(tenant);
         let now = Instant::now();
         {
             let mut map = self.results.lock();
@@ -188,22 +193,37 @@ impl Caches {
         }
     }
 
+    /// This turn's first answer, unless a write of the tenant came since.
     pub fn get_turn(&self, identity: &Identity, turn_id: &str) -> Option<RetrieveResponse> {
+        let generation = self.generation(&identity.tenant);
         let map = self.turns.lock();
-        let (at, r) = map.get(&(identity.clone(), turn_id.to_string()))?;
-        (at.elapsed() < TURN_TTL).then(|| r.clone())
+        let (at, g, r) = map.get(&(identity.clone(), turn_id.to_string()))?;
+        (at.elapsed() < TURN_TTL && *g == generation).then(|| r.clone())
     }
 
-    pub fn put_turn(&self, identity: &Identity, turn_id: &str, response: &RetrieveResponse) {
+    /// Keeps a turn's first answer; a stale one (expired, or from before a
+    /// write) is replaced.
+    pub fn put_turn(
+        &self,
+        identity: &Identity,
+        turn_id: &str,
+        generation: u64,
+        response: &RetrieveResponse,
+    ) {
         let mut map = self.turns.lock();
         if map.len() >= MAX_ENTRIES {
-            map.retain(|_, (at, _)| at.elapsed() < TURN_TTL);
+            map.retain(|_, (at, _, _)| at.elapsed() < TURN_TTL);
             if map.len() >= MAX_ENTRIES {
                 map.clear();
             }
         }
-        map.entry((identity.clone(), turn_id.to_string()))
-            .or_insert_with(|| (Instant::now(), response.clone()));
+        let key = (identity.clone(), turn_id.to_string());
+        let fresh = |(at, g, _): &(Instant, u64, RetrieveResponse)| {
+            at.elapsed() < TURN_TTL && *g == generation
+        };
+        if !map.get(&key).is_some_and(fresh) {
+            map.insert(key, (Instant::now(), generation, response.clone()));
+        }
     }
 }
 
@@ -274,7 +294,7 @@ mod tests {
         let alice = id("t1", "alice", AccessLevel::Sensitive);
         let bob = id("t1", "bob", AccessLevel::Public);
         let k_alice = CacheKey::new(&alice, &query("What  is X?"));
-        c.put(&k_alice, "t1", &resp("q1"), None);
+        c.put(&k_alice, c.generation("t1"), &resp("q1"), None);
         // Same text, normalised whitespace/case: hit for alice only.
         let again = CacheKey::new(&alice, &query("what is x?"));
         assert_eq!(
@@ -302,7 +322,12 @@ mod tests {
         let alice = id("t1", "alice", AccessLevel::Public);
         let k = CacheKey::new(&alice, &query("where is the key"));
         assert!(!c.has_semantic(&k, "t1"));
-        c.put(&k, "t1", &resp("q1"), Some(vec![1.0, 0.0, 0.0]));
+        c.put(
+            &k,
+            c.generation("t1"),
+            &resp("q1"),
+            Some(vec![1.0, 0.0, 0.0]),
+        );
         let k2 = CacheKey::new(&alice, &query("where's the key"));
         assert!(c.has_semantic(&k2, "t1"));
         assert!(c.get_semantic(&k2, "t1", &[0.99, 0.05, 0.0]).is_some());
@@ -317,12 +342,35 @@ mod tests {
         let c = Caches::new(Duration::from_secs(60), 0.95);
         let a = id("t1", "a", AccessLevel::Public);
         let b = id("t1", "b", AccessLevel::Public);
-        c.put_turn(&a, "turn-1", &resp("q1"));
-        c.put_turn(&a, "turn-1", &resp("q2"));
+        c.put_turn(&a, "turn-1", 0, &resp("q1"));
+        c.put_turn(&a, "turn-1", 0, &resp("q2"));
         assert_eq!(
             c.get_turn(&a, "turn-1").map(|r| r.query_id),
             Some("q1".into())
         );
         assert!(c.get_turn(&b, "turn-1").is_none());
+    }
+
+    #[test]
+    fn an_answer_computed_across_a_write_is_never_served() {
+        let c = Caches::new(Duration::from_secs(60), 0.95);
+        let a = id("t1", "a", AccessLevel::Public);
+        let k = CacheKey::new(&a, &query("who leads billing?"));
+        // The request starts, a write lands, the request stores its answer.
+        let started_at = c.generation("t1");
+        c.invalidate_tenant("t1");
+        c.put(&k, started_at, &resp("q1"), Some(vec![1.0, 0.0]));
+        assert!(c.get_exact(&k, "t1").is_none());
+        assert!(!c.has_semantic(&k, "t1"));
+        // A turn's answer is dropped by the next write, then replaced.
+        c.put_turn(&a, "turn-1", c.generation("t1"), &resp("q2"));
+        assert!(c.get_turn(&a, "turn-1").is_some());
+        c.invalidate_tenant("t1");
+        assert!(c.get_turn(&a, "turn-1").is_none());
+        c.put_turn(&a, "turn-1", c.generation("t1"), &resp("q3"));
+        assert_eq!(
+            c.get_turn(&a, "turn-1").map(|r| r.query_id),
+            Some("q3".into())
+        );
     }
 }

@@ -149,6 +149,8 @@ impl Pipeline {
         deadline: Instant,
     ) -> Result<(RetrieveResponse, Vec<(&'static str, usize)>), Error> {
         let query_id = uuid::Uuid::new_v4().to_string();
+        // Read before any search: what this request answers is as of now.
+        let generation = self.caches.generation(&identity.tenant);
         if let Some(r) = self.shortcut(&identity, &q, &query_id, start) {
             return Ok((r, Vec::new()));
         }
@@ -170,11 +172,11 @@ impl Pipeline {
         let embedding_opt = best.query_embedding_opt.clone();
         let (response, counts) = answer(&mut ctx, best, retries, query_id, ceiling_hit);
         if cacheable && !ctx.query.no_cache {
-            let tenant = &ctx.identity.tenant;
-            self.caches.put(&key, tenant, &response, embedding_opt);
+            self.caches.put(&key, generation, &response, embedding_opt);
         }
         if let Some(turn) = &ctx.query.turn_id_opt {
-            self.caches.put_turn(&ctx.identity, turn, &response);
+            self.caches
+                .put_turn(&ctx.identity, turn, generation, &response);
         }
         Ok((response, counts))
     }
