@@ -70,6 +70,9 @@ struct Entry {
     response: RetrieveResponse,
 }
 
+/// A turn's first answer: when, and the tenant's generation it was computed at.
+type TurnEntry = (Instant, u64, RetrieveResponse);
+
 struct SemEntry {
     at: Instant,
     generation: u64,
@@ -82,8 +85,7 @@ pub struct Caches {
     similarity: f32,
     results: Mutex<HashMap<[u8; 32], Entry>>,
     semantic: Mutex<HashMap<[u8; 32], VecDeque<SemEntry>>>,
-    /// A turn's first answer, with the tenant's generation it was computed at.
-    turns: Mutex<HashMap<(Identity, String), (Instant, u64, RetrieveResponse)>>,
+    turns: Mutex<HashMap<(Identity, String), TurnEntry>>,
     generations: Mutex<HashMap<String, u64>>,
 }
 
@@ -218,9 +220,7 @@ impl Caches {
             }
         }
         let key = (identity.clone(), turn_id.to_string());
-        let fresh = |(at, g, _): &(Instant, u64, RetrieveResponse)| {
-            at.elapsed() < TURN_TTL && *g == generation
-        };
+        let fresh = |(at, g, _): &TurnEntry| at.elapsed() < TURN_TTL && *g == generation;
         if !map.get(&key).is_some_and(fresh) {
             map.insert(key, (Instant::now(), generation, response.clone()));
         }
