@@ -519,6 +519,17 @@ async fn conversation_window_hyde_and_its_silent_skips() -> anyhow::Result<()> {
     assert!(hyde_hits(&r) > 0, "{r:#?}");
     assert!(r.degraded_stages.is_empty(), "{:?}", r.degraded_stages);
 
+    // Same turn → no LLM call: the turn's answer is given again as it is.
+    let turn = || RetrieveRequest {
+        turn_id: "turn-hyde-1".into(),
+        ..req()
+    };
+    let first = c.retrieve(authed(&ts.key, turn())).await?.into_inner();
+    assert_eq!(double.take().len(), 1);
+    let again = c.retrieve(authed(&ts.key, turn())).await?.into_inner();
+    assert!(double.take().is_empty(), "a sub-turn paid the LLM call again");
+    assert_eq!(again.query_id, first.query_id);
+
     // Caller hypotheses, a text query or a keyword-only mode: no LLM call.
     for q in [
         RetrieveRequest {
@@ -551,18 +562,17 @@ async fn conversation_window_hyde_and_its_silent_skips() -> anyhow::Result<()> {
         assert_eq!(double.take().len(), 1, "{mode:?}");
     }
 
-    // Hanging: HyDE gives up at its 2 s budget and the pipeline runs.
+    // Hanging: HyDE gives up at half the ceiling (its 2 s budget is more)
+    // and the pipeline runs in what is left: the whole Retrieve stays under
+    // the 3 s ceiling (plus the answer's way back over loopback).
     double.set(Mode::Hang);
     let t = Instant::now();
     let r = c.retrieve(authed(&ts.key, req())).await?.into_inner();
     let took = t.elapsed();
     eprintln!("conversation retrieve with a hung llm: {took:?}");
-    assert!(took >= Duration::from_millis(1_900), "{took:?}");
     let ceiling = Duration::from_millis(ts.stack.settings.pipeline.ceiling_ms);
-    assert!(
-        took < Duration::from_millis(2_000) + ceiling + Duration::from_millis(500),
-        "{took:?}"
-    );
+    assert!(took >= ceiling / 2 - Duration::from_millis(100), "{took:?}");
+    assert!(took < ceiling + Duration::from_millis(100), "{took:?}");
     assert!(alice(&r), "{r:#?}");
     assert_eq!(hyde_hits(&r), 0);
     // A caller deadline bounds HyDE to half of it, and the pipeline gets

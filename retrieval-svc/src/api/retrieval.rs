@@ -3,7 +3,6 @@
 //! never block on memory: they would rather act without it than wait on an
 //! error, so a runtime failure becomes an empty, degraded answer.
 
-use engram_common::server::grpc_timeout;
 use engram_proto::retrieval_service_server::RetrievalService;
 use engram_proto::{FeedbackRequest, FeedbackResponse, RetrieveRequest, RetrieveResponse};
 use tokio::time::Instant;
@@ -53,25 +52,27 @@ impl RetrievalService for Retrieval {
     }
 }
 
-/// One `Retrieve`. HyDE spends the caller's time, not the pipeline's: the
-/// pipeline starts after it, with what is left of the caller's deadline.
+/// One `Retrieve`, under one deadline from its arrival: the ceiling, or the
+/// caller's shorter one. HyDE runs inside it (at most half of what is left)
+/// and never for a turn that was already answered.
 async fn retrieve_common(
     gw: &Gateway,
     request: Request<RetrieveRequest>,
     start: Instant,
 ) -> Result<RetrieveResponse, Status> {
-    let timeout_opt = grpc_timeout(request.metadata());
+    let deadline = gw.deadline(request.metadata(), start);
     let identity = gw.authenticate(request.metadata())?;
     let _permit = gw.admit(&identity, 1)?;
     let mut req = request.into_inner();
-    if let Some(h) = conversation::hypotheses(gw, &identity, &req, timeout_opt, start).await {
+    let answered = !req.turn_id.is_empty()
+        && (gw.pipeline().caches())
+            .get_turn(&identity, &req.turn_id)
+            .is_some();
+    if !answered && let Some(h) = conversation::hypotheses(gw, &identity, &req, deadline).await {
         req.hypotheses = h;
     }
-    let pipeline_start = Instant::now();
-    let left_opt = timeout_opt.map(|t| t.saturating_sub(start.elapsed()));
-    let deadline = gw.deadline_within(left_opt, pipeline_start);
     let q = Query::try_from(req)?;
-    Ok(gw.retrieve(identity, q, pipeline_start, deadline).await?)
+    Ok(gw.retrieve(identity, q, start, deadline).await?)
 }
 
 /// Failures the caller cannot fix by changing the request: these are the

@@ -128,9 +128,24 @@ where
 
 type RpcFuture<R> = Pin<Box<dyn Future<Output = Result<tonic::Response<R>, Status>> + Send>>;
 
+/// The grpc-timeout to advertise for a call with `own` stack timeout and
+/// the caller's deadline: the time left when that is shorter (the
+/// downstream stops working on an answer nobody will wait for), and whether
+/// it was the caller's deadline that set it.
+fn advertised_timeout(
+    own: Duration,
+    deadline_opt: Option<Instant>,
+    now: Instant,
+) -> (Duration, bool) {
+    match deadline_opt.map(|d| d.saturating_duration_since(now)) {
+        Some(left) if left < own => (left.max(Duration::from_millis(1)), true),
+        _ => (own, false),
+    }
+}
+
 /// The innermost service: one tonic RPC with identity + internal token and
-/// the W3C trace context in metadata, and the stack's timeout advertised as
-/// grpc-timeout.
+/// the W3C trace context in metadata, and min(stack timeout, time left)
+/// advertised as grpc-timeout.
 fn rpc<C, T, R>(
     client: C,
     token: Arc<str>,
@@ -149,16 +164,21 @@ where
             let mut req = tonic::Request::new(call.msg);
             call.identity.write_internal(req.metadata_mut(), &token);
             engram_common::telemetry::inject_current(req.metadata_mut());
-            req.set_timeout(timeout);
+            let (advertised, by_caller) =
+                advertised_timeout(timeout, call.deadline_opt, Instant::now());
+            req.set_timeout(advertised);
             f(client, req)
                 .await
                 .map(tonic::Response::into_inner)
                 .map_err(|s| {
                     // tonic enforces the same grpc-timeout client-side and
-                    // reports it as Cancelled; it is our timeout, so count
-                    // it as one (metrics, breaker, DownstreamError::Timeout).
+                    // reports it as Cancelled; it is a timeout: the stack's
+                    // own (a failure) or the caller's deadline (neutral).
                     if s.code() == tonic::Code::Cancelled && s.message() == "Timeout expired" {
-                        BoxError::from(tower::timeout::error::Elapsed::new())
+                        match by_caller {
+                            true => BoxError::from(deadline::DeadlineReached),
+                            false => BoxError::from(tower::timeout::error::Elapsed::new()),
+                        }
                     } else {
                         BoxError::from(s)
                     }
@@ -342,5 +362,29 @@ impl<'a> Builder<'a> {
         let (svc, handle) = layered(&spec, budget, m, inner);
         self.breakers.push((name, handle));
         svc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_advertised_timeout_is_the_shorter_of_the_stacks_and_the_callers() {
+        let now = Instant::now();
+        let own = Duration::from_millis(300);
+        assert_eq!(advertised_timeout(own, None, now), (own, false));
+        let far = Some(now + Duration::from_secs(2));
+        assert_eq!(advertised_timeout(own, far, now), (own, false));
+        let near = Some(now + Duration::from_millis(80));
+        assert_eq!(
+            advertised_timeout(own, near, now),
+            (Duration::from_millis(80), true)
+        );
+        let gone = Some(now);
+        assert_eq!(
+            advertised_timeout(own, gone, now + Duration::from_millis(5)),
+            (Duration::from_millis(1), true)
+        );
     }
 }

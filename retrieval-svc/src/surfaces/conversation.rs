@@ -5,8 +5,6 @@
 //! a short budget, skipped on any failure. A plain step before the pipeline:
 //! the API adapter runs it, then the pipeline with the time that is left.
 
-use std::time::Duration;
-
 use engram_common::Identity;
 use engram_proto::{RetrievalMode, RetrieveRequest};
 use tokio::time::Instant;
@@ -31,15 +29,14 @@ pub fn wants_hyde(r: &RetrieveRequest) -> bool {
 
 /// Hypotheses for a conversation-window request when an LLM is configured
 /// and the request [`wants_hyde`]. Never fails the request: `None` on any
-/// error or timeout, and the request goes on as it was. A caller's own
-/// deadline (`timeout_opt`, counted from `start`) leaves at least half for
-/// the pipeline.
+/// error or timeout, and the request goes on as it was. It takes at most
+/// half of the time left before the request's `deadline`, so the pipeline
+/// keeps the other half.
 pub async fn hypotheses(
     gw: &Gateway,
     identity: &Identity,
     req: &RetrieveRequest,
-    timeout_opt: Option<Duration>,
-    start: Instant,
+    deadline: Instant,
 ) -> Option<Vec<String>> {
     let client = gw.llm()?;
     if !wants_hyde(req) {
@@ -47,8 +44,8 @@ pub async fn hypotheses(
     }
     // Only a valid window spends an LLM call; the query reports a bad one.
     let text = query_text(&req.conversation).ok()?;
-    let left = timeout_opt.map_or(Duration::MAX, |t| t.saturating_sub(start.elapsed()) / 2);
-    let budget = client.hyde_budget(left);
+    let left = deadline.saturating_duration_since(Instant::now());
+    let budget = client.hyde_budget(left / 2);
     let t = Instant::now();
     let r = client.hypotheses(&text, client.hyde_count(), budget).await;
     llm::observe(gw.metrics(), &r, t);
