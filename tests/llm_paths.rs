@@ -527,7 +527,10 @@ async fn conversation_window_hyde_and_its_silent_skips() -> anyhow::Result<()> {
     let first = c.retrieve(authed(&ts.key, turn())).await?.into_inner();
     assert_eq!(double.take().len(), 1);
     let again = c.retrieve(authed(&ts.key, turn())).await?.into_inner();
-    assert!(double.take().is_empty(), "a sub-turn paid the LLM call again");
+    assert!(
+        double.take().is_empty(),
+        "a sub-turn paid the LLM call again"
+    );
     assert_eq!(again.query_id, first.query_id);
 
     // Caller hypotheses, a text query or a keyword-only mode: no LLM call.

@@ -104,6 +104,9 @@ pub fn confidence_of(records: &[ScoredMemory], max_rrf: f32) -> f32 {
     }
 }
 
+/// The graph edge type graph-svc reports contradictions for.
+pub const CONTRADICTS: &str = "contradicts";
+
 /// An older memory wins on confidence only by at least this margin.
 const CONFIDENCE_MARGIN: f32 = 0.3;
 
@@ -187,6 +190,7 @@ pub fn resolve_conflicts(
             memory_b: b.id.clone(),
             resolution: resolution as i32,
             winner_id: winner_opt.unwrap_or_default(),
+            edge_type: CONTRADICTS.into(),
         });
     }
     (out, losers)
@@ -222,6 +226,8 @@ pub fn to_record(c: Checked, score: f32) -> ScoredMemory {
         memory: Some(cand.memory),
         score,
         provenance: Some(provenance),
+        // Set by `assemble`, which knows the position.
+        rank: 0,
     }
 }
 
@@ -243,7 +249,9 @@ pub fn assemble(
             continue;
         }
         if out.len() < limit {
-            out.push(to_record(c, score));
+            let mut record = to_record(c, score);
+            record.rank = out.len() as u32 + 1;
+            out.push(record);
         }
     }
     out
@@ -402,6 +410,7 @@ mod tests {
                 }),
                 score: 1.0,
                 provenance: None,
+                rank: 0,
             })
             .collect();
         for budget in [0, 1, 5, 17, 64, 100, 333, 1000, 100_000] {
@@ -434,6 +443,7 @@ mod tests {
                 memory: Some(m),
                 score: 1.0,
                 provenance: None,
+                rank: 0,
             })
             .collect();
         let (block, t) = pack_context(&records, 1000);
@@ -442,5 +452,50 @@ mod tests {
             "## Relevant Long-Term Memories\n\n**[semantic | kb-1 | v3]**\n_Supersedes memory old._\nAlice now leads billing.\n\n**[episodic | user | v1]**\ncontent of s\n"
         );
         assert_eq!(t, tokens(&block));
+    }
+
+    #[test]
+    fn records_carry_their_rank_and_conflicts_their_edge_type() {
+        use crate::pipeline::fusion::Fused;
+        use crate::pipeline::search::Candidate;
+        let checked = |m: Memory| Checked {
+            cand: Candidate {
+                fused: Fused {
+                    id: m.id.clone(),
+                    rrf: 0.5,
+                    hits: vec![],
+                },
+                memory: m,
+                via_entities: vec![],
+            },
+            temporal: 1.0,
+            confidence: 1.0,
+            relevance_opt: None,
+            checks: vec![],
+        };
+        let (old, new) = (mem("old", 100, 1.0), mem("new", 200, 1.0));
+        let ranked = vec![
+            (checked(new.clone()), 0.9),
+            (checked(old.clone()), 0.8),
+            (checked(mem("other", 150, 1.0)), 0.7),
+        ];
+        let pairs = [Contradiction {
+            memory_a: "old".into(),
+            memory_b: "new".into(),
+            weight: 1.0,
+        }];
+        let (conflicts, losers) = resolve_conflicts(&ranked, &pairs);
+        assert_eq!(conflicts[0].edge_type, CONTRADICTS);
+        let records = assemble(ranked, &losers, 10, &mut Vec::new());
+        let ranks: Vec<(String, u32)> = records
+            .iter()
+            .map(|r| {
+                (
+                    r.memory.as_ref().map(|m| m.id.clone()).unwrap_or_default(),
+                    r.rank,
+                )
+            })
+            .collect();
+        assert_eq!(ranks, [("new".to_string(), 1), ("other".to_string(), 2)]);
     }
 }

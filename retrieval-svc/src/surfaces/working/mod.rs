@@ -27,7 +27,7 @@ pub use self::store::*;
 use crate::downstream::{call, call_until};
 use crate::error::Error;
 use crate::gateway::Gateway;
-use crate::pipeline::assemble::citation;
+use crate::pipeline::assemble::{CONTRADICTS, citation};
 use crate::query::Query;
 use crate::surfaces::demand::{Shape, Surface};
 
@@ -382,6 +382,7 @@ impl Expansion<'_> {
                     memory_b: p.memory_b,
                     resolution: ConflictResolution::Unresolved as i32,
                     winner_id: String::new(),
+                    edge_type: CONTRADICTS.into(),
                 })
                 .collect(),
             Err(e) => {
