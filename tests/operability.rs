@@ -517,6 +517,51 @@ fn deploy_manifests_parse_as_yaml() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The Foundry HTTP API listens on all interfaces and is published in both
+/// deployments (it defaults to 127.0.0.1:8080, unreachable from outside a
+/// container).
+#[test]
+fn the_foundry_http_api_is_exposed_in_compose_and_kubernetes() -> anyhow::Result<()> {
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let load = |rel: &str| -> anyhow::Result<Vec<yaml_rust2::Yaml>> {
+        let text = std::fs::read_to_string(deploy.join(rel))?;
+        yaml_rust2::YamlLoader::load_from_str(&text).map_err(|e| anyhow::anyhow!("{rel}: {e}"))
+    };
+    let config = &load("k8s/base/configmap.yaml")?[0];
+    assert_eq!(
+        config["data"]["ENGRAM__LISTEN__HTTP"].as_str(),
+        Some("0.0.0.0:8080")
+    );
+    let retrieval = load("k8s/base/retrieval.yaml")?;
+    let kind = |d: &yaml_rust2::Yaml, k: &str| d["kind"].as_str() == Some(k);
+    let names = |list: &yaml_rust2::Yaml| -> Vec<String> {
+        list.as_vec()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["name"].as_str().map(str::to_string))
+            .collect()
+    };
+    let service = retrieval.iter().find(|d| kind(d, "Service"));
+    let service = service.ok_or_else(|| anyhow::anyhow!("no retrieval Service"))?;
+    assert!(names(&service["spec"]["ports"]).contains(&"http".to_string()));
+    let deployment = retrieval.iter().find(|d| kind(d, "Deployment"));
+    let deployment = deployment.ok_or_else(|| anyhow::anyhow!("no retrieval Deployment"))?;
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert!(names(&container["ports"]).contains(&"http".to_string()));
+    let compose = &load("compose.yaml")?[0];
+    let gateway = &compose["services"]["retrieval"];
+    let published: Vec<&str> = (gateway["ports"].as_vec().into_iter().flatten())
+        .filter_map(|p| p.as_str())
+        .collect();
+    assert!(
+        published.iter().any(|p| p.ends_with(":8080:8080")),
+        "{published:?}"
+    );
+    let env = &compose["x-engram"]["environment"];
+    assert_eq!(env["ENGRAM__LISTEN__HTTP"].as_str(), Some("0.0.0.0:8080"));
+    Ok(())
+}
+
 /// Graceful shutdown on a real service: the shutdown signal flips health to
 /// NOT_SERVING (an open Watch sees it) while a slow call is still in flight;
 /// that call still gets its gRPC answer, then the server exits.
