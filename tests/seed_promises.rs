@@ -117,3 +117,106 @@ async fn a_write_makes_the_turns_cached_answer_stale() -> anyhow::Result<()> {
     stack.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn as_of_returns_the_version_of_that_time_in_every_mode() -> anyhow::Result<()> {
+    let (stack, mut c) = one_tenant().await?;
+    let old_id = uuid::Uuid::new_v4().to_string();
+    let old = Memory {
+        id: old_id.clone(),
+        content: "The Acme office is in Berlin, on Torstrasse.".into(),
+        entities: vec!["Acme".into(), "Berlin".into()],
+        ..Default::default()
+    };
+    c.memories
+        .upsert(UpsertRequest {
+            memories: vec![old],
+        })
+        .await?;
+    let recorded = c
+        .memories
+        .get(engram_proto::GetRequest {
+            ids: vec![old_id.clone()],
+            include_embedding: false,
+        })
+        .await?
+        .into_inner()
+        .memories
+        .first()
+        .and_then(|m| m.recorded_at)
+        .ok_or_else(|| anyhow::anyhow!("no recorded_at"))?;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let new_id = uuid::Uuid::new_v4().to_string();
+    let new = Memory {
+        id: new_id.clone(),
+        content: "The Acme office moved from Berlin to Munich.".into(),
+        entities: vec!["Acme".into(), "Munich".into()],
+        supersedes: old_id.clone(),
+        ..Default::default()
+    };
+    c.memories
+        .upsert(UpsertRequest {
+            memories: vec![new],
+        })
+        .await?;
+    // 100 ms after the first version was recorded, 200 ms before the second.
+    let nanos = i64::from(recorded.nanos) + 100_000_000;
+    let before_change = Timestamp {
+        seconds: recorded.seconds + nanos / 1_000_000_000,
+        nanos: (nanos % 1_000_000_000) as i32,
+    };
+    for mode in [
+        RetrievalMode::Auto,
+        RetrievalMode::Simple,
+        RetrievalMode::MultiHop,
+        RetrievalMode::Exploratory,
+        RetrievalMode::Vector,
+        RetrievalMode::Keyword,
+        RetrievalMode::Graph,
+        RetrievalMode::Hybrid,
+    ] {
+        let r = c
+            .retrieval
+            .retrieve(RetrieveRequest {
+                text: "Where is the Acme office?".into(),
+                as_of_ingestion: Some(before_change),
+                mode: mode as i32,
+                no_cache: true,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        let ids: Vec<&str> = (r.records.iter())
+            .filter_map(|s| s.memory.as_ref().map(|m| m.id.as_str()))
+            .collect();
+        assert!(
+            !ids.contains(&new_id.as_str()),
+            "{mode:?}: the newer version: {ids:?}"
+        );
+        if mode != RetrievalMode::Graph {
+            assert!(
+                ids.contains(&old_id.as_str()),
+                "{mode:?}: no old version: {ids:?}"
+            );
+        }
+    }
+    // Without as_of, today's version only.
+    let r = c
+        .retrieval
+        .retrieve(RetrieveRequest {
+            text: "Where is the Acme office?".into(),
+            no_cache: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let ids: Vec<&str> = (r.records.iter())
+        .filter_map(|s| s.memory.as_ref().map(|m| m.id.as_str()))
+        .collect();
+    assert!(
+        ids.contains(&new_id.as_str()) && !ids.contains(&old_id.as_str()),
+        "{ids:?}"
+    );
+    stack.shutdown().await;
+    Ok(())
+}

@@ -256,7 +256,11 @@ async fn fan_out(
         seeds,
         k: k.min(50),
         namespace: filters.namespace.clone(),
-        include_historical: filters.include_historical,
+        // An as-of query needs the versions that are history now; the
+        // gateway then keeps the ones visible at that time (validate.rs).
+        include_historical: filters.include_historical
+            || filters.as_of_event.is_some()
+            || filters.as_of_ingestion.is_some(),
         ..Default::default()
     };
     let seeded = plan.graph && plan.dense_seeds && plan.vector;

@@ -66,6 +66,45 @@ pub struct Checked {
     pub checks: Vec<&'static str>,
 }
 
+/// Whether `m` is the version the caller asked for, by the same rule as
+/// search-svc's SQL (filters.rs): as of an event time, valid then; as of
+/// an ingestion time, recorded and not yet retracted then; with neither
+/// and not historical, valid and not retracted now. Graph hits are fetched
+/// by id, so this is where they get the rule.
+fn temporal_reason(
+    m: &Memory,
+    f: &Filters,
+    decay_floor: f32,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<String> {
+    let at = |ts: &Option<prost_types::Timestamp>| ts.as_ref().and_then(ts_to_chrono);
+    let as_of_event_opt = at(&f.as_of_event);
+    let as_of_ingestion_opt = at(&f.as_of_ingestion);
+    let current_only =
+        !f.include_historical && as_of_event_opt.is_none() && as_of_ingestion_opt.is_none();
+    if !f.include_historical && m.decay_score < decay_floor {
+        return Some(format!("decay score {:.3} below floor", m.decay_score));
+    }
+    let (valid_from, valid_to) = (at(&m.valid_from), at(&m.valid_to));
+    match as_of_event_opt {
+        Some(t) if valid_from.is_some_and(|v| v > t) || valid_to.is_some_and(|v| v <= t) => {
+            return Some("not valid at the as-of event time".into());
+        }
+        None if current_only && valid_to.is_some_and(|v| v <= now) => {
+            return Some("no longer valid".into());
+        }
+        _ => {}
+    }
+    let (recorded_at, retracted_at) = (at(&m.recorded_at), at(&m.retracted_at));
+    match as_of_ingestion_opt {
+        Some(t) if recorded_at.is_some_and(|r| r > t) || retracted_at.is_some_and(|r| r <= t) => {
+            Some("not recorded at the as-of ingestion time".into())
+        }
+        None if current_only && retracted_at.is_some_and(|r| r <= now) => Some("retracted".into()),
+        _ => None,
+    }
+}
+
 fn drop_reason(
     m: &Memory,
     identity: &Identity,
@@ -73,27 +112,8 @@ fn drop_reason(
     decay_floor: f32,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Option<(&'static str, String)> {
-    if !filters.include_historical {
-        if m.decay_score < decay_floor {
-            return Some((
-                "temporal",
-                format!("decay score {:.3} below floor", m.decay_score),
-            ));
-        }
-        if m.retracted_at
-            .as_ref()
-            .and_then(ts_to_chrono)
-            .is_some_and(|t| t <= now)
-        {
-            return Some(("temporal", "retracted".into()));
-        }
-        if m.valid_to
-            .as_ref()
-            .and_then(ts_to_chrono)
-            .is_some_and(|t| t <= now)
-        {
-            return Some(("temporal", "no longer valid".into()));
-        }
+    if let Some(reason) = temporal_reason(m, filters, decay_floor, now) {
+        return Some(("temporal", reason));
     }
     if m.tenant_id != identity.tenant {
         return Some(("access", "other tenant".into()));
