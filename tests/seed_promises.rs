@@ -220,3 +220,110 @@ async fn as_of_returns_the_version_of_that_time_in_every_mode() -> anyhow::Resul
     stack.shutdown().await;
     Ok(())
 }
+
+/// A TCP forwarder that can be cut (every connection closed, new ones
+/// refused) and restored: Postgres going away and coming back, as the
+/// services see it, without stopping the Postgres other tests share.
+struct Proxy {
+    addr: std::net::SocketAddr,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cuts: tokio::sync::watch::Sender<u64>,
+}
+
+impl Proxy {
+    async fn start(upstream: std::net::SocketAddr) -> anyhow::Result<Self> {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (cuts, _) = tokio::sync::watch::channel(0u64);
+        let (is_open, cut_rx) = (open.clone(), cuts.subscribe());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !is_open.load(Ordering::SeqCst) {
+                    continue; // dropped: refused
+                }
+                let mut cut = cut_rx.clone();
+                cut.mark_unchanged();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, open, cuts })
+    }
+
+    fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+
+    fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Polls a service's health until it is `want`, for at most 30 s.
+async fn health_becomes(stack: &Stack, svc: Service, want: i32) -> anyhow::Result<()> {
+    let addr = stack
+        .addr(svc)
+        .ok_or_else(|| anyhow::anyhow!("{svc:?} not running"))?;
+    for _ in 0..60 {
+        if engram::stack::health_status(addr, svc).await == Some(want) {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    anyhow::bail!("{svc:?} health never became {want}")
+}
+
+#[tokio::test]
+async fn health_follows_postgres_away_and_back() -> anyhow::Result<()> {
+    const SERVING: i32 = 1;
+    const NOT_SERVING: i32 = 2;
+    let mut settings = engram_tests::settings().await?;
+    let url = settings
+        .database
+        .url_opt
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no database url"))?;
+    let (head, rest) = url
+        .split_once('@')
+        .ok_or_else(|| anyhow::anyhow!("url {url} has no host"))?;
+    let (host_port, db) = rest
+        .split_once('/')
+        .ok_or_else(|| anyhow::anyhow!("url {url} has no database"))?;
+    let upstream = tokio::net::lookup_host(host_port)
+        .await?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("cannot resolve {host_port}"))?;
+    let proxy = Proxy::start(upstream).await?;
+    settings.database.url_opt = Some(format!("{head}@{}/{db}", proxy.addr));
+    settings.auth.internal_token_opt = Some(engram::stack::random_token());
+    let opts = StackOptions {
+        services: [Service::Search, Service::Graph].into_iter().collect(),
+        ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys: Vec::new(),
+    };
+    let stack = Stack::start(settings, opts).await?;
+    for svc in [Service::Search, Service::Graph] {
+        health_becomes(&stack, svc, SERVING).await?;
+    }
+    proxy.cut();
+    for svc in [Service::Search, Service::Graph] {
+        health_becomes(&stack, svc, NOT_SERVING).await?;
+    }
+    proxy.restore();
+    for svc in [Service::Search, Service::Graph] {
+        health_becomes(&stack, svc, SERVING).await?;
+    }
+    stack.shutdown().await;
+    Ok(())
+}

@@ -37,6 +37,7 @@ use crate::settings::ListenSettings;
 
 pub use tonic_health::ServingStatus;
 pub use tonic_health::pb::health_server::HealthServer;
+pub use tonic_health::server::HealthReporter as Reporter;
 
 /// The health service a server hands to [`serve`]: the standard one, except
 /// that once draining starts it answers NOT_SERVING for every service it
@@ -279,6 +280,31 @@ pub async fn serve_with(
             );
             Ok(())
         }
+    }
+}
+
+/// How often [`watch_database`] asks, and how long one check may take.
+const DB_CHECK: Duration = Duration::from_secs(2);
+
+/// Follows a service's database: a `SELECT 1` every two seconds (bounded
+/// by the same two), and `on_change(reachable)` on the first answer and on
+/// every change after, so health can go NOT_SERVING while Postgres is gone
+/// and come back by itself. Runs until aborted.
+pub async fn watch_database(pool: sqlx::PgPool, on_change: impl Fn(bool) + Send + 'static) {
+    let mut last_opt: Option<bool> = None;
+    loop {
+        let check = sqlx::query("SELECT 1").execute(&pool);
+        let ok = matches!(tokio::time::timeout(DB_CHECK, check).await, Ok(Ok(_)));
+        if last_opt != Some(ok) {
+            match ok {
+                true if last_opt.is_some() => tracing::info!("database reachable again"),
+                true => {}
+                false => tracing::warn!("database unreachable: health NOT_SERVING"),
+            }
+            on_change(ok);
+            last_opt = Some(ok);
+        }
+        tokio::time::sleep(DB_CHECK).await;
     }
 }
 

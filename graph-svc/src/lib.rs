@@ -28,6 +28,7 @@ pub mod store;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use engram_common::server::{self, ServingStatus};
 use engram_common::settings::Settings;
@@ -39,8 +40,38 @@ use tonic::service::Routes;
 pub use error::Error;
 pub use store::Registry;
 
-/// Health name reported SERVING once the change listener is listening.
+/// Health name reported SERVING while the change listener is listening and
+/// Postgres answers.
 pub const SERVICE_NAME: &str = "engram.v1.GraphService";
+
+/// What graph-svc's health is made of.
+struct Readiness {
+    listening: AtomicBool,
+    database: AtomicBool,
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self {
+            listening: AtomicBool::new(false),
+            // Until the first check says otherwise: the pool just connected.
+            database: AtomicBool::new(true),
+        }
+    }
+}
+
+impl Readiness {
+    fn report(&self, reporter: &server::Reporter) {
+        let serving =
+            self.listening.load(Ordering::Relaxed) && self.database.load(Ordering::Relaxed);
+        let status = match serving {
+            true => ServingStatus::Serving,
+            false => ServingStatus::NotServing,
+        };
+        let reporter = reporter.clone();
+        tokio::spawn(async move { reporter.set_service_status(SERVICE_NAME, status).await });
+    }
+}
 
 /// Serves GraphService on `listener` until `shutdown`.
 pub async fn run(
@@ -56,15 +87,18 @@ pub async fn run(
         .await;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let debouncer = tokio::spawn(store::debounce(registry.clone(), rx));
-    let rep = reporter.clone();
-    let listen = tokio::spawn(store::listen(pool, tx, move |ok| {
-        let rep = rep.clone();
-        let status = if ok {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        };
-        tokio::spawn(async move { rep.set_service_status(SERVICE_NAME, status).await });
+    // SERVING needs both: the change listener up (graphs stay current) and
+    // Postgres answering (graphs can load).
+    let state = Arc::new(Readiness::default());
+    let (rep, st) = (reporter.clone(), state.clone());
+    let listen = tokio::spawn(store::listen(pool.clone(), tx, move |ok| {
+        st.listening.store(ok, Ordering::Relaxed);
+        st.report(&rep);
+    }));
+    let (rep, st) = (reporter.clone(), state.clone());
+    let watcher = tokio::spawn(server::watch_database(pool, move |ok| {
+        st.database.store(ok, Ordering::Relaxed);
+        st.report(&rep);
     }));
     let preload = tokio::spawn(store::preload(
         registry.clone(),
@@ -75,6 +109,7 @@ pub async fn run(
     let routes = Routes::new(GraphServiceServer::new(svc));
     let result = server::serve_with(listener, routes, health, opts, shutdown).await;
     listen.abort();
+    watcher.abort();
     debouncer.abort();
     preload.abort();
     result?;

@@ -240,15 +240,30 @@ pub async fn serve_svc(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (reporter, health_svc) = health();
-    let status = if svc.embeddings().is_ready() {
-        ServingStatus::Serving
-    } else {
-        ServingStatus::NotServing
+    let model_ready = svc.embeddings().is_ready();
+    let status = |ok: bool| match ok {
+        true => ServingStatus::Serving,
+        false => ServingStatus::NotServing,
     };
-    reporter.set_service_status(SERVICE_NAME, status).await;
+    reporter
+        .set_service_status(SERVICE_NAME, status(model_ready))
+        .await;
+    // SERVING needs both the model and Postgres; the watcher follows the
+    // database for as long as the server runs.
+    let watcher = tokio::spawn(engram_common::server::watch_database(
+        svc.inner.pool.clone(),
+        move |db_ok| {
+            let reporter = reporter.clone();
+            let serving = status(db_ok && model_ready);
+            tokio::spawn(async move { reporter.set_service_status(SERVICE_NAME, serving).await });
+        },
+    ));
     let opts = svc.inner.serve_opts;
     let routes = Routes::new(SearchServiceServer::new(svc));
-    engram_common::server::serve_with(listener, routes, health_svc, opts, shutdown).await?;
+    let result =
+        engram_common::server::serve_with(listener, routes, health_svc, opts, shutdown).await;
+    watcher.abort();
+    result?;
     Ok(())
 }
 
