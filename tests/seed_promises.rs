@@ -118,6 +118,29 @@ async fn a_write_makes_the_turns_cached_answer_stale() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The ids `mode` returns for the office question, as of `as_of_opt`.
+async fn office_ids(
+    c: &mut Client,
+    as_of_opt: Option<Timestamp>,
+    mode: RetrievalMode,
+) -> anyhow::Result<Vec<String>> {
+    let r = c
+        .retrieval
+        .retrieve(RetrieveRequest {
+            text: "Where is the Acme office?".into(),
+            as_of_ingestion: as_of_opt,
+            mode: mode as i32,
+            no_cache: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    Ok(r.records
+        .iter()
+        .filter_map(|s| s.memory.as_ref().map(|m| m.id.clone()))
+        .collect())
+}
+
 #[tokio::test]
 async fn as_of_returns_the_version_of_that_time_in_every_mode() -> anyhow::Result<()> {
     let (stack, mut c) = one_tenant().await?;
@@ -175,48 +198,18 @@ async fn as_of_returns_the_version_of_that_time_in_every_mode() -> anyhow::Resul
         RetrievalMode::Graph,
         RetrievalMode::Hybrid,
     ] {
-        let r = c
-            .retrieval
-            .retrieve(RetrieveRequest {
-                text: "Where is the Acme office?".into(),
-                as_of_ingestion: Some(before_change),
-                mode: mode as i32,
-                no_cache: true,
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
-        let ids: Vec<&str> = (r.records.iter())
-            .filter_map(|s| s.memory.as_ref().map(|m| m.id.as_str()))
-            .collect();
+        let ids = office_ids(&mut c, Some(before_change), mode).await?;
         assert!(
-            !ids.contains(&new_id.as_str()),
+            !ids.contains(&new_id),
             "{mode:?}: the newer version: {ids:?}"
         );
         if mode != RetrievalMode::Graph {
-            assert!(
-                ids.contains(&old_id.as_str()),
-                "{mode:?}: no old version: {ids:?}"
-            );
+            assert!(ids.contains(&old_id), "{mode:?}: no old version: {ids:?}");
         }
     }
     // Without as_of, today's version only.
-    let r = c
-        .retrieval
-        .retrieve(RetrieveRequest {
-            text: "Where is the Acme office?".into(),
-            no_cache: true,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    let ids: Vec<&str> = (r.records.iter())
-        .filter_map(|s| s.memory.as_ref().map(|m| m.id.as_str()))
-        .collect();
-    assert!(
-        ids.contains(&new_id.as_str()) && !ids.contains(&old_id.as_str()),
-        "{ids:?}"
-    );
+    let ids = office_ids(&mut c, None, RetrievalMode::Auto).await?;
+    assert!(ids.contains(&new_id) && !ids.contains(&old_id), "{ids:?}");
     stack.shutdown().await;
     Ok(())
 }
