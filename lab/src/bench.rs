@@ -34,7 +34,7 @@ use rand::Rng;
 use rand::SeedableRng;
 
 use crate::eval::{load_2wiki, percentile};
-use crate::split::SplitStack;
+use crate::split::{SplitStack, vm_hwm_mb};
 
 pub struct BenchArgs {
     pub memories: usize,
@@ -726,14 +726,4 @@ pub fn rss_mb() -> f64 {
         .ok()
         .and_then(|s| vm_hwm_mb(&s))
         .unwrap_or(0.0)
-}
-
-/// `VmHWM` of a `/proc/<pid>/status` text, in MB (one decimal).
-pub fn vm_hwm_mb(status: &str) -> Option<f64> {
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map(|kb| (kb / 1024.0 * 10.0).round() / 10.0)
 }

@@ -140,7 +140,7 @@ impl SplitStack {
             .filter_map(|(svc, c)| {
                 let pid = c.id()?;
                 let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-                Some((*svc, crate::bench::vm_hwm_mb(&status)?))
+                Some((*svc, vm_hwm_mb(&status)?))
             })
             .collect()
     }
@@ -181,4 +181,14 @@ fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))?;
     f.write_all(text.as_bytes())?;
     Ok(())
+}
+
+/// `VmHWM` of a `/proc/<pid>/status` text, in MB (one decimal).
+pub fn vm_hwm_mb(status: &str) -> Option<f64> {
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map(|kb| (kb / 1024.0 * 10.0).round() / 10.0)
 }
