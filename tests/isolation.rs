@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use engram::client::Client;
-use engram::stack::{Service, Stack, StackOptions};
+use engram::stack::Stack;
 use engram_common::convert::json_to_struct;
 use engram_proto::memory_service_client::MemoryServiceClient;
 use engram_proto::working_memory_service_client::WorkingMemoryServiceClient;
 use engram_proto::{
     AccessLevel, DeleteRequest, GetMemoryRequest, Memory, RetrieveRequest, UpsertRequest,
 };
+use engram_tests::{authed, stack_with_keys};
 
 /// The whole stack with two tenants, each with its own key.
 async fn two_tenants() -> anyhow::Result<(Stack, Client, Client)> {
@@ -26,40 +27,6 @@ async fn two_tenants_with(
     let a = Client::connect(&uri, &keys[0]).await?;
     let b = Client::connect(&uri, &keys[1]).await?;
     Ok((stack, a, b))
-}
-
-/// The whole stack with one API key per (tenant tag, trust): keys with the
-/// same tag share a tenant and the agent `agent-1`. Returns the stack, the
-/// gateway's URI and the keys in order.
-async fn stack_with_keys(
-    settings: engram_common::Settings,
-    keys: &[(&str, &str)],
-) -> anyhow::Result<(Stack, String, Vec<String>)> {
-    let run = uuid::Uuid::new_v4().simple().to_string();
-    let extra_keys: Vec<_> = keys
-        .iter()
-        .map(|(tag, trust)| {
-            let key = format!("k-{tag}-{}", uuid::Uuid::new_v4().simple());
-            (
-                key,
-                format!("t-{tag}-{run}"),
-                "agent-1".into(),
-                trust.to_string(),
-            )
-        })
-        .collect();
-    let keys = extra_keys.iter().map(|k| k.0.clone()).collect();
-    let opts = StackOptions {
-        services: Service::ALL.into_iter().collect(),
-        ephemeral_ports: true,
-        dev_api_key: false,
-        extra_keys,
-    };
-    let stack = Stack::start(settings, opts).await?;
-    let uri = stack
-        .gateway_uri()
-        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
-    Ok((stack, uri, keys))
 }
 
 fn query(text: &str) -> RetrieveRequest {
@@ -212,15 +179,6 @@ async fn a_nul_byte_or_an_impossible_time_is_the_callers_error_and_opens_no_brea
     );
     stack.shutdown().await;
     Ok(())
-}
-
-fn authed<T>(key: &str, msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {key}").parse().expect("ascii key"),
-    );
-    r
 }
 
 #[tokio::test]

@@ -21,6 +21,7 @@ use engram_proto::{
     RetrieveResponse, UpsertRequest,
 };
 use engram_tests::TestStack;
+use engram_tests::authed;
 use retrieval_svc::Gateway;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -157,15 +158,6 @@ async fn chat(State(d): State<Double>, headers: HeaderMap, body: String) -> Resp
         ),
         _ => completion("", 10),
     }
-}
-
-fn authed<T>(key: &str, msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {key}").parse().expect("ascii key"),
-    );
-    r
 }
 
 fn mem(uid: &str, seed: &str, content: &str) -> Memory {

@@ -3,27 +3,10 @@
 //! shared test Postgres) and proves it gone.
 
 use engram::client::Client;
-use engram::stack::{Service, Stack, StackOptions};
+use engram::stack::{Service, Stack};
 use engram_proto::{Memory, RetrievalMode, RetrieveRequest, TimeRange, UpsertRequest};
+use engram_tests::TestStack;
 use prost_types::Timestamp;
-
-async fn one_tenant() -> anyhow::Result<(Stack, Client)> {
-    let settings = engram_tests::settings().await?;
-    let key = format!("k-{}", uuid::Uuid::new_v4().simple());
-    let tenant = format!("t-{}", uuid::Uuid::new_v4().simple());
-    let opts = StackOptions {
-        services: Service::ALL.into_iter().collect(),
-        ephemeral_ports: true,
-        dev_api_key: false,
-        extra_keys: vec![(key.clone(), tenant, "agent-1".into(), "internal".into())],
-    };
-    let stack = Stack::start(settings, opts).await?;
-    let uri = stack
-        .gateway_uri()
-        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
-    let client = Client::connect(&uri, &key).await?;
-    Ok((stack, client))
-}
 
 fn at(seconds: i64) -> Option<Timestamp> {
     Some(Timestamp { seconds, nanos: 0 })
@@ -31,7 +14,8 @@ fn at(seconds: i64) -> Option<Timestamp> {
 
 #[tokio::test]
 async fn a_retry_never_widens_what_the_caller_set() -> anyhow::Result<()> {
-    let (stack, mut c) = one_tenant().await?;
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
     let t0 = 1_700_000_000;
     // Nothing inside the window, or above the confidence floor: the first
     // attempt finds nothing, and every retry must still find nothing.
@@ -77,13 +61,14 @@ async fn a_retry_never_widens_what_the_caller_set() -> anyhow::Result<()> {
             r.records
         );
     }
-    stack.shutdown().await;
+    ts.shutdown().await;
     Ok(())
 }
 
 #[tokio::test]
 async fn a_write_makes_the_turns_cached_answer_stale() -> anyhow::Result<()> {
-    let (stack, mut c) = one_tenant().await?;
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
     let m = |content: &str| Memory {
         content: content.into(),
         ..Default::default()
@@ -114,7 +99,7 @@ async fn a_write_makes_the_turns_cached_answer_stale() -> anyhow::Result<()> {
         contents.contains(&news),
         "the turn's answer from before the write was served: {contents:?}"
     );
-    stack.shutdown().await;
+    ts.shutdown().await;
     Ok(())
 }
 
@@ -143,7 +128,8 @@ async fn office_ids(
 
 #[tokio::test]
 async fn as_of_returns_the_version_of_that_time_in_every_mode() -> anyhow::Result<()> {
-    let (stack, mut c) = one_tenant().await?;
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
     let old_id = uuid::Uuid::new_v4().to_string();
     let old = Memory {
         id: old_id.clone(),
@@ -210,7 +196,7 @@ async fn as_of_returns_the_version_of_that_time_in_every_mode() -> anyhow::Resul
     // Without as_of, today's version only.
     let ids = office_ids(&mut c, None, RetrievalMode::Auto).await?;
     assert!(ids.contains(&new_id) && !ids.contains(&old_id), "{ids:?}");
-    stack.shutdown().await;
+    ts.shutdown().await;
     Ok(())
 }
 
@@ -299,24 +285,19 @@ async fn health_follows_postgres_away_and_back() -> anyhow::Result<()> {
     let proxy = Proxy::start(upstream).await?;
     settings.database.url_opt = Some(format!("{head}@{}/{db}", proxy.addr));
     settings.auth.internal_token_opt = Some(engram::stack::random_token());
-    let opts = StackOptions {
-        services: [Service::Search, Service::Graph].into_iter().collect(),
-        ephemeral_ports: true,
-        dev_api_key: false,
-        extra_keys: Vec::new(),
-    };
-    let stack = Stack::start(settings, opts).await?;
+    let services = [Service::Search, Service::Graph].into_iter().collect();
+    let ts = TestStack::start_with(settings, services, "internal").await?;
     for svc in [Service::Search, Service::Graph] {
-        health_becomes(&stack, svc, SERVING).await?;
+        health_becomes(&ts.stack, svc, SERVING).await?;
     }
     proxy.cut();
     for svc in [Service::Search, Service::Graph] {
-        health_becomes(&stack, svc, NOT_SERVING).await?;
+        health_becomes(&ts.stack, svc, NOT_SERVING).await?;
     }
     proxy.restore();
     for svc in [Service::Search, Service::Graph] {
-        health_becomes(&stack, svc, SERVING).await?;
+        health_becomes(&ts.stack, svc, SERVING).await?;
     }
-    stack.shutdown().await;
+    ts.shutdown().await;
     Ok(())
 }

@@ -12,6 +12,7 @@ use engram_proto::{
     RetrieveRequest, UpsertRequest,
 };
 use engram_tests::TestStack;
+use engram_tests::authed;
 use retrieval_svc::Gateway;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -19,15 +20,6 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 type Foundry = KnowledgeFoundryServiceClient<Channel>;
-
-fn authed<T>(key: &str, msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {key}").parse().expect("ascii key"),
-    );
-    r
-}
 
 async fn foundry(uri: String) -> anyhow::Result<Foundry> {
     Ok(KnowledgeFoundryServiceClient::connect(uri).await?)

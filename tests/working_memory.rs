@@ -15,21 +15,13 @@ use engram_proto::{
     AddEdgesRequest, ConflictResolution, Edge, GetDemandRequest, GetMemoryRequest,
     GetMemoryResponse, Memory, MemoryOrigin, RetrieveRequest, UpsertRequest,
 };
+use engram_tests::authed;
 use serde_json::json;
 use tonic::Code;
 use tonic::transport::Channel;
 
 type Wm = WorkingMemoryServiceClient<Channel>;
 type Mem = MemoryServiceClient<Channel>;
-
-fn authed<T>(key: &str, msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {key}").parse().expect("ascii key"),
-    );
-    r
-}
 
 struct Keys {
     /// tenant A, agent-1

@@ -56,3 +56,47 @@ impl TestStack {
         self.stack.shutdown().await;
     }
 }
+
+/// The whole stack with one API key per (tenant tag, trust): keys with the
+/// same tag share a tenant and the agent `agent-1`. Returns the stack, the
+/// gateway's URI and the keys in order.
+pub async fn stack_with_keys(
+    settings: Settings,
+    keys: &[(&str, &str)],
+) -> anyhow::Result<(Stack, String, Vec<String>)> {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let extra_keys: Vec<_> = keys
+        .iter()
+        .map(|(tag, trust)| {
+            let key = format!("k-{tag}-{}", uuid::Uuid::new_v4().simple());
+            (
+                key,
+                format!("t-{tag}-{run}"),
+                "agent-1".into(),
+                trust.to_string(),
+            )
+        })
+        .collect();
+    let keys = extra_keys.iter().map(|k| k.0.clone()).collect();
+    let opts = StackOptions {
+        services: Service::ALL.into_iter().collect(),
+        ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys,
+    };
+    let stack = Stack::start(settings, opts).await?;
+    let uri = stack
+        .gateway_uri()
+        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
+    Ok((stack, uri, keys))
+}
+
+/// A request with `key` as its bearer credential.
+pub fn authed<T>(key: &str, msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {key}").parse().expect("ascii key"),
+    );
+    r
+}
