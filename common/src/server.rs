@@ -308,17 +308,23 @@ pub async fn watch_database(pool: sqlx::PgPool, on_change: impl Fn(bool) + Send 
     }
 }
 
+/// The text of a panic payload (`panic!` with a literal or a format), or
+/// empty for any other payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
 /// A handler that panicked answers INTERNAL, never a reset stream, and
 /// says so in one structured log line (the message, not the payload's
 /// debug dump or a backtrace, which the panic hook logs).
 fn panic_response(
     payload: Box<dyn std::any::Any + Send + 'static>,
 ) -> http::Response<tonic::body::Body> {
-    let message = payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_default();
+    let message = panic_message(payload.as_ref());
     tracing::error!(panic = %message, "handler panicked; answered INTERNAL");
     tonic::Status::internal("internal error").into_http()
 }

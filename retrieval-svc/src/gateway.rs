@@ -118,16 +118,12 @@ impl Gateway {
         self.inner.admission.admit(&identity.tenant, weight)
     }
 
-    /// The deadline of a request that arrived at `start` with `md`.
+    /// The deadline of a request that arrived at `start` with `md`: the
+    /// ceiling, or the caller's `grpc-timeout` when that is shorter, less a
+    /// little for the answer to travel back.
     pub fn deadline(&self, md: &MetadataMap, start: Instant) -> Instant {
-        self.deadline_within(grpc_timeout(md), start)
-    }
-
-    /// The ceiling, or the caller's own time left (`timeout_opt`) when that
-    /// is shorter, less a little for the answer to travel back.
-    pub fn deadline_within(&self, timeout_opt: Option<Duration>, start: Instant) -> Instant {
         let ceiling = Duration::from_millis(self.settings().pipeline.ceiling_ms);
-        let budget = timeout_opt
+        let budget = grpc_timeout(md)
             .map(|t| t.saturating_sub(Duration::from_millis(20)).min(ceiling))
             .unwrap_or(ceiling);
         start + budget

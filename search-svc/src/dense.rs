@@ -10,7 +10,7 @@ use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use crate::error::Result;
 use crate::filters::push_where;
-use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow};
+use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow, hide_unreadable_supersedes};
 use crate::validate::SearchFilters;
 
 pub async fn search(
@@ -33,9 +33,9 @@ pub async fn search(
         .push(" LIMIT ")
         .push_bind(i64::from(k));
 
-    let rows = ScoredRow::fetch_all(qb, pool).await?;
-
-    let mut rows: Vec<(MemoryRow, f32)> = rows
+    let mut found = ScoredRow::fetch_all(qb, pool).await?;
+    hide_unreadable_supersedes(pool, identity, found.iter_mut().map(|r| &mut r.memory)).await?;
+    let mut rows: Vec<(MemoryRow, f32)> = found
         .into_iter()
         .map(|r| (r.memory, (1.0 - r.score) as f32))
         .collect();

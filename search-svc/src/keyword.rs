@@ -30,7 +30,7 @@ use sqlx::{PgPool, Postgres, QueryBuilder};
 
 use crate::error::Result;
 use crate::filters::push_where;
-use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow};
+use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow, hide_unreadable_supersedes};
 use crate::validate::SearchFilters;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +97,8 @@ pub async fn search(
             default_decay_floor,
         ),
     };
-    let rows = ScoredRow::fetch_all(qb, pool).await?;
+    let mut rows = ScoredRow::fetch_all(qb, pool).await?;
+    hide_unreadable_supersedes(pool, identity, rows.iter_mut().map(|r| &mut r.memory)).await?;
     Ok(rows
         .into_iter()
         .map(|r| (r.memory, r.score as f32))

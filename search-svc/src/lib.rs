@@ -104,7 +104,7 @@ impl SearchSvc {
         q: KeywordQuery,
         scoring: Scoring,
     ) -> Result<Vec<pb::SearchHit>, Error> {
-        let mut rows = keyword::search(
+        let rows = keyword::search(
             &self.inner.pool,
             identity,
             &q.text,
@@ -117,8 +117,6 @@ impl SearchSvc {
             },
         )
         .await?;
-        let memories = rows.iter_mut().map(|(m, _)| m);
-        rows::hide_unreadable_supersedes(&self.inner.pool, identity, memories).await?;
         Ok(rows::hits(rows))
     }
 }
@@ -174,7 +172,7 @@ impl SearchService for SearchSvc {
                 (e.clone(), e)
             }
         };
-        let mut rows = dense::search(
+        let rows = dense::search(
             &self.inner.pool,
             &identity,
             &embedding,
@@ -184,10 +182,6 @@ impl SearchService for SearchSvc {
         )
         .await
         .map_err(Status::from)?;
-        let memories = rows.iter_mut().map(|(m, _)| m);
-        rows::hide_unreadable_supersedes(&self.inner.pool, &identity, memories)
-            .await
-            .map_err(Error::from)?;
         Ok(Response::new(pb::SearchResponse {
             hits: rows::hits(rows),
             query_embedding,

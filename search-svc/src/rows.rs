@@ -41,7 +41,8 @@ pub struct MemoryRow {
 
 /// Blanks `supersedes` where the memory it names is above the reader's
 /// trust (or gone): a reader must not learn the id, or the existence, of a
-/// memory it cannot read through the one that replaced it. One indexed
+/// memory it cannot read through the one that replaced it. Every read that
+/// returns memories (dense, keyword, get) calls it on its rows. One indexed
 /// query, and none when no row supersedes anything.
 pub async fn hide_unreadable_supersedes<'a>(
     pool: &sqlx::PgPool,

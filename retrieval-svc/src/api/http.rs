@@ -56,8 +56,9 @@ pub fn router(gateway: Gateway) -> Router {
 
 /// A handler that panicked answers 500 in the API's error shape, with one
 /// structured log line, never a dropped connection.
-fn panic_response(_payload: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    tracing::error!("http handler panicked; answered 500");
+fn panic_response(payload: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let message = engram_common::server::panic_message(payload.as_ref());
+    tracing::error!(panic = %message, "http handler panicked; answered 500");
     error_response(Error::Internal("internal error".into()))
 }
 

@@ -64,10 +64,8 @@ async fn retrieve_common(
     let identity = gw.authenticate(request.metadata())?;
     let _permit = gw.admit(&identity, 1)?;
     let mut req = request.into_inner();
-    let answered = !req.turn_id.is_empty()
-        && (gw.pipeline().caches())
-            .get_turn(&identity, &req.turn_id)
-            .is_some();
+    let answered =
+        !req.turn_id.is_empty() && gw.pipeline().caches().has_turn(&identity, &req.turn_id);
     if !answered && let Some(h) = conversation::hypotheses(gw, &identity, &req, deadline).await {
         req.hypotheses = h;
     }

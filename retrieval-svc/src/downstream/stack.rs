@@ -216,7 +216,7 @@ mod tests {
         (svc, breaker, handle)
     }
 
-    type Counted = (
+    type Harness = (
         Down<u32, u32>,
         BreakerHandle,
         mock::Handle<Call<u32>, u32>,
@@ -224,7 +224,7 @@ mod tests {
     );
 
     /// A stack whose calls are counted in a real registry.
-    fn counted_stack(spec: StackSpec) -> Counted {
+    fn counted_stack(spec: StackSpec) -> Harness {
         let (m, handle) = mock::pair::<Call<u32>, u32>();
         let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 100, 0.5));
         let metrics = Arc::new(crate::metrics::Metrics::new().expect("metrics"));
@@ -242,6 +242,24 @@ mod tests {
             .and_then(|l| l.rsplit(' ').next())
             .unwrap_or("0")
             .to_string()
+    }
+
+    /// Three calls the downstream refuses: enough to open the test breaker.
+    async fn fail_three_times(
+        svc: &Down<u32, u32>,
+        handle: &mut mock::Handle<Call<u32>, u32>,
+        id: &Arc<Identity>,
+    ) {
+        for _ in 0..3 {
+            let (s, i) = (svc.clone(), id.clone());
+            let task = tokio::spawn(async move { call(&s, &i, 1).await });
+            let (_r, send) = handle.next_request().await.expect("request");
+            send.send_error(Status::unavailable("down"));
+            assert!(matches!(
+                task.await.expect("join"),
+                Err(DownstreamError::Status(_))
+            ));
+        }
     }
 
     async fn call_by(
@@ -273,13 +291,7 @@ mod tests {
     async fn a_dropped_call_is_counted_and_releases_a_half_open_trial() {
         let (svc, breaker, mut handle, metrics) = counted_stack(spec(false));
         let id = ident();
-        for _ in 0..3 {
-            let (s, i) = (svc.clone(), id.clone());
-            let task = tokio::spawn(async move { call(&s, &i, 1).await });
-            let (_r, send) = handle.next_request().await.expect("request");
-            send.send_error(Status::unavailable("down"));
-            let _ = task.await;
-        }
+        fail_three_times(&svc, &mut handle, &id).await;
         assert_eq!(breaker.phase(), BreakerPhase::Open);
         tokio::time::advance(Duration::from_secs(6)).await;
         // The half-open trial's caller hangs up before it is answered...
@@ -339,17 +351,7 @@ mod tests {
     async fn breaker_opens_half_opens_and_closes() {
         let (svc, breaker, mut handle) = stack(false);
         let id = ident();
-        for _ in 0..3 {
-            let s = svc.clone();
-            let i = id.clone();
-            let task = tokio::spawn(async move { call(&s, &i, 1).await });
-            let (_r, send) = handle.next_request().await.expect("request");
-            send.send_error(Status::unavailable("down"));
-            assert!(matches!(
-                task.await.expect("join"),
-                Err(DownstreamError::Status(_))
-            ));
-        }
+        fail_three_times(&svc, &mut handle, &id).await;
         assert_eq!(breaker.phase(), BreakerPhase::Open);
         // While open, calls fail fast without reaching the downstream.
         let r = call(&svc, &id, 1).await;

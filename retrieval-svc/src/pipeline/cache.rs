@@ -195,12 +195,26 @@ impl Caches {
         }
     }
 
+    /// Whether [`Self::get_turn`] would answer, without copying the answer.
+    pub fn has_turn(&self, identity: &Identity, turn_id: &str) -> bool {
+        self.read_turn(identity, turn_id, |_| ()).is_some()
+    }
+
     /// This turn's first answer, unless a write of the tenant came since.
     pub fn get_turn(&self, identity: &Identity, turn_id: &str) -> Option<RetrieveResponse> {
+        self.read_turn(identity, turn_id, RetrieveResponse::clone)
+    }
+
+    fn read_turn<T>(
+        &self,
+        identity: &Identity,
+        turn_id: &str,
+        read: impl FnOnce(&RetrieveResponse) -> T,
+    ) -> Option<T> {
         let generation = self.generation(&identity.tenant);
         let map = self.turns.lock();
-        let (at, g, r) = map.get(&(identity.clone(), turn_id.to_string()))?;
-        (at.elapsed() < TURN_TTL && *g == generation).then(|| r.clone())
+        let entry = map.get(&(identity.clone(), turn_id.to_string()))?;
+        is_fresh(entry, generation).then(|| read(&entry.2))
     }
 
     /// Keeps a turn's first answer; a stale one (expired, or from before a
@@ -220,11 +234,15 @@ impl Caches {
             }
         }
         let key = (identity.clone(), turn_id.to_string());
-        let fresh = |(at, g, _): &TurnEntry| at.elapsed() < TURN_TTL && *g == generation;
-        if !map.get(&key).is_some_and(fresh) {
+        if !map.get(&key).is_some_and(|e| is_fresh(e, generation)) {
             map.insert(key, (Instant::now(), generation, response.clone()));
         }
     }
+}
+
+/// A turn entry within its TTL and from the tenant's current generation.
+fn is_fresh((at, g, _): &TurnEntry, generation: u64) -> bool {
+    at.elapsed() < TURN_TTL && *g == generation
 }
 
 /// A cached answer as this request's own: its id, no retries, one "cache"

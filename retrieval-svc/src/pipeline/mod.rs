@@ -163,13 +163,14 @@ impl Pipeline {
         }
         let mut ctx = self.ctx(identity, q, start, deadline);
         let outer = deadline + Duration::from_millis(50);
-        let (best, retries) = match tokio::time::timeout_at(outer, self.attempts(&mut ctx)).await {
-            Ok(r) => r?,
-            Err(_) => return Err(Error::DeadlineExceeded),
-        };
+        let (mut best, retries) =
+            match tokio::time::timeout_at(outer, self.attempts(&mut ctx)).await {
+                Ok(r) => r?,
+                Err(_) => return Err(Error::DeadlineExceeded),
+            };
         let ceiling_hit = Instant::now() >= deadline;
         let cacheable = best.trace.degraded.is_empty() && !ceiling_hit;
-        let embedding_opt = best.query_embedding_opt.clone();
+        let embedding_opt = best.query_embedding_opt.take();
         let (response, counts) = answer(&mut ctx, best, retries, query_id, ceiling_hit);
         if cacheable && !ctx.query.no_cache {
             self.caches.put(&key, generation, &response, embedding_opt);

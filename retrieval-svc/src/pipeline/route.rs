@@ -26,16 +26,12 @@ pub struct Step {
 impl Step {
     /// Stage 1: the first attempt of `q`.
     pub fn first(q: &Query) -> Self {
-        let (route, by_evidence) = match q.mode {
-            Mode::Auto => (classify(&q.text), true),
-            Mode::Route(r) => (r, false),
-            Mode::Raw(Raw::Graph) => (Route::MultiHop, false),
-            Mode::Raw(Raw::Hybrid) => (Route::Exploratory, false),
-            Mode::Raw(_) => (Route::Simple, false),
-        };
-        let raw_opt = match q.mode {
-            Mode::Raw(raw) => Some(raw),
-            _ => None,
+        let (route, by_evidence, raw_opt) = match q.mode {
+            Mode::Auto => (classify(&q.text), true, None),
+            Mode::Route(r) => (r, false, None),
+            Mode::Raw(raw @ Raw::Graph) => (Route::MultiHop, false, Some(raw)),
+            Mode::Raw(raw @ Raw::Hybrid) => (Route::Exploratory, false, Some(raw)),
+            Mode::Raw(raw) => (Route::Simple, false, Some(raw)),
         };
         Self {
             route,
