@@ -418,3 +418,63 @@ async fn a_tenants_flood_is_refused_with_a_retry_hint_and_others_are_served() ->
     stack.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_tenants_flood_of_large_answers_cannot_evict_anothers_cached_answer() -> anyhow::Result<()>
+{
+    let mut settings = engram_tests::settings().await?;
+    // 1 MB per cache, a quarter of it per tenant; the flood below is ~40
+    // answers of 100 memories of ~4 KB each, far past both.
+    settings.pipeline.cache_max_bytes = 3 << 20;
+    settings.pipeline.cache_tenant_share = 0.25;
+    settings.tenant.requests_per_second = 1000;
+    settings.tenant.burst = 1000;
+    let (stack, mut a, mut b) = two_tenants_with(settings).await?;
+    let big: Vec<Memory> = (0..100)
+        .map(|i| Memory {
+            content: format!("Flood note {i}: {}", "bulky words ".repeat(350)),
+            ..Default::default()
+        })
+        .collect();
+    a.memories.upsert(UpsertRequest { memories: big }).await?;
+    b.memories
+        .upsert(UpsertRequest {
+            memories: vec![Memory {
+                content: "The launch code is kept in the blue binder.".into(),
+                ..Default::default()
+            }],
+        })
+        .await?;
+    let cached = |text: &str| RetrieveRequest {
+        text: text.into(),
+        ..Default::default()
+    };
+    b.retrieval
+        .retrieve(cached("where is the launch code kept?"))
+        .await?;
+    for i in 0..40 {
+        let mut q = cached(&format!(
+            "which flood note mentions bulky words number {i}?"
+        ));
+        q.limit = Some(100);
+        a.retrieval.retrieve(q).await?;
+    }
+    let again = b
+        .retrieval
+        .retrieve(cached("where is the launch code kept?"))
+        .await?
+        .into_inner();
+    assert_eq!(
+        again.skip_reason,
+        engram_proto::SkipReason::CacheHit as i32,
+        "{again:?}"
+    );
+    // What the caches hold stays within the bytes they were given.
+    for line in metric_lines(&stack, "engram_cache_bytes{").await? {
+        let bytes: f64 = line.rsplit(' ').next().unwrap_or("").parse()?;
+        assert!(bytes <= f64::from(1u32 << 20), "{line}");
+    }
+    assert_eq!(metric_lines(&stack, "engram_cache_bytes{").await?.len(), 3);
+    stack.shutdown().await;
+    Ok(())
+}

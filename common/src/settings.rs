@@ -342,6 +342,13 @@ pub struct PipelineSettings {
     pub max_attempts: u32,
     pub cache_ttl_ms: u64,
     pub cache_similarity: f32,
+    /// Bytes held by the result, semantic and turn caches together (each
+    /// gets a third), weighed by the encoded size of the answers they keep.
+    pub cache_max_bytes: u64,
+    /// Largest share of a cache one tenant may fill: past it the tenant's
+    /// new answers are not cached, so a flood of distinct queries cannot
+    /// evict every other tenant's entries.
+    pub cache_tenant_share: f64,
     /// Candidates fetched per strategy.
     pub candidates_per_strategy: u32,
     /// Dense hits passed to graph-svc as extra PPR seeds (weighted 1/rank,
@@ -372,6 +379,8 @@ impl Default for PipelineSettings {
             max_attempts: 3,
             cache_ttl_ms: 60_000,
             cache_similarity: 0.95,
+            cache_max_bytes: 192 * 1024 * 1024,
+            cache_tenant_share: 0.25,
             candidates_per_strategy: 50,
             graph_dense_seeds: 0,
             anchor_max_df_ratio: 0.02,
@@ -491,6 +500,14 @@ pub struct WorkingMemorySettings {
     pub max_per_session: usize,
     /// Sessions kept; the least recently used go first.
     pub max_sessions: usize,
+    /// Sessions one tenant may hold; past it its own least recently used
+    /// session goes, never another tenant's.
+    pub max_sessions_per_tenant: usize,
+    /// Estimated bytes one tenant may hold; past it its own least recently
+    /// used fragments go.
+    pub max_bytes_per_tenant: usize,
+    /// Estimated bytes the whole store may hold.
+    pub max_bytes: usize,
     /// TTL of a fragment written without one.
     pub default_ttl_ms: u64,
     /// Count at which a retrieval shape becomes a concept candidate.
@@ -508,6 +525,9 @@ impl Default for WorkingMemorySettings {
         Self {
             max_per_session: 256,
             max_sessions: 10_000,
+            max_sessions_per_tenant: 1_000,
+            max_bytes_per_tenant: 64 * 1024 * 1024,
+            max_bytes: 1024 * 1024 * 1024,
             default_ttl_ms: 3_600_000,
             demand_threshold: 5,
             max_ttl_ms: 7 * 24 * 3_600_000,
@@ -627,6 +647,11 @@ impl Settings {
         if !(0.0..=1.0).contains(&p.relevance_threshold) {
             return Err(SettingsError::Invalid(
                 "pipeline.relevance_threshold must be in 0..=1".into(),
+            ));
+        }
+        if !(p.cache_tenant_share > 0.0 && p.cache_tenant_share <= 1.0) {
+            return Err(SettingsError::Invalid(
+                "pipeline.cache_tenant_share must be in (0, 1]".into(),
             ));
         }
         if !(0.0..1.0).contains(&self.graph.damping) {

@@ -16,7 +16,7 @@ use crate::admission::{Admission, Permit};
 use crate::auth::Authenticator;
 use crate::downstream::Downstreams;
 use crate::error::Error;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Scrape};
 use crate::pipeline::Pipeline;
 use crate::query::Query;
 use crate::surfaces::demand::{Demand, Shape, Surface};
@@ -102,8 +102,12 @@ impl Gateway {
         let phases: Vec<_> = (self.downstreams().breakers.iter())
             .map(|(n, b)| (*n, b.phase().gauge()))
             .collect();
-        let dropped = self.inner.pipeline.feedback_dropped();
-        self.metrics().render(&phases, dropped)
+        let pipeline = &self.inner.pipeline;
+        self.metrics().render(&Scrape {
+            breakers: &phases,
+            feedback_dropped: pipeline.feedback_dropped(),
+            cache_bytes: &pipeline.caches().weighed_bytes(),
+        })
     }
 
     /// Every surface accepts exactly the same credentials.

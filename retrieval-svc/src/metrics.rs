@@ -38,6 +38,17 @@ pub struct Metrics {
     pub downstream_requests: IntCounterVec,
     pub downstream_latency: HistogramVec,
     pub feedback_dropped: IntGauge,
+    pub cache_bytes: IntGaugeVec,
+}
+
+/// What the gateway reads off its parts when it is scraped.
+#[derive(Debug, Default)]
+pub struct Scrape<'a> {
+    /// Each breaker's state: 0 closed, 1 half-open, 2 open.
+    pub breakers: &'a [(&'static str, i64)],
+    pub feedback_dropped: u64,
+    /// Weighed bytes per cache (results, semantic, turns).
+    pub cache_bytes: &'a [(&'static str, u64)],
 }
 
 fn histogram(name: &str, help: &str, buckets: &[f64]) -> prometheus::Result<Histogram> {
@@ -138,6 +149,13 @@ impl Metrics {
                 "engram_feedback_dropped_total",
                 "Feedback batches dropped (queue full or store failed) since start.",
             )?,
+            cache_bytes: IntGaugeVec::new(
+                Opts::new(
+                    "engram_cache_bytes",
+                    "Bytes held by each answer cache (results, semantic, turns), weighed by encoded size.",
+                ),
+                &["cache"],
+            )?,
         };
         let r = &m.registry;
         r.register(Box::new(m.stage_latency.clone()))?;
@@ -154,6 +172,7 @@ impl Metrics {
         r.register(Box::new(m.downstream_requests.clone()))?;
         r.register(Box::new(m.downstream_latency.clone()))?;
         r.register(Box::new(m.feedback_dropped.clone()))?;
+        r.register(Box::new(m.cache_bytes.clone()))?;
         Ok(m)
     }
 
@@ -180,15 +199,18 @@ impl Metrics {
         self.registry.register(c)
     }
 
-    /// Prometheus text of the registry after refreshing scrape-time gauges:
-    /// each breaker's state (0 closed, 1 half-open, 2 open) and the feedback
-    /// queue's drops.
-    pub fn render(&self, breakers: &[(&'static str, i64)], feedback_dropped: u64) -> String {
-        for (name, state) in breakers {
+    /// Prometheus text of the registry after refreshing scrape-time gauges.
+    pub fn render(&self, scrape: &Scrape<'_>) -> String {
+        for (name, state) in scrape.breakers {
             self.circuit_state.with_label_values(&[name]).set(*state);
         }
         self.feedback_dropped
-            .set(i64::try_from(feedback_dropped).unwrap_or(i64::MAX));
+            .set(i64::try_from(scrape.feedback_dropped).unwrap_or(i64::MAX));
+        for (cache, bytes) in scrape.cache_bytes {
+            self.cache_bytes
+                .with_label_values(&[cache])
+                .set(i64::try_from(*bytes).unwrap_or(i64::MAX));
+        }
         let mut buf = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
             tracing::warn!(error = %e, "metrics encoding failed");
@@ -488,7 +510,11 @@ mod tests {
         assert_eq!(line["route"], "multi_hop");
         assert_eq!(line["result_count"], 1);
         assert_eq!(line["retry_count"], 1);
-        let r = m.render(&[("graph.ppr", 2)], 2);
+        let r = m.render(&Scrape {
+            breakers: &[("graph.ppr", 2)],
+            feedback_dropped: 2,
+            ..Default::default()
+        });
         assert!(
             r.contains("engram_retrieval_route_total{route=\"multi_hop\"} 1"),
             "{r}"

@@ -234,7 +234,7 @@ mod tests {
     }
 
     fn count(metrics: &crate::metrics::Metrics, outcome: &str) -> String {
-        let text = metrics.render(&[], 0);
+        let text = metrics.render(&Default::default());
         let series =
             format!("engram_downstream_requests_total{{outcome=\"{outcome}\",stack=\"test\"}}");
         text.lines()

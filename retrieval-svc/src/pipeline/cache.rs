@@ -1,13 +1,24 @@
 //! In-memory caches, all keyed by the full caller identity so one agent's
 //! results (filtered by its trust level) can never be served to another.
-//! Writes through the gateway bump a per-tenant generation, which makes every
-//! older entry of that tenant a miss without scanning the maps.
+//! Writes bump a per-tenant generation, which makes every older entry of
+//! that tenant a miss without scanning the maps.
+//!
+//! Memory is bounded in bytes, not entries: each cache is a `moka` cache
+//! weighed by the encoded size of what it keeps (one `limit=100` answer of
+//! 64 KB memories is megabytes, an empty one a few hundred bytes), with TTL
+//! eviction and a per-tenant share ([`Share`]) so one tenant's flood of
+//! distinct queries cannot push every other tenant's answers out. moka was
+//! chosen over hand-written maps for its size-aware TinyLFU eviction and
+//! lock-free reads (docs/decisions.md).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use engram_common::Identity;
+use engram_common::settings::PipelineSettings;
 use engram_proto::{QueryRoute, RetrieveResponse, SkipReason, StageLatency};
+use moka::notification::RemovalCause;
 use parking_lot::Mutex;
 use prost::Message;
 use sha2::{Digest, Sha256};
@@ -16,9 +27,11 @@ use tokio::time::Instant;
 use super::ctx::ms_since;
 use crate::query::Query;
 
-const MAX_ENTRIES: usize = 10_000;
 const MAX_SEMANTIC_PER_SCOPE: usize = 16;
 const TURN_TTL: Duration = Duration::from_secs(600);
+/// Bookkeeping per entry beyond the answer's encoded size (key, Arc, moka's
+/// own node): keeps tiny answers from looking free.
+const ENTRY_OVERHEAD: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CacheKey {
@@ -64,14 +77,42 @@ impl CacheKey {
     }
 }
 
-struct Entry {
-    at: Instant,
-    generation: u64,
-    response: RetrieveResponse,
+/// What the caches may hold: TTL, cosine for a semantic hit, total bytes
+/// and one tenant's share of them.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheLimits {
+    pub ttl: Duration,
+    pub similarity: f32,
+    pub max_bytes: u64,
+    pub tenant_share: f64,
 }
 
-/// A turn's first answer: when, and the tenant's generation it was computed at.
-type TurnEntry = (Instant, u64, RetrieveResponse);
+impl CacheLimits {
+    pub fn from_settings(p: &PipelineSettings) -> Self {
+        Self {
+            ttl: Duration::from_millis(p.cache_ttl_ms),
+            similarity: p.cache_similarity,
+            max_bytes: p.cache_max_bytes,
+            tenant_share: p.cache_tenant_share,
+        }
+    }
+}
+
+/// One cached value with the tenant it is charged to, the tenant's write
+/// generation it was computed at, and its weight.
+struct Stored<T> {
+    tenant: Arc<str>,
+    at: Instant,
+    generation: u64,
+    bytes: u32,
+    value: T,
+}
+
+impl<T> Stored<T> {
+    fn fresh(&self, generation: u64, ttl: Duration) -> bool {
+        self.generation == generation && self.at.elapsed() < ttl
+    }
+}
 
 struct SemEntry {
     at: Instant,
@@ -80,25 +121,131 @@ struct SemEntry {
     response: RetrieveResponse,
 }
 
+type Bytes = Arc<Mutex<HashMap<Arc<str>, u64>>>;
+
+/// Bytes each tenant holds in one cache, kept by moka's removal listener;
+/// a tenant past its share gets no new entries until some of its own go.
+#[derive(Clone)]
+struct Share {
+    limit: u64,
+    bytes: Bytes,
+}
+
+impl Share {
+    fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            bytes: Arc::default(),
+        }
+    }
+
+    /// Charges `bytes` to `tenant` if it stays within its share.
+    fn admit(&self, tenant: &Arc<str>, bytes: u32) -> bool {
+        let mut map = self.bytes.lock();
+        let used = map.entry(tenant.clone()).or_insert(0);
+        if *used + u64::from(bytes) > self.limit {
+            return false;
+        }
+        *used += u64::from(bytes);
+        true
+    }
+
+    fn release(&self, tenant: &Arc<str>, bytes: u32) {
+        let mut map = self.bytes.lock();
+        if let Some(used) = map.get_mut(tenant) {
+            *used = used.saturating_sub(u64::from(bytes));
+            if *used == 0 {
+                map.remove(tenant);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn used(&self, tenant: &str) -> u64 {
+        self.bytes.lock().get(tenant).copied().unwrap_or(0)
+    }
+}
+
+type Store<T> = moka::sync::Cache<[u8; 32], Arc<Stored<T>>>;
+
+/// A byte-weighed moka cache whose removals give the bytes back to the
+/// tenant's share.
+fn store<T: Send + Sync + 'static>(max_bytes: u64, ttl: Duration, share: &Share) -> Store<T> {
+    let listener = share.clone();
+    moka::sync::Cache::builder()
+        .max_capacity(max_bytes)
+        .weigher(|_k: &[u8; 32], v: &Arc<Stored<T>>| v.bytes)
+        .time_to_live(ttl)
+        .eviction_listener(move |_k, v: Arc<Stored<T>>, _cause: RemovalCause| {
+            listener.release(&v.tenant, v.bytes);
+        })
+        .build()
+}
+
+fn weigh(encoded: usize) -> u32 {
+    u32::try_from(encoded + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
+}
+
+/// One cache with its tenant accounting.
+struct Shared<T> {
+    store: Store<T>,
+    share: Share,
+}
+
+impl<T: Send + Sync + 'static> Shared<T> {
+    fn new(max_bytes: u64, tenant_share: f64, ttl: Duration) -> Self {
+        // Saturating float-to-int: a share of 1.0 is the whole cache.
+        let limit = (max_bytes as f64 * tenant_share) as u64;
+        let share = Share::new(limit.max(1));
+        Self {
+            store: store(max_bytes, ttl, &share),
+            share,
+        }
+    }
+
+    fn get(&self, key: &[u8; 32]) -> Option<Arc<Stored<T>>> {
+        self.store.get(key)
+    }
+
+    /// Stores unless the tenant is over its share; a replaced entry's bytes
+    /// come back through the listener.
+    fn put(&self, key: [u8; 32], stored: Stored<T>) {
+        if self.share.admit(&stored.tenant, stored.bytes) {
+            self.store.insert(key, Arc::new(stored));
+        }
+    }
+}
+
 pub struct Caches {
     ttl: Duration,
     similarity: f32,
-    results: Mutex<HashMap<[u8; 32], Entry>>,
-    semantic: Mutex<HashMap<[u8; 32], VecDeque<SemEntry>>>,
-    turns: Mutex<HashMap<(Identity, String), TurnEntry>>,
+    results: Shared<RetrieveResponse>,
+    semantic: Shared<Vec<Arc<SemEntry>>>,
+    turns: Shared<RetrieveResponse>,
     generations: Mutex<HashMap<String, u64>>,
 }
 
 impl Caches {
-    pub fn new(ttl: Duration, similarity: f32) -> Self {
+    pub fn new(limits: CacheLimits) -> Self {
+        let each = limits.max_bytes / 3;
+        let share = limits.tenant_share;
         Self {
-            ttl,
-            similarity,
-            results: Mutex::default(),
-            semantic: Mutex::default(),
-            turns: Mutex::default(),
+            ttl: limits.ttl,
+            similarity: limits.similarity,
+            results: Shared::new(each, share, limits.ttl),
+            semantic: Shared::new(each, share, limits.ttl),
+            turns: Shared::new(each, share, TURN_TTL),
             generations: Mutex::default(),
         }
+    }
+
+    /// Bytes each cache holds now, for the scrape-time gauge.
+    pub fn weighed_bytes(&self) -> [(&'static str, u64); 3] {
+        [
+            ("results", self.results.store.weighted_size()),
+            ("semantic", self.semantic.store.weighted_size()),
+            ("turns", self.turns.store.weighted_size()),
+        ]
     }
 
     /// The tenant's write generation. A request reads it when it starts and
@@ -119,16 +266,16 @@ impl Caches {
 
     pub fn get_exact(&self, key: &CacheKey, tenant: &str) -> Option<RetrieveResponse> {
         let generation = self.generation(tenant);
-        let map = self.results.lock();
-        let e = map.get(&key.exact)?;
-        (e.generation == generation && e.at.elapsed() < self.ttl).then(|| e.response.clone())
+        let e = self.results.get(&key.exact)?;
+        e.fresh(generation, self.ttl).then(|| e.value.clone())
     }
 
     /// Whether a cosine lookup could hit; the caller embeds the query only then.
     pub fn has_semantic(&self, key: &CacheKey, tenant: &str) -> bool {
         let generation = self.generation(tenant);
-        self.semantic.lock().get(&key.scope).is_some_and(|q| {
-            q.iter()
+        self.semantic.get(&key.scope).is_some_and(|q| {
+            q.value
+                .iter()
                 .any(|e| e.generation == generation && e.at.elapsed() < self.ttl)
         })
     }
@@ -140,8 +287,8 @@ impl Caches {
         embedding: &[f32],
     ) -> Option<RetrieveResponse> {
         let generation = self.generation(tenant);
-        let map = self.semantic.lock();
-        map.get(&key.scope)?
+        let q = self.semantic.get(&key.scope)?;
+        q.value
             .iter()
             .filter(|e| e.generation == generation && e.at.elapsed() < self.ttl)
             .map(|e| (cosine(&e.embedding, embedding), e))
@@ -155,44 +302,73 @@ impl Caches {
     pub fn put(
         &self,
         key: &CacheKey,
+        tenant: &str,
         generation: u64,
         response: &RetrieveResponse,
         embedding_opt: Option<Vec<f32>>,
     ) {
         let now = Instant::now();
-        {
-            let mut map = self.results.lock();
-            if map.len() >= MAX_ENTRIES {
-                map.retain(|_, e| e.at.elapsed() < self.ttl);
-                if map.len() >= MAX_ENTRIES {
-                    map.clear();
-                }
-            }
-            map.insert(
-                key.exact,
-                Entry {
-                    at: now,
-                    generation,
-                    response: response.clone(),
-                },
-            );
-        }
-        if let Some(embedding) = embedding_opt.filter(|e| !e.is_empty()) {
-            let mut map = self.semantic.lock();
-            if map.len() >= MAX_ENTRIES {
-                map.clear();
-            }
-            let q = map.entry(key.scope).or_default();
-            if q.len() >= MAX_SEMANTIC_PER_SCOPE {
-                q.pop_front();
-            }
-            q.push_back(SemEntry {
+        let tenant: Arc<str> = Arc::from(tenant);
+        let encoded = response.encoded_len();
+        self.results.put(
+            key.exact,
+            Stored {
+                tenant: tenant.clone(),
                 at: now,
                 generation,
-                embedding,
-                response: response.clone(),
-            });
+                bytes: weigh(encoded),
+                value: response.clone(),
+            },
+        );
+        if let Some(embedding) = embedding_opt.filter(|e| !e.is_empty()) {
+            self.put_semantic(key, tenant, generation, response, embedding);
         }
+    }
+
+    /// Appends to the scope's short list (copy on write: readers keep the
+    /// list they got), dropping the oldest and anything stale.
+    fn put_semantic(
+        &self,
+        key: &CacheKey,
+        tenant: Arc<str>,
+        generation: u64,
+        response: &RetrieveResponse,
+        embedding: Vec<f32>,
+    ) {
+        let mut list: Vec<Arc<SemEntry>> = self
+            .semantic
+            .get(&key.scope)
+            .map(|q| {
+                q.value
+                    .iter()
+                    .filter(|e| e.generation == generation && e.at.elapsed() < self.ttl)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        if list.len() >= MAX_SEMANTIC_PER_SCOPE {
+            list.remove(0);
+        }
+        list.push(Arc::new(SemEntry {
+            at: Instant::now(),
+            generation,
+            embedding,
+            response: response.clone(),
+        }));
+        let encoded: usize = list
+            .iter()
+            .map(|e| e.response.encoded_len() + e.embedding.len() * 4)
+            .sum();
+        self.semantic.put(
+            key.scope,
+            Stored {
+                tenant,
+                at: Instant::now(),
+                generation,
+                bytes: weigh(encoded),
+                value: list,
+            },
+        );
     }
 
     /// Whether [`Self::get_turn`] would answer, without copying the answer.
@@ -212,9 +388,10 @@ impl Caches {
         read: impl FnOnce(&RetrieveResponse) -> T,
     ) -> Option<T> {
         let generation = self.generation(&identity.tenant);
-        let map = self.turns.lock();
-        let entry = map.get(&(identity.clone(), turn_id.to_string()))?;
-        is_fresh(entry, generation).then(|| read(&entry.2))
+        let entry = self.turns.get(&turn_key(identity, turn_id))?;
+        entry
+            .fresh(generation, TURN_TTL)
+            .then(|| read(&entry.value))
     }
 
     /// Keeps a turn's first answer; a stale one (expired, or from before a
@@ -226,23 +403,41 @@ impl Caches {
         generation: u64,
         response: &RetrieveResponse,
     ) {
-        let mut map = self.turns.lock();
-        if map.len() >= MAX_ENTRIES {
-            map.retain(|_, (at, _, _)| at.elapsed() < TURN_TTL);
-            if map.len() >= MAX_ENTRIES {
-                map.clear();
-            }
+        let key = turn_key(identity, turn_id);
+        if self
+            .turns
+            .get(&key)
+            .is_some_and(|e| e.fresh(generation, TURN_TTL))
+        {
+            return;
         }
-        let key = (identity.clone(), turn_id.to_string());
-        if !map.get(&key).is_some_and(|e| is_fresh(e, generation)) {
-            map.insert(key, (Instant::now(), generation, response.clone()));
-        }
+        self.turns.put(
+            key,
+            Stored {
+                tenant: Arc::from(identity.tenant.as_str()),
+                at: Instant::now(),
+                generation,
+                bytes: weigh(response.encoded_len()),
+                value: response.clone(),
+            },
+        );
     }
 }
 
-/// A turn entry within its TTL and from the tenant's current generation.
-fn is_fresh((at, g, _): &TurnEntry, generation: u64) -> bool {
-    at.elapsed() < TURN_TTL && *g == generation
+/// A turn is keyed by a hash of who asked and the caller's turn id, so an
+/// unbounded caller string never becomes a key.
+fn turn_key(identity: &Identity, turn_id: &str) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for part in [
+        identity.tenant.as_bytes(),
+        identity.agent_id.as_bytes(),
+        identity.trust.name().as_bytes(),
+        turn_id.as_bytes(),
+    ] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    h.finalize().into()
 }
 
 /// A cached answer as this request's own: its id, no retries, one "cache"
@@ -299,6 +494,15 @@ mod tests {
         .expect("valid")
     }
 
+    fn limits(max_bytes: u64) -> CacheLimits {
+        CacheLimits {
+            ttl: Duration::from_secs(60),
+            similarity: 0.95,
+            max_bytes,
+            tenant_share: 0.25,
+        }
+    }
+
     fn resp(qid: &str) -> RetrieveResponse {
         RetrieveResponse {
             query_id: qid.into(),
@@ -308,11 +512,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn not_shared_across_identities_and_invalidated_by_writes() {
-        let c = Caches::new(Duration::from_secs(60), 0.95);
+        let c = Caches::new(limits(1 << 30));
         let alice = id("t1", "alice", AccessLevel::Sensitive);
         let bob = id("t1", "bob", AccessLevel::Public);
         let k_alice = CacheKey::new(&alice, &query("What  is X?"));
-        c.put(&k_alice, c.generation("t1"), &resp("q1"), None);
+        c.put(&k_alice, "t1", c.generation("t1"), &resp("q1"), None);
         // Same text, normalised whitespace/case: hit for alice only.
         let again = CacheKey::new(&alice, &query("what is x?"));
         assert_eq!(
@@ -336,12 +540,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn entries_expire_and_semantic_hits_need_similarity() {
-        let c = Caches::new(Duration::from_secs(60), 0.95);
+        let c = Caches::new(limits(1 << 30));
         let alice = id("t1", "alice", AccessLevel::Public);
         let k = CacheKey::new(&alice, &query("where is the key"));
         assert!(!c.has_semantic(&k, "t1"));
         c.put(
             &k,
+            "t1",
             c.generation("t1"),
             &resp("q1"),
             Some(vec![1.0, 0.0, 0.0]),
@@ -357,7 +562,7 @@ mod tests {
 
     #[test]
     fn turn_cache_is_per_identity() {
-        let c = Caches::new(Duration::from_secs(60), 0.95);
+        let c = Caches::new(limits(1 << 30));
         let a = id("t1", "a", AccessLevel::Public);
         let b = id("t1", "b", AccessLevel::Public);
         c.put_turn(&a, "turn-1", 0, &resp("q1"));
@@ -371,13 +576,13 @@ mod tests {
 
     #[test]
     fn an_answer_computed_across_a_write_is_never_served() {
-        let c = Caches::new(Duration::from_secs(60), 0.95);
+        let c = Caches::new(limits(1 << 30));
         let a = id("t1", "a", AccessLevel::Public);
         let k = CacheKey::new(&a, &query("who leads billing?"));
         // The request starts, a write lands, the request stores its answer.
         let started_at = c.generation("t1");
         c.invalidate_tenant("t1");
-        c.put(&k, started_at, &resp("q1"), Some(vec![1.0, 0.0]));
+        c.put(&k, "t1", started_at, &resp("q1"), Some(vec![1.0, 0.0]));
         assert!(c.get_exact(&k, "t1").is_none());
         assert!(!c.has_semantic(&k, "t1"));
         // A turn's answer is dropped by the next write, then replaced.
@@ -390,5 +595,50 @@ mod tests {
             c.get_turn(&a, "turn-1").map(|r| r.query_id),
             Some("q3".into())
         );
+    }
+
+    #[test]
+    fn one_tenant_cannot_fill_the_cache_past_its_share() {
+        // 3 MB in all, 1 MB per cache, a quarter of it per tenant.
+        let c = Caches::new(limits(3 << 20));
+        let big = RetrieveResponse {
+            query_id: "x".repeat(100 * 1024),
+            ..Default::default()
+        };
+        let flooder = id("t-flood", "a", AccessLevel::Public);
+        for i in 0..50 {
+            let k = CacheKey::new(&flooder, &query(&format!("question {i}")));
+            c.put(&k, "t-flood", 0, &big, None);
+        }
+        c.results.store.run_pending_tasks();
+        let used = c.results.share.used("t-flood");
+        assert!(used <= (1 << 20) / 4, "flooder holds {used} bytes");
+        // Another tenant still caches, and its answer stays.
+        let other = id("t-quiet", "b", AccessLevel::Public);
+        let k = CacheKey::new(&other, &query("where is the key"));
+        c.put(&k, "t-quiet", 0, &resp("q-quiet"), None);
+        for i in 50..100 {
+            let k = CacheKey::new(&flooder, &query(&format!("question {i}")));
+            c.put(&k, "t-flood", 0, &big, None);
+        }
+        c.results.store.run_pending_tasks();
+        assert_eq!(
+            c.get_exact(&k, "t-quiet").map(|r| r.query_id),
+            Some("q-quiet".into())
+        );
+    }
+
+    #[test]
+    fn bytes_come_back_when_entries_go() {
+        let c = Caches::new(limits(3 << 20));
+        let a = id("t1", "a", AccessLevel::Public);
+        let k = CacheKey::new(&a, &query("q"));
+        c.put(&k, "t1", 0, &resp("q1"), None);
+        c.results.store.run_pending_tasks();
+        assert!(c.results.share.used("t1") > 0);
+        c.put(&k, "t1", 0, &resp("q2"), None);
+        c.results.store.invalidate_all();
+        c.results.store.run_pending_tasks();
+        assert_eq!(c.results.share.used("t1"), 0);
     }
 }

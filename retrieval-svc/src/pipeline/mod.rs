@@ -29,7 +29,7 @@ use engram_proto::{
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use self::cache::{CacheKey, Caches};
+use self::cache::{CacheKey, CacheLimits, Caches};
 use self::ctx::{Ctx, StageTrace, ms_since, stage_span};
 use self::feedback::{Feedback, FeedbackQueue, QUEUE_CAPACITY};
 use self::retry::LOW_CONFIDENCE;
@@ -65,7 +65,7 @@ impl Pipeline {
     /// Must run inside a tokio runtime: it spawns the feedback writer.
     pub fn new(settings: Settings, ds: Downstreams, metrics: Arc<Metrics>) -> Self {
         let p = &settings.pipeline;
-        let caches = Caches::new(Duration::from_millis(p.cache_ttl_ms), p.cache_similarity);
+        let caches = Caches::new(CacheLimits::from_settings(p));
         let feedback = FeedbackQueue::spawn(ds.clone(), QUEUE_CAPACITY);
         Self {
             settings,
@@ -173,7 +173,13 @@ impl Pipeline {
         let embedding_opt = best.query_embedding_opt.take();
         let (response, counts) = answer(&mut ctx, best, retries, query_id, ceiling_hit);
         if cacheable && !ctx.query.no_cache {
-            self.caches.put(&key, generation, &response, embedding_opt);
+            self.caches.put(
+                &key,
+                &ctx.identity.tenant,
+                generation,
+                &response,
+                embedding_opt,
+            );
         }
         if let Some(turn) = &ctx.query.turn_id_opt {
             self.caches

@@ -12,12 +12,19 @@ use engram_common::AccessLevel;
 use engram_proto::{DemandShape, Filters, GetDemandResponse, ScoredMemory};
 use parking_lot::Mutex;
 use prometheus::{IntCounterVec, IntGauge, Opts};
+use sha2::Digest;
 
 use crate::query::{Mode, Query};
 
 /// Tenants tracked; observations for further tenants are only counted in
 /// the metrics, so a flood of tenants cannot grow the table without bound.
 const MAX_TENANTS: usize = 10_000;
+/// A shape keeps at most this many properties per side, each at most
+/// [`MAX_PROP_CHARS`] long: memory types and metadata keys are caller
+/// strings, and a shape must not be a way to park unbounded text in the
+/// gateway's memory.
+const MAX_PROPS: usize = 32;
+const MAX_PROP_CHARS: usize = 64;
 pub const DEFAULT_DEMAND_LIMIT: u32 = 100;
 pub const MAX_DEMAND_LIMIT: u32 = 1000;
 
@@ -45,6 +52,26 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// The shape with its caller strings cut to the bounds above.
+    fn bounded(self) -> Self {
+        let cut = |set: BTreeSet<String>| {
+            set.into_iter()
+                .map(|p| p.chars().take(MAX_PROP_CHARS).collect::<String>())
+                .take(MAX_PROPS)
+                .collect()
+        };
+        Self {
+            requested: cut(self.requested),
+            observed: cut(self.observed),
+        }
+    }
+
+    /// The map key: a hash of the bounded shape, so the table's keys are
+    /// fixed-size whatever the caller sends.
+    fn digest(&self) -> [u8; 32] {
+        sha2::Sha256::digest(self.key().as_bytes()).into()
+    }
+
     pub fn key(&self) -> String {
         let join = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(",");
         format!(
@@ -146,7 +173,7 @@ struct Counted {
 /// below (summed over those levels).
 #[derive(Default)]
 struct TenantDemand {
-    shapes: HashMap<(i16, String), Counted>,
+    shapes: HashMap<(i16, [u8; 32]), Counted>,
     observations: HashMap<i16, u64>,
 }
 
@@ -208,7 +235,8 @@ impl Demand {
     /// the request path.
     pub fn observe(&self, tenant: &str, trust: AccessLevel, surface: Surface, shape: Shape) {
         self.observed.with_label_values(&[surface.label()]).inc();
-        let key = (trust.as_i16(), shape.key());
+        let shape = shape.bounded();
+        let key = (trust.as_i16(), shape.digest());
         let mut tenants = self.tenants.lock();
         if !tenants.contains_key(tenant) && tenants.len() >= MAX_TENANTS {
             self.dropped.with_label_values(&["tenants"]).inc();
@@ -251,16 +279,16 @@ impl Demand {
             };
         };
         let level = trust.as_i16();
-        let mut merged: HashMap<&str, (&Shape, u64)> = HashMap::new();
+        let mut merged: HashMap<&[u8; 32], (&Shape, u64)> = HashMap::new();
         for ((l, k), c) in &t.shapes {
             if *l <= level {
-                merged.entry(k.as_str()).or_insert((&c.shape, 0)).1 += c.count;
+                merged.entry(k).or_insert((&c.shape, 0)).1 += c.count;
             }
         }
         let mut shapes: Vec<DemandShape> = merged
-            .into_iter()
-            .map(|(k, (shape, count))| DemandShape {
-                shape: k.to_string(),
+            .into_values()
+            .map(|(shape, count)| DemandShape {
+                shape: shape.key(),
                 requested: shape.requested.iter().cloned().collect(),
                 observed_types: shape.observed.iter().cloned().collect(),
                 count,
@@ -398,5 +426,29 @@ mod tests {
         assert_eq!((mid.shapes[0].count, mid.concept_candidates), (2, 1));
         let high = d.snapshot("t", AccessLevel::Sensitive, 10);
         assert_eq!((high.shapes.len(), high.observations), (2, 3));
+    }
+
+    #[test]
+    fn caller_strings_in_a_shape_are_bounded() {
+        let d = Demand::new(5, 10).expect("metrics");
+        let long: Vec<String> = (0..100)
+            .map(|i| format!("{i}{}", "x".repeat(500)))
+            .collect();
+        let refs: Vec<&str> = long.iter().map(String::as_str).collect();
+        d.observe(
+            "t",
+            AccessLevel::Public,
+            Surface::Retrieve,
+            shape(&refs, &refs),
+        );
+        let snap = d.snapshot("t", AccessLevel::Public, 10);
+        let s = &snap.shapes[0];
+        assert_eq!(s.requested.len(), MAX_PROPS);
+        assert!(
+            s.requested
+                .iter()
+                .all(|p| p.chars().count() <= MAX_PROP_CHARS)
+        );
+        assert_eq!(s.observed_types.len(), MAX_PROPS);
     }
 }

@@ -253,6 +253,24 @@ pub struct Fragment {
     pub expires_at: DateTime<Utc>,
     pub version: i32,
     used: u64,
+    /// What this fragment costs the store (strings, vector, word set).
+    bytes: usize,
+}
+
+/// Bookkeeping per fragment beyond its text and vector (maps, Arcs).
+const FRAGMENT_OVERHEAD: usize = 256;
+
+impl Fragment {
+    fn weigh(&self) -> usize {
+        let text = self.id.len()
+            + self.content.len()
+            + self.title.len()
+            + self.namespace.len()
+            + self.source.len();
+        let vector = self.embedding_opt.as_ref().map_or(0, |e| e.len() * 4);
+        let words: usize = self.tokens.iter().map(|t| t.len() + 32).sum();
+        text + vector + words + FRAGMENT_OVERHEAD
+    }
 }
 
 struct Session {
@@ -260,11 +278,23 @@ struct Session {
     used: u64,
 }
 
+/// What one tenant holds.
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    bytes: usize,
+    sessions: usize,
+}
+
+/// Every session, with running totals kept by the only four functions that
+/// add or remove fragments ([`State::insert`], [`State::remove`],
+/// [`State::drop_session`], [`State::expire`]).
 #[derive(Default)]
 struct State {
     sessions: HashMap<SessionKey, Session>,
     tick: u64,
     fragments: usize,
+    bytes: usize,
+    tenants: HashMap<String, Usage>,
 }
 
 impl State {
@@ -273,19 +303,100 @@ impl State {
         self.tick
     }
 
-    /// Drops the session's expired fragments; returns how many.
-    fn expire(&mut self, key: &SessionKey, now: DateTime<Utc>) -> usize {
-        let Some(s) = self.sessions.get_mut(key) else {
+    fn usage(&self, tenant: &str) -> Usage {
+        self.tenants.get(tenant).copied().unwrap_or_default()
+    }
+
+    /// Stores `f` in the session (opened if absent); returns what it replaced.
+    fn insert(&mut self, key: &SessionKey, f: Fragment, tick: u64) -> Option<Fragment> {
+        let added = f.bytes;
+        if !self.sessions.contains_key(key) {
+            self.tenants.entry(key.tenant.clone()).or_default().sessions += 1;
+        }
+        let session = self.sessions.entry(key.clone()).or_insert_with(|| Session {
+            fragments: HashMap::new(),
+            used: tick,
+        });
+        session.used = tick;
+        let old = session.fragments.insert(f.id.clone(), f);
+        let removed = old.as_ref().map_or(0, |o| o.bytes);
+        if old.is_none() {
+            self.fragments += 1;
+        }
+        self.bytes = self.bytes + added - removed;
+        let usage = self.tenants.entry(key.tenant.clone()).or_default();
+        usage.bytes = usage.bytes + added - removed;
+        old
+    }
+
+    /// Removes one fragment; an emptied session goes with it.
+    fn remove(&mut self, key: &SessionKey, id: &str) -> Option<Fragment> {
+        let session = self.sessions.get_mut(key)?;
+        let f = session.fragments.remove(id)?;
+        let emptied = session.fragments.is_empty();
+        self.fragments -= 1;
+        self.bytes -= f.bytes;
+        if let Some(u) = self.tenants.get_mut(&key.tenant) {
+            u.bytes -= f.bytes;
+        }
+        if emptied {
+            self.drop_session(key);
+        }
+        Some(f)
+    }
+
+    /// Removes a whole session; returns how many fragments it held.
+    fn drop_session(&mut self, key: &SessionKey) -> usize {
+        let Some(s) = self.sessions.remove(key) else {
             return 0;
         };
-        let before = s.fragments.len();
-        s.fragments.retain(|_, f| f.expires_at > now);
-        let gone = before - s.fragments.len();
-        self.fragments -= gone;
-        if s.fragments.is_empty() {
-            self.sessions.remove(key);
+        let bytes: usize = s.fragments.values().map(|f| f.bytes).sum();
+        self.fragments -= s.fragments.len();
+        self.bytes -= bytes;
+        if let Some(u) = self.tenants.get_mut(&key.tenant) {
+            u.bytes -= bytes;
+            u.sessions -= 1;
+            if u.sessions == 0 {
+                self.tenants.remove(&key.tenant);
+            }
         }
-        gone
+        s.fragments.len()
+    }
+
+    /// Drops the session's expired fragments; returns how many.
+    fn expire(&mut self, key: &SessionKey, now: DateTime<Utc>) -> usize {
+        let Some(s) = self.sessions.get(key) else {
+            return 0;
+        };
+        let ids: Vec<String> = s
+            .fragments
+            .values()
+            .filter(|f| f.expires_at <= now)
+            .map(|f| f.id.clone())
+            .collect();
+        for id in &ids {
+            self.remove(key, id);
+        }
+        ids.len()
+    }
+
+    /// The least recently used session matching `pick`.
+    fn lru_session(&self, pick: impl Fn(&SessionKey) -> bool) -> Option<SessionKey> {
+        self.sessions
+            .iter()
+            .filter(|(k, _)| pick(k))
+            .min_by_key(|(_, s)| s.used)
+            .map(|(k, _)| k.clone())
+    }
+
+    /// The tenant's least recently used fragment, in any of its sessions.
+    fn lru_fragment_of(&self, tenant: &str) -> Option<(SessionKey, String)> {
+        self.sessions
+            .iter()
+            .filter(|(k, _)| k.tenant == tenant)
+            .flat_map(|(k, s)| s.fragments.values().map(move |f| (k, f)))
+            .min_by_key(|(_, f)| f.used)
+            .map(|(k, f)| (k.clone(), f.id.clone()))
     }
 }
 
@@ -299,14 +410,24 @@ fn first_unwritable(st: &State, identity: &Identity, writes: &[WorkingWrite]) ->
     })
 }
 
+/// How much the store may hold: per session, per tenant and in all.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    per_session: usize,
+    sessions: usize,
+    tenant_sessions: usize,
+    tenant_bytes: usize,
+    bytes: usize,
+}
+
 /// The in-process store. One short lock per call; ranking (cosine over the
 /// session's fragments) happens on clones outside it.
 pub struct WorkingMemory {
     state: Mutex<State>,
-    max_per_session: usize,
-    max_sessions: usize,
+    limits: Limits,
     fragments_gauge: IntGauge,
     sessions_gauge: IntGauge,
+    bytes_gauge: IntGauge,
     evicted: IntCounterVec,
 }
 
@@ -323,8 +444,13 @@ impl WorkingMemory {
     pub fn new(s: &WorkingMemorySettings) -> prometheus::Result<Self> {
         Ok(Self {
             state: Mutex::new(State::default()),
-            max_per_session: s.max_per_session.max(1),
-            max_sessions: s.max_sessions.max(1),
+            limits: Limits {
+                per_session: s.max_per_session.max(1),
+                sessions: s.max_sessions.max(1),
+                tenant_sessions: s.max_sessions_per_tenant.max(1),
+                tenant_bytes: s.max_bytes_per_tenant.max(1),
+                bytes: s.max_bytes.max(1),
+            },
             fragments_gauge: IntGauge::new(
                 "engram_working_memory_fragments",
                 "Working-memory fragments held in this gateway.",
@@ -333,10 +459,14 @@ impl WorkingMemory {
                 "engram_working_memory_sessions",
                 "Working-memory sessions held in this gateway.",
             )?,
+            bytes_gauge: IntGauge::new(
+                "engram_working_memory_bytes",
+                "Estimated bytes of working memory held in this gateway.",
+            )?,
             evicted: IntCounterVec::new(
                 Opts::new(
                     "engram_working_memory_evicted_total",
-                    "Working-memory fragments dropped, by reason (ttl, lru_fragment, lru_session).",
+                    "Working-memory fragments dropped, by reason (ttl, lru_fragment, lru_session, tenant_budget, memory_budget).",
                 ),
                 &["reason"],
             )?,
@@ -346,15 +476,16 @@ impl WorkingMemory {
     pub fn register(&self, m: &crate::metrics::Metrics) -> prometheus::Result<()> {
         m.register(Box::new(self.fragments_gauge.clone()))?;
         m.register(Box::new(self.sessions_gauge.clone()))?;
+        m.register(Box::new(self.bytes_gauge.clone()))?;
         m.register(Box::new(self.evicted.clone()))?;
         Ok(())
     }
 
     fn gauges(&self, st: &State) {
-        self.fragments_gauge
-            .set(i64::try_from(st.fragments).unwrap_or(i64::MAX));
-        self.sessions_gauge
-            .set(i64::try_from(st.sessions.len()).unwrap_or(i64::MAX));
+        let set = |g: &IntGauge, n: usize| g.set(i64::try_from(n).unwrap_or(i64::MAX));
+        set(&self.fragments_gauge, st.fragments);
+        set(&self.sessions_gauge, st.sessions.len());
+        set(&self.bytes_gauge, st.bytes);
     }
 
     fn evict(&self, reason: &'static str, n: usize) {
@@ -363,9 +494,6 @@ impl WorkingMemory {
         }
     }
 
-    /// Writes (or rewrites, by id) fragments of one identity; a rewrite with
-    /// new content bumps the version. Full sessions lose their least recently
-    /// used fragment, a full store its least recently used session.
     /// The index of the first write that would replace a fragment stored
     /// above the caller's trust: a public key of an agent must not overwrite
     /// what the same agent wrote at a higher level.
@@ -374,8 +502,11 @@ impl WorkingMemory {
         first_unwritable(&st, identity, writes)
     }
 
-    /// Stores `writes`, all or none: `Err(i)` when write `i` would replace a
-    /// fragment above the caller's trust ([`Self::first_unwritable`]).
+    /// Writes (or rewrites, by id) fragments of one identity, all or none:
+    /// `Err(i)` when write `i` would replace a fragment above the caller's
+    /// trust ([`Self::first_unwritable`]). A rewrite with new content bumps
+    /// the version. Room is made first in the writer's own share (its least
+    /// recently used fragment or session), then in the store's.
     pub fn put(
         &self,
         identity: &Identity,
@@ -386,77 +517,93 @@ impl WorkingMemory {
         if let Some(i) = first_unwritable(&st, identity, &writes) {
             return Err(i);
         }
-        let mut out = Vec::with_capacity(writes.len());
-        for w in writes {
-            let key = SessionKey::new(identity, &w.session_id);
-            let expired = st.expire(&key, now);
-            self.evict("ttl", expired);
-            if !st.sessions.contains_key(&key) && st.sessions.len() >= self.max_sessions {
-                self.evict_sessions(&mut st, now);
-            }
-            let tick = st.next();
-            let ttl = chrono::Duration::from_std(w.ttl).unwrap_or(chrono::Duration::MAX);
-            let expires_at = now
-                .checked_add_signed(ttl)
-                .unwrap_or(DateTime::<Utc>::MAX_UTC);
-            let embedded = w.embedding_opt.is_some();
-            let text = w.text();
-            let session = st.sessions.entry(key).or_insert_with(|| Session {
-                fragments: HashMap::new(),
-                used: tick,
-            });
-            session.used = tick;
-            let (version, created) = match session.fragments.get(&w.id) {
-                Some(old) if old.content == w.content && old.title == w.title => {
-                    (old.version, false)
-                }
-                Some(old) => (old.version + 1, false),
-                None => (1, true),
-            };
-            let mut evicted = 0;
-            if created && session.fragments.len() >= self.max_per_session {
-                let lru = session
-                    .fragments
-                    .values()
-                    .min_by_key(|f| f.used)
-                    .map(|f| f.id.clone());
-                if let Some(id) = lru {
-                    session.fragments.remove(&id);
-                    evicted = 1;
-                }
-            }
-            session.fragments.insert(
-                w.id.clone(),
-                Fragment {
-                    id: w.id.clone(),
-                    tokens: Arc::new(tokens(&text)),
-                    content: w.content,
-                    title: w.title,
-                    namespace: w.namespace,
-                    source: w.source,
-                    confidence: w.confidence,
-                    access: w.access,
-                    embedding_opt: w.embedding_opt.map(Arc::from),
-                    written_at: now,
-                    expires_at,
-                    version,
-                    used: tick,
-                },
-            );
-            if created {
-                st.fragments += 1;
-            }
-            st.fragments -= evicted;
-            self.evict("lru_fragment", evicted);
-            out.push(UpsertResult {
-                id: w.id,
-                version,
-                created,
-                embedded,
-            });
-        }
+        let out = writes
+            .into_iter()
+            .map(|w| self.put_one(&mut st, identity, w, now))
+            .collect();
         self.gauges(&st);
         Ok(out)
+    }
+
+    fn put_one(
+        &self,
+        st: &mut State,
+        identity: &Identity,
+        w: WorkingWrite,
+        now: DateTime<Utc>,
+    ) -> UpsertResult {
+        let key = SessionKey::new(identity, &w.session_id);
+        let expired = st.expire(&key, now);
+        self.evict("ttl", expired);
+        let tick = st.next();
+        let (version, created) = match st.sessions.get(&key).and_then(|s| s.fragments.get(&w.id)) {
+            Some(old) if old.content == w.content && old.title == w.title => (old.version, false),
+            Some(old) => (old.version + 1, false),
+            None => (1, true),
+        };
+        let id = w.id.clone();
+        let embedded = w.embedding_opt.is_some();
+        let fragment = fragment_of(w, now, version, tick);
+        self.make_room(st, &key, fragment.bytes, created, now);
+        st.insert(&key, fragment, tick);
+        UpsertResult {
+            id,
+            version,
+            created,
+            embedded,
+        }
+    }
+
+    /// Frees room for a fragment of `bytes` in `key`'s session (a rewrite
+    /// only needs bytes, a new one also a slot): the
+    /// session's own cap, the tenant's session count and bytes, then the
+    /// store's sessions and bytes. A tenant over its share only ever evicts
+    /// its own fragments; others lose theirs only to the store-wide bound,
+    /// which the per-tenant share keeps out of one tenant's reach.
+    fn make_room(
+        &self,
+        st: &mut State,
+        key: &SessionKey,
+        bytes: usize,
+        created: bool,
+        now: DateTime<Utc>,
+    ) {
+        let l = self.limits;
+        if created
+            && let Some(s) = st.sessions.get(key)
+            && s.fragments.len() >= l.per_session
+            && let Some(lru) = s
+                .fragments
+                .values()
+                .min_by_key(|f| f.used)
+                .map(|f| f.id.clone())
+        {
+            st.remove(key, &lru);
+            self.evict("lru_fragment", 1);
+        }
+        let opens = !st.sessions.contains_key(key);
+        if opens && st.usage(&key.tenant).sessions >= l.tenant_sessions {
+            let own = st.lru_session(|k| k.tenant == key.tenant);
+            let n = own.map_or(0, |k| st.drop_session(&k));
+            self.evict("tenant_budget", n);
+        }
+        while st.usage(&key.tenant).bytes + bytes > l.tenant_bytes {
+            let Some((k, id)) = st.lru_fragment_of(&key.tenant) else {
+                break;
+            };
+            st.remove(&k, &id);
+            self.evict("tenant_budget", 1);
+        }
+        if opens && st.sessions.len() >= l.sessions {
+            self.evict_sessions(st, now);
+        }
+        while st.bytes + bytes > l.bytes {
+            let Some(k) = st.lru_session(|k| k != key) else {
+                break;
+            };
+            let n = st.drop_session(&k);
+            self.evict("memory_budget", n);
+        }
     }
 
     /// Makes room for one session: expired fragments everywhere first, then
@@ -468,19 +615,12 @@ impl WorkingMemory {
             expired += st.expire(k, now);
         }
         self.evict("ttl", expired);
-        while st.sessions.len() >= self.max_sessions {
-            let Some(k) = st
-                .sessions
-                .iter()
-                .min_by_key(|(_, s)| s.used)
-                .map(|(k, _)| k.clone())
-            else {
+        while st.sessions.len() >= self.limits.sessions {
+            let Some(k) = st.lru_session(|_| true) else {
                 break;
             };
-            if let Some(s) = st.sessions.remove(&k) {
-                st.fragments -= s.fragments.len();
-                self.evict("lru_session", s.fragments.len());
-            }
+            let n = st.drop_session(&k);
+            self.evict("lru_session", n);
         }
     }
 
@@ -526,29 +666,57 @@ impl WorkingMemory {
     }
 
     /// Removes the identity's fragments with these ids from every one of its
-    /// sessions; returns how many.
+    /// sessions; returns how many. Above the caller's trust is as if absent.
     pub fn delete(&self, identity: &Identity, ids: &[String]) -> u32 {
         let mut st = self.state.lock();
-        let mut n = 0usize;
-        st.sessions.retain(|k, s| {
-            if k.tenant == identity.tenant && k.agent == identity.agent_id {
-                for id in ids {
-                    // Above the caller's trust is as if absent.
-                    if s.fragments
-                        .get(id)
-                        .is_some_and(|f| f.access <= identity.trust)
-                    {
-                        s.fragments.remove(id);
-                        n += 1;
-                    }
-                }
-            }
-            !s.fragments.is_empty()
-        });
-        st.fragments -= n;
+        let targets: Vec<(SessionKey, String)> = st
+            .sessions
+            .iter()
+            .filter(|(k, _)| k.tenant == identity.tenant && k.agent == identity.agent_id)
+            .flat_map(|(k, s)| {
+                ids.iter()
+                    .filter(|id| {
+                        s.fragments
+                            .get(*id)
+                            .is_some_and(|f| f.access <= identity.trust)
+                    })
+                    .map(move |id| (k.clone(), id.clone()))
+            })
+            .collect();
+        let n = targets
+            .iter()
+            .filter(|(k, id)| st.remove(k, id).is_some())
+            .count();
         self.gauges(&st);
         u32::try_from(n).unwrap_or(u32::MAX)
     }
+}
+
+/// The stored form of a validated write.
+fn fragment_of(w: WorkingWrite, now: DateTime<Utc>, version: i32, tick: u64) -> Fragment {
+    let ttl = chrono::Duration::from_std(w.ttl).unwrap_or(chrono::Duration::MAX);
+    let expires_at = now
+        .checked_add_signed(ttl)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
+    let tokens = Arc::new(tokens(&w.text()));
+    let mut f = Fragment {
+        id: w.id,
+        tokens,
+        content: w.content,
+        title: w.title,
+        namespace: w.namespace,
+        source: w.source,
+        confidence: w.confidence,
+        access: w.access,
+        embedding_opt: w.embedding_opt.map(Arc::from),
+        written_at: now,
+        expires_at,
+        version,
+        used: tick,
+        bytes: 0,
+    };
+    f.bytes = f.weigh();
+    f
 }
 
 /// Matches by shared content words or embedding cosine, then ranks by
@@ -734,6 +902,56 @@ mod tests {
             max_sessions: sessions,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_tenant_over_its_budget_evicts_only_its_own_fragments() {
+        let s = WorkingMemorySettings {
+            max_bytes_per_tenant: 64 * 1024,
+            max_bytes: 160 * 1024,
+            max_sessions_per_tenant: 3,
+            ..Default::default()
+        };
+        let wm = WorkingMemory::new(&s).expect("metrics");
+        let now = Utc::now();
+        let quiet = ident("t-quiet", "a", AccessLevel::Public);
+        wm.put(
+            &quiet,
+            vec![write("s", 1, "the launch code is blue", 1.0)],
+            now,
+        )
+        .expect("stored");
+        let flood = ident("t-flood", "a", AccessLevel::Public);
+        let big = "x".repeat(8 * 1024);
+        for i in 0..200u128 {
+            let session = format!("s{}", i % 7);
+            wm.put(&flood, vec![write(&session, 1000 + i, &big, 1.0)], now)
+                .expect("stored");
+        }
+        let st = wm.state.lock();
+        let used = st.usage("t-flood");
+        assert!(
+            used.bytes <= 64 * 1024,
+            "flooder holds {} bytes",
+            used.bytes
+        );
+        assert!(
+            used.sessions <= 3,
+            "flooder holds {} sessions",
+            used.sessions
+        );
+        assert!(st.bytes <= 160 * 1024);
+        let recount: usize = st
+            .sessions
+            .values()
+            .flat_map(|s| s.fragments.values())
+            .map(|f| f.bytes)
+            .sum();
+        assert_eq!(recount, st.bytes);
+        drop(st);
+        let (v, _) = wm.visible(&SessionKey::new(&quiet, "s"), AccessLevel::Public, 0.0, now);
+        assert_eq!(v.len(), 1);
+        assert!(wm.evicted.with_label_values(&["tenant_budget"]).get() > 0);
     }
 
     fn meta(pairs: &[(&str, Kind)]) -> Option<Struct> {
