@@ -234,6 +234,37 @@ pub struct SearchSettings {
     /// for the rarest query terms, while their summed document frequency fits
     /// this budget (search-svc/src/keyword.rs explains why recall holds).
     pub keyword_candidates: u32,
+    /// Seconds between two passes of search-svc's decay job over every
+    /// memory; 0 turns the job off (`engram decay --once` still works).
+    pub decay_interval_secs: u64,
+    /// Rows per decay UPDATE: each batch is its own short statement, so the
+    /// job never holds many row locks or one long transaction.
+    pub decay_batch_size: u32,
+    /// Half-life in days of `decay_score` per memory type (0 = never
+    /// decays). Entries given in config are laid over these defaults, so
+    /// `ENGRAM__SEARCH__DECAY_HALF_LIFE_DAYS__EPISODIC=7` changes episodic
+    /// only (search-svc/src/decay.rs).
+    pub decay_half_life_days: std::collections::BTreeMap<String, f32>,
+    /// Half-life in days of every type not in `decay_half_life_days`
+    /// (documents, imported corpora, custom types); 0 = never decays.
+    pub decay_default_half_life_days: f32,
+    /// statement_timeout (ms) of a dense query; a cancelled statement is
+    /// DEADLINE_EXCEEDED. Reads stay well under the gateway's 3 s ceiling
+    /// so a slow plan frees its connection soon after the caller gave up.
+    pub statement_timeout_dense_ms: u64,
+    /// statement_timeout (ms) of a keyword query.
+    pub statement_timeout_keyword_ms: u64,
+    /// statement_timeout (ms) of a Get by id.
+    pub statement_timeout_get_ms: u64,
+    /// statement_timeout (ms) of each statement of a write transaction
+    /// (upsert, delete, edges, feedback): longer, writes are not retried.
+    pub statement_timeout_write_ms: u64,
+    /// statement_timeout (ms) of one decay batch.
+    pub statement_timeout_decay_ms: u64,
+    /// Requests search-svc handles at once; more are refused at once with
+    /// RESOURCE_EXHAUSTED (breaker-neutral at the gateway) instead of
+    /// queueing for a pool connection. 0 = no limit.
+    pub max_concurrent_requests: u32,
 }
 
 impl Default for SearchSettings {
@@ -250,6 +281,27 @@ impl Default for SearchSettings {
             // corpus: pipeline and hybrid recall unchanged, keyword-only R@5
             // -1 point (docs/decisions.md).
             keyword_candidates: 1000,
+            decay_interval_secs: 600,
+            decay_batch_size: 1000,
+            // Events fade in weeks, facts in months, procedures in a year;
+            // with the 0.1 floor a memory is hidden after ~3.3 half-lives
+            // without use.
+            decay_half_life_days: [
+                ("episodic", 30.0),
+                ("conversation", 14.0),
+                ("semantic", 180.0),
+                ("procedural", 365.0),
+            ]
+            .into_iter()
+            .map(|(t, d)| (t.to_string(), d))
+            .collect(),
+            decay_default_half_life_days: 0.0,
+            statement_timeout_dense_ms: 1000,
+            statement_timeout_keyword_ms: 1000,
+            statement_timeout_get_ms: 1000,
+            statement_timeout_write_ms: 10_000,
+            statement_timeout_decay_ms: 5000,
+            max_concurrent_requests: 256,
         }
     }
 }

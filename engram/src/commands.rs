@@ -208,6 +208,35 @@ pub async fn query(
     Ok(())
 }
 
+/// `engram decay --once`: one full pass of search-svc's decay job
+/// (`search_svc::decay`) over every memory in the configured database (the
+/// embedded one, or `DATABASE_URL`), for operators who changed half-lives
+/// or run with `search.decay_interval_secs = 0`.
+pub async fn decay(settings: Settings, once: bool) -> anyhow::Result<()> {
+    if !once {
+        anyhow::bail!(
+            "decay runs inside search-svc every search.decay_interval_secs; pass --once for one pass now"
+        );
+    }
+    let r = decay_once(&settings).await?;
+    println!(
+        "decay: {} memories scanned, {} updated",
+        r.scanned, r.updated
+    );
+    Ok(())
+}
+
+/// The pass `engram decay --once` runs, with the same policy as the job.
+pub async fn decay_once(settings: &Settings) -> anyhow::Result<search_svc::decay::PassReport> {
+    let db = engram_common::db::Database::open(settings)
+        .await
+        .context("database")?;
+    let policy = search_svc::decay::Policy::from_settings(&settings.search);
+    let result = search_svc::decay::run_pass(&db.pool, &policy).await;
+    db.close().await;
+    Ok(result?)
+}
+
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]

@@ -45,6 +45,12 @@ enum Command {
     // eval, tune, bench (engram-lab), listed here as they always were.
     #[command(flatten)]
     Lab(engram_lab::LabCommand),
+    /// Recompute every memory's decay_score now (search-svc's decay job, one pass).
+    Decay {
+        /// One full pass, then exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Ask the gateway one question.
     Query {
         text: String,
@@ -88,6 +94,7 @@ fn main() -> ExitCode {
             Command::Demo => commands::demo(settings).await,
             Command::Ingest { file, conn } => commands::ingest(settings, &file, conn).await,
             Command::Lab(command) => engram_lab::run(settings, command).await,
+            Command::Decay { once } => commands::decay(settings, once).await,
             Command::Query {
                 text,
                 limit,

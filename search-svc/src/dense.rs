@@ -2,12 +2,14 @@
 //! the SQL. The pool's connections carry `hnsw.ef_search` and iterative scans
 //! (relaxed order) as startup options (`engram_common::db::connect_with`), so
 //! this is one round trip; relaxed order means the rows are re-sorted by
-//! distance afterwards.
+//! distance afterwards. The query runs in a transaction bounded by
+//! `search.statement_timeout_dense_ms` (`bounds.rs`).
 
 use engram_common::Identity;
 use pgvector::Vector;
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
+use crate::bounds;
 use crate::error::Result;
 use crate::filters::push_where;
 use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow, hide_unreadable_supersedes};
@@ -20,6 +22,7 @@ pub async fn search(
     filters: &SearchFilters,
     k: u32,
     default_decay_floor: f32,
+    timeout_ms: u64,
 ) -> Result<Vec<(MemoryRow, f32)>> {
     let q = Vector::from(embedding.to_vec());
     let mut qb = QueryBuilder::<Postgres>::new("SELECT ");
@@ -33,8 +36,10 @@ pub async fn search(
         .push(" LIMIT ")
         .push_bind(i64::from(k));
 
-    let mut found = ScoredRow::fetch_all(qb, pool).await?;
-    hide_unreadable_supersedes(pool, identity, found.iter_mut().map(|r| &mut r.memory)).await?;
+    let mut tx = bounds::begin(pool, timeout_ms).await?;
+    let mut found = ScoredRow::fetch_all(qb, &mut tx).await?;
+    hide_unreadable_supersedes(&mut tx, identity, found.iter_mut().map(|r| &mut r.memory)).await?;
+    tx.commit().await?;
     let mut rows: Vec<(MemoryRow, f32)> = found
         .into_iter()
         .map(|r| (r.memory, (1.0 - r.score) as f32))

@@ -18,6 +18,9 @@ pub enum Error {
     /// Concurrent writers kept changing the same rows; the client may retry.
     #[error("{0}")]
     Conflict(String),
+    /// Every request slot is taken (`search.max_concurrent_requests`).
+    #[error("{0}")]
+    Busy(String),
     #[error(transparent)]
     Identity(#[from] IdentityError),
     #[error("database error: {0}")]
@@ -53,7 +56,15 @@ impl From<Error> for tonic::Status {
             Error::NotFound(m) => tonic::Status::not_found(m),
             Error::ModelUnavailable(m) => tonic::Status::failed_precondition(m),
             Error::Conflict(m) => tonic::Status::aborted(m),
+            Error::Busy(m) => tonic::Status::resource_exhausted(m),
             Error::Identity(e) => e.into(),
+            // query_canceled: our statement_timeout (bounds.rs) stopped a
+            // statement that ran too long. The call ran out of time, which
+            // is what DEADLINE_EXCEEDED says; it is not a server bug.
+            Error::Database(sqlx::Error::Database(db)) if db.code().as_deref() == Some("57014") => {
+                tracing::warn!(error = %db, "database statement timed out");
+                tonic::Status::deadline_exceeded("database statement timed out")
+            }
             // Data exceptions (SQLSTATE class 22: a value Postgres cannot
             // store or compare) are the caller's input, not our failure;
             // the boundary should have named the field already.

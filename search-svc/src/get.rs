@@ -7,6 +7,7 @@ use pgvector::Vector;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::bounds;
 use crate::error::Result;
 use crate::rows::{MEMORY_COLUMNS, MemoryRow};
 use crate::validate::GetQuery;
@@ -19,7 +20,13 @@ struct GetRow {
     embedding: Option<Vector>,
 }
 
-pub async fn get(pool: &PgPool, identity: &Identity, q: GetQuery) -> Result<Vec<pb::Memory>> {
+/// Both statements run under `timeout_ms` (`search.statement_timeout_get_ms`).
+pub async fn get(
+    pool: &PgPool,
+    identity: &Identity,
+    q: GetQuery,
+    timeout_ms: u64,
+) -> Result<Vec<pb::Memory>> {
     let sql = format!(
         "SELECT {MEMORY_COLUMNS}, \
            ARRAY(SELECT e.display FROM memory_entities me JOIN entities e ON e.id = me.entity_id \
@@ -27,15 +34,17 @@ pub async fn get(pool: &PgPool, identity: &Identity, q: GetQuery) -> Result<Vec<
            CASE WHEN $4 THEN m.embedding END AS embedding \
          FROM memories m WHERE m.tenant_id = $1 AND m.access_level <= $2 AND m.id = ANY($3)"
     );
+    let mut tx = bounds::begin(pool, timeout_ms).await?;
     let mut rows: Vec<GetRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(&identity.tenant)
         .bind(identity.trust.as_i16())
         .bind(&q.ids)
         .bind(q.include_embedding)
-        .fetch_all(pool)
+        .fetch_all(&mut *tx)
         .await?;
     let memories = rows.iter_mut().map(|r| &mut r.memory);
-    crate::rows::hide_unreadable_supersedes(pool, identity, memories).await?;
+    crate::rows::hide_unreadable_supersedes(&mut tx, identity, memories).await?;
+    tx.commit().await?;
     let mut by_id: std::collections::HashMap<Uuid, pb::Memory> = rows
         .into_iter()
         .map(|r| {

@@ -28,6 +28,7 @@
 use engram_common::Identity;
 use sqlx::{PgPool, Postgres, QueryBuilder};
 
+use crate::bounds;
 use crate::error::Result;
 use crate::filters::push_where;
 use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow, hide_unreadable_supersedes};
@@ -64,13 +65,15 @@ const B: f64 = 0.75;
 /// most 256 positions per lexeme anyway).
 pub const TERM_FREQUENCY: &str = "greatest(round(1 / (1.64493406685 - ts_rank('{1,1,1,1}', c.tsv, df.query)::float8 * 1.64493406685) - 0.5), 1)";
 
-/// How keyword hits are scored: the scoring, BM25's candidate budget and the
-/// decay floor applied when the request sets none.
+/// How keyword hits are scored: the scoring, BM25's candidate budget, the
+/// decay floor applied when the request sets none, and the query's
+/// statement_timeout (`bounds.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct Ranking {
     pub scoring: Scoring,
     pub candidates: u32,
     pub default_decay_floor: f32,
+    pub timeout_ms: u64,
 }
 
 pub async fn search(
@@ -85,6 +88,7 @@ pub async fn search(
         scoring,
         candidates,
         default_decay_floor,
+        timeout_ms,
     } = ranking;
     let qb = match scoring {
         Scoring::TsRankCd => ts_rank_cd_query(identity, text, filters, k, default_decay_floor),
@@ -97,8 +101,10 @@ pub async fn search(
             default_decay_floor,
         ),
     };
-    let mut rows = ScoredRow::fetch_all(qb, pool).await?;
-    hide_unreadable_supersedes(pool, identity, rows.iter_mut().map(|r| &mut r.memory)).await?;
+    let mut tx = bounds::begin(pool, timeout_ms).await?;
+    let mut rows = ScoredRow::fetch_all(qb, &mut tx).await?;
+    hide_unreadable_supersedes(&mut tx, identity, rows.iter_mut().map(|r| &mut r.memory)).await?;
+    tx.commit().await?;
     Ok(rows
         .into_iter()
         .map(|r| (r.memory, r.score as f32))

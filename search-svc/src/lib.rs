@@ -3,7 +3,11 @@
 //! search (pgvector HNSW) and keyword search (full-text, OR semantics).
 //! Internal: every call must carry the internal token and the caller's
 //! identity, and every read predicate carries tenant and trust level.
+//! Each query kind has its own statement_timeout and the requests in flight
+//! are capped (`bounds.rs`); the decay job keeps `decay_score` (`decay.rs`).
 
+pub mod bounds;
+pub mod decay;
 pub mod dense;
 pub mod embed;
 pub mod error;
@@ -26,6 +30,7 @@ use tokio::net::TcpListener;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
+pub use bounds::{Admission, Timeouts};
 pub use embed::Embeddings;
 pub use error::Error;
 pub use keyword::Scoring;
@@ -51,6 +56,8 @@ struct Inner {
     scoring: Scoring,
     keyword_candidates: u32,
     decay_floor: f32,
+    timeouts: Timeouts,
+    admission: Admission,
     serve_opts: engram_common::server::ServeOptions,
 }
 
@@ -70,6 +77,8 @@ impl SearchSvc {
                 scoring,
                 keyword_candidates: settings.search.keyword_candidates,
                 decay_floor: settings.search.decay_floor,
+                timeouts: Timeouts::from_settings(&settings.search),
+                admission: Admission::new(settings.search.max_concurrent_requests),
                 serve_opts: engram_common::server::ServeOptions::from(&settings.listen),
             }),
         })
@@ -86,15 +95,18 @@ impl SearchSvc {
         )?)
     }
 
-    /// Every handler's opening: the caller from the internal metadata, then
-    /// the message validated by its `TryFrom` at the boundary.
-    fn open<T, U>(&self, req: Request<T>) -> Result<(Identity, U), Status>
+    /// Every handler's opening: a request slot (refused at once when all
+    /// are taken), the caller from the internal metadata, then the message
+    /// validated by its `TryFrom` at the boundary. The handler keeps the
+    /// slot until it returns.
+    fn open<T, U>(&self, req: Request<T>) -> Result<(bounds::Slot, Identity, U), Status>
     where
         U: TryFrom<T, Error = Error>,
     {
+        let slot = self.inner.admission.admit()?;
         let identity = self.identity(&req)?;
         let msg = U::try_from(req.into_inner())?;
-        Ok((identity, msg))
+        Ok((slot, identity, msg))
     }
 
     /// Keyword search with an explicit scoring (the eval compares both).
@@ -114,6 +126,7 @@ impl SearchSvc {
                 scoring,
                 candidates: self.inner.keyword_candidates,
                 default_decay_floor: self.inner.decay_floor,
+                timeout_ms: self.inner.timeouts.keyword_ms,
             },
         )
         .await?;
@@ -127,9 +140,10 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::UpsertRequest>,
     ) -> Result<Response<pb::UpsertResponse>, Status> {
-        let (identity, batch) = self.open::<_, UpsertBatch>(req)?;
+        let (_slot, identity, batch) = self.open::<_, UpsertBatch>(req)?;
+        let (pool, timeout_ms) = (&self.inner.pool, self.inner.timeouts.write_ms);
         let results =
-            writes::upsert(&self.inner.pool, &self.inner.embeddings, &identity, batch).await?;
+            writes::upsert(pool, &self.inner.embeddings, &identity, batch, timeout_ms).await?;
         Ok(Response::new(pb::UpsertResponse { results }))
     }
 
@@ -137,14 +151,16 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
-        let (identity, ids) = self.open::<_, DeleteIds>(req)?;
-        let deleted = writes::delete(&self.inner.pool, &identity, ids).await?;
+        let (_slot, identity, ids) = self.open::<_, DeleteIds>(req)?;
+        let timeout_ms = self.inner.timeouts.write_ms;
+        let deleted = writes::delete(&self.inner.pool, &identity, ids, timeout_ms).await?;
         Ok(Response::new(pb::DeleteResponse { deleted }))
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
-        let (identity, q) = self.open::<_, GetQuery>(req)?;
-        let memories = get::get(&self.inner.pool, &identity, q).await?;
+        let (_slot, identity, q) = self.open::<_, GetQuery>(req)?;
+        let timeout_ms = self.inner.timeouts.get_ms;
+        let memories = get::get(&self.inner.pool, &identity, q, timeout_ms).await?;
         Ok(Response::new(pb::GetResponse { memories }))
     }
 
@@ -152,8 +168,9 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::AddEdgesRequest>,
     ) -> Result<Response<pb::AddEdgesResponse>, Status> {
-        let (identity, batch) = self.open::<_, EdgeBatch>(req)?;
-        let added = writes::add_edges(&self.inner.pool, &identity, batch).await?;
+        let (_slot, identity, batch) = self.open::<_, EdgeBatch>(req)?;
+        let timeout_ms = self.inner.timeouts.write_ms;
+        let added = writes::add_edges(&self.inner.pool, &identity, batch, timeout_ms).await?;
         Ok(Response::new(pb::AddEdgesResponse { added }))
     }
 
@@ -161,7 +178,7 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::VectorSearchRequest>,
     ) -> Result<Response<pb::SearchResponse>, Status> {
-        let (identity, q) = self.open::<_, VectorQuery>(req)?;
+        let (_slot, identity, q) = self.open::<_, VectorQuery>(req)?;
         let (embedding, query_embedding) = match q.embedding_opt {
             Some(v) => (v, Vec::new()),
             None => {
@@ -179,6 +196,7 @@ impl SearchService for SearchSvc {
             &q.filters,
             q.k,
             self.inner.decay_floor,
+            self.inner.timeouts.dense_ms,
         )
         .await
         .map_err(Status::from)?;
@@ -192,7 +210,7 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::KeywordSearchRequest>,
     ) -> Result<Response<pb::SearchResponse>, Status> {
-        let (identity, q) = self.open::<_, KeywordQuery>(req)?;
+        let (_slot, identity, q) = self.open::<_, KeywordQuery>(req)?;
         let hits = self
             .keyword_search_with(&identity, q, self.inner.scoring)
             .await?;
@@ -206,7 +224,7 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::EmbedRequest>,
     ) -> Result<Response<pb::EmbedResponse>, Status> {
-        let (_, texts) = self.open::<_, EmbedTexts>(req)?;
+        let (_slot, _, texts) = self.open::<_, EmbedTexts>(req)?;
         let vecs = self.inner.embeddings.embed(texts.0).await?;
         Ok(Response::new(pb::EmbedResponse {
             embeddings: vecs
@@ -220,8 +238,9 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::StoreFeedbackRequest>,
     ) -> Result<Response<pb::StoreFeedbackResponse>, Status> {
-        let (identity, batch) = self.open::<_, FeedbackBatch>(req)?;
-        let stored = writes::store_feedback(&self.inner.pool, &identity, batch).await?;
+        let (_slot, identity, batch) = self.open::<_, FeedbackBatch>(req)?;
+        let timeout_ms = self.inner.timeouts.write_ms;
+        let stored = writes::store_feedback(&self.inner.pool, &identity, batch, timeout_ms).await?;
         Ok(Response::new(pb::StoreFeedbackResponse { stored }))
     }
 }
@@ -262,7 +281,9 @@ pub async fn serve_svc(
 }
 
 /// Loads the embedding model (a failure leaves the service up but
-/// NOT_SERVING) and serves search-svc until `shutdown`.
+/// NOT_SERVING) and serves search-svc until `shutdown`, with the decay job
+/// (`decay.rs`) running beside it and stopped before this returns, so the
+/// caller may close the pool.
 pub async fn run(
     listener: TcpListener,
     settings: Settings,
@@ -271,7 +292,12 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let s = settings.clone();
     let embeddings = tokio::task::spawn_blocking(move || Embeddings::load_blocking(&s)).await?;
+    let job_opt = decay::Job::spawn(pool.clone(), &settings.search);
     let svc = SearchSvc::new(&settings, pool, embeddings)?;
     tracing::info!(addr = ?listener.local_addr().ok(), "search-svc listening");
-    serve_svc(listener, svc, shutdown).await
+    let result = serve_svc(listener, svc, shutdown).await;
+    if let Some(job) = job_opt {
+        job.stop().await;
+    }
+    result
 }

@@ -42,10 +42,11 @@ pub struct MemoryRow {
 /// Blanks `supersedes` where the memory it names is above the reader's
 /// trust (or gone): a reader must not learn the id, or the existence, of a
 /// memory it cannot read through the one that replaced it. Every read that
-/// returns memories (dense, keyword, get) calls it on its rows. One indexed
-/// query, and none when no row supersedes anything.
+/// returns memories (dense, keyword, get) calls it on its rows, inside the
+/// read's own bounded transaction. One indexed query, and none when no row
+/// supersedes anything.
 pub async fn hide_unreadable_supersedes<'a>(
-    pool: &sqlx::PgPool,
+    conn: &mut sqlx::PgConnection,
     identity: &Identity,
     rows: impl IntoIterator<Item = &'a mut MemoryRow>,
 ) -> Result<(), sqlx::Error> {
@@ -63,7 +64,7 @@ pub async fn hide_unreadable_supersedes<'a>(
     .bind(&identity.tenant)
     .bind(identity.trust.as_i16())
     .bind(&targets)
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await?;
     let readable: HashSet<Uuid> = readable.into_iter().collect();
     for r in rows {
@@ -92,9 +93,9 @@ impl ScoredRow {
     /// The extra parse is well under a millisecond.
     pub async fn fetch_all(
         mut qb: sqlx::QueryBuilder<sqlx::Postgres>,
-        pool: &sqlx::PgPool,
+        conn: &mut sqlx::PgConnection,
     ) -> Result<Vec<Self>, sqlx::Error> {
-        qb.build_query_as().persistent(false).fetch_all(pool).await
+        qb.build_query_as().persistent(false).fetch_all(conn).await
     }
 }
 

@@ -22,6 +22,9 @@
 //! rows' lexemes as they are after the write and subtract them as they were
 //! before, so idempotent re-upserts, content edits and access-level changes
 //! all net out exactly (see `StatsDelta`).
+//!
+//! Every write transaction bounds each of its statements with
+//! `search.statement_timeout_write_ms` (`bounds.rs`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::LazyLock;
@@ -34,6 +37,7 @@ use pgvector::Vector;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
+use crate::bounds;
 use crate::embed::Embeddings;
 use crate::error::{Error, Result};
 use crate::validate::{DeleteIds, EdgeBatch, FeedbackBatch, NewMemory, UpsertBatch};
@@ -116,6 +120,7 @@ pub async fn upsert(
     embeddings: &Embeddings,
     identity: &Identity,
     batch: UpsertBatch,
+    timeout_ms: u64,
 ) -> Result<Vec<pb::UpsertResult>> {
     for (idx, m) in batch.0.iter().enumerate() {
         if m.access_level > identity.trust {
@@ -158,7 +163,8 @@ pub async fn upsert(
             )
             .await?;
         let mut computed: HashMap<usize, Vec<f32>> = to_embed.into_iter().zip(vectors).collect();
-        match write_batch(pool, identity, &sorted, &entity_plans, &mut computed).await {
+        let plan = (sorted.as_slice(), entity_plans.as_slice());
+        match write_batch(pool, timeout_ms, identity, plan, &mut computed).await {
             Ok(results) => {
                 tracing::info!(tenant = %identity.tenant, count = results.len(), attempt, "upserted memories");
                 return Ok(results);
@@ -259,13 +265,13 @@ async fn write_row(
 
 async fn write_batch(
     pool: &PgPool,
+    timeout_ms: u64,
     identity: &Identity,
-    sorted: &[(usize, NewMemory)],
-    entity_plans: &[Vec<ExtractedEntity>],
+    (sorted, entity_plans): (&[(usize, NewMemory)], &[Vec<ExtractedEntity>]),
     computed: &mut HashMap<usize, Vec<f32>>,
 ) -> Result<Vec<pb::UpsertResult>> {
     let ids: Vec<Uuid> = sorted.iter().map(|(_, m)| m.id).collect();
-    let mut tx = pool.begin().await?;
+    let mut tx = bounds::begin(pool, timeout_ms).await?;
     let locked: HashMap<Uuid, Existing> = sqlx::query_as::<_, Existing>(EXISTING_LOCK_SQL)
         .bind(&ids)
         .fetch_all(&mut *tx)
@@ -563,8 +569,13 @@ async fn write_entities(
 /// Hard delete; entity links, triples and edges go with the rows (FK cascade).
 /// Ids the caller cannot see are skipped, not reported, so deletes never
 /// reveal what exists.
-pub async fn delete(pool: &PgPool, identity: &Identity, ids: DeleteIds) -> Result<u32> {
-    let mut tx = pool.begin().await?;
+pub async fn delete(
+    pool: &PgPool,
+    identity: &Identity,
+    ids: DeleteIds,
+    timeout_ms: u64,
+) -> Result<u32> {
+    let mut tx = bounds::begin(pool, timeout_ms).await?;
     let rows: Vec<DeletedRow> = sqlx::query_as(
         "DELETE FROM memories WHERE tenant_id = $1 AND access_level <= $2 AND id = ANY($3) \
          RETURNING id, access_level, tsv_len, tsvector_to_array(tsv) AS lexemes",
@@ -712,7 +723,12 @@ impl StatsDelta {
     }
 }
 
-pub async fn add_edges(pool: &PgPool, identity: &Identity, batch: EdgeBatch) -> Result<u32> {
+pub async fn add_edges(
+    pool: &PgPool,
+    identity: &Identity,
+    batch: EdgeBatch,
+    timeout_ms: u64,
+) -> Result<u32> {
     // Last one wins for a repeated (src, dst, type); sorted for lock order.
     let mut edges: BTreeMap<(Uuid, Uuid, String), f32> = BTreeMap::new();
     for e in batch.0 {
@@ -724,7 +740,7 @@ pub async fn add_edges(pool: &PgPool, identity: &Identity, batch: EdgeBatch) -> 
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let mut tx = pool.begin().await?;
+    let mut tx = bounds::begin(pool, timeout_ms).await?;
     let visible: BTreeSet<Uuid> = sqlx::query_scalar::<_, Uuid>(
         "SELECT id FROM memories WHERE tenant_id = $1 AND access_level <= $2 AND id = ANY($3) ORDER BY id FOR KEY SHARE",
     )
@@ -770,6 +786,7 @@ pub async fn store_feedback(
     pool: &PgPool,
     identity: &Identity,
     batch: FeedbackBatch,
+    timeout_ms: u64,
 ) -> Result<u32> {
     let (mut q, mut m, mut s, mut v) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for it in batch.0 {
@@ -778,6 +795,7 @@ pub async fn store_feedback(
         s.push(it.signal);
         v.push(it.value);
     }
+    let mut tx = bounds::begin(pool, timeout_ms).await?;
     let stored = sqlx::query(
         "INSERT INTO feedback (tenant_id, agent_id, query_id, memory_id, signal, value) \
          SELECT $1, $2, t.q, t.m, t.s, t.v FROM unnest($3::text[], $4::uuid[], $5::text[], $6::bool[]) AS t(q, m, s, v)",
@@ -788,9 +806,10 @@ pub async fn store_feedback(
     .bind(&m)
     .bind(&s)
     .bind(&v)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?
     .rows_affected();
+    tx.commit().await?;
     Ok(u32::try_from(stored).unwrap_or(u32::MAX))
 }
 

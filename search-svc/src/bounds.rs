@@ -1,0 +1,127 @@
+//! What one request may cost search-svc: a statement_timeout per kind of
+//! query, and a cap on requests in flight.
+//!
+//! Timeouts: every query runs in a transaction opened with
+//! `BEGIN; SET LOCAL statement_timeout = N` (one simple-query round trip,
+//! see [`begin`]), so Postgres itself cancels a statement that runs too long
+//! (SQLSTATE 57014, DEADLINE_EXCEEDED in `error.rs`). Without it a slow plan
+//! went on holding a pool connection long after the gateway had given up on
+//! the call. `SET LOCAL` ends with the transaction, so pooled connections
+//! keep no setting and each kind gets its own bound.
+//!
+//! In-flight cap: a tokio semaphore taken with `try_acquire` at the top of
+//! every handler ([`Admission`]). tower's `ConcurrencyLimitLayer` +
+//! `LoadShedLayer` would do the same around the whole server, but tonic's
+//! router takes only infallible services, so the shed error would need an
+//! adapter to become a gRPC status, and the limit would also cover health
+//! checks and reflection, which must answer while search is saturated. The
+//! semaphore refuses with RESOURCE_EXHAUSTED before any work, never queues,
+//! and counts exactly the search RPCs.
+
+use std::sync::Arc;
+
+use engram_common::settings::SearchSettings;
+use sqlx::{PgPool, Postgres, Transaction};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::{Error, Result};
+
+/// statement_timeout per kind of query, in milliseconds (0 = none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub dense_ms: u64,
+    pub keyword_ms: u64,
+    pub get_ms: u64,
+    pub write_ms: u64,
+    pub decay_ms: u64,
+}
+
+impl Timeouts {
+    pub fn from_settings(s: &SearchSettings) -> Self {
+        Self {
+            dense_ms: s.statement_timeout_dense_ms,
+            keyword_ms: s.statement_timeout_keyword_ms,
+            get_ms: s.statement_timeout_get_ms,
+            write_ms: s.statement_timeout_write_ms,
+            decay_ms: s.statement_timeout_decay_ms,
+        }
+    }
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self::from_settings(&SearchSettings::default())
+    }
+}
+
+/// A transaction whose every statement Postgres cancels after `timeout_ms`
+/// (0 = no bound). BEGIN and SET LOCAL travel as one simple query, so the
+/// bound costs one round trip more than a bare statement plus the COMMIT.
+pub async fn begin(pool: &PgPool, timeout_ms: u64) -> Result<Transaction<'static, Postgres>> {
+    let sql = format!("BEGIN; SET LOCAL statement_timeout = {timeout_ms}");
+    Ok(pool.begin_with(sqlx::AssertSqlSafe(sql)).await?)
+}
+
+/// The in-flight cap; `None` when `search.max_concurrent_requests` is 0.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    limit: u32,
+    permits_opt: Option<Arc<Semaphore>>,
+}
+
+/// Held for the whole handler; dropping it frees the slot.
+#[derive(Debug)]
+pub struct Slot {
+    _permit_opt: Option<OwnedSemaphorePermit>,
+}
+
+impl Admission {
+    pub fn new(limit: u32) -> Self {
+        let permits_opt = (limit > 0).then(|| Arc::new(Semaphore::new(limit as usize)));
+        Self { limit, permits_opt }
+    }
+
+    /// A slot, or RESOURCE_EXHAUSTED at once when every slot is taken: a
+    /// refusal the caller can retry elsewhere costs less than a queue whose
+    /// wait nobody bounds.
+    pub fn admit(&self) -> Result<Slot> {
+        let Some(permits) = &self.permits_opt else {
+            return Ok(Slot { _permit_opt: None });
+        };
+        match Arc::clone(permits).try_acquire_owned() {
+            Ok(p) => Ok(Slot {
+                _permit_opt: Some(p),
+            }),
+            Err(_) => Err(Error::Busy(format!(
+                "search-svc is handling its limit of {} requests; retry shortly",
+                self.limit
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_admission_refuses_and_a_dropped_slot_frees_its_place() {
+        let a = Admission::new(2);
+        let first = a.admit().expect("first");
+        let _second = a.admit().expect("second");
+        let refused = a.admit().expect_err("third");
+        assert_eq!(
+            tonic::Status::from(refused).code(),
+            tonic::Code::ResourceExhausted
+        );
+        drop(first);
+        assert!(a.admit().is_ok());
+    }
+
+    #[test]
+    fn zero_means_no_limit() {
+        let a = Admission::new(0);
+        let slots: Vec<_> = (0..1000).map(|_| a.admit().expect("slot")).collect();
+        assert_eq!(slots.len(), 1000);
+    }
+}
