@@ -330,6 +330,28 @@ pub struct GraphSettings {
     /// query does not pay the load (seconds at 100K memories); `["*"]` =
     /// every tenant with memories in Postgres at start.
     pub preload_tenants: Vec<String>,
+    /// Estimated bytes of tenant graphs one graph-svc instance keeps; past
+    /// it the least recently used tenants are evicted (and reload on their
+    /// next query), so many tenants cannot exhaust the host. 2 GiB holds
+    /// about twenty 100K-memory tenants (~106 MB each on the `engram bench`
+    /// shape); the most recently used graph always stays, even alone over
+    /// the budget, so it never reloads per query.
+    pub memory_budget_bytes: u64,
+    /// Evict a tenant's graph after this long without a query, returning
+    /// memory nobody uses; 0 = never (the budget alone bounds memory, and a
+    /// reload costs seconds at 100K memories).
+    pub idle_evict_secs: u64,
+    /// How long a query waits for its tenant's first load (always also
+    /// bounded by its own deadline) before it degrades with
+    /// RESOURCE_EXHAUSTED; the load goes on in the background either way.
+    pub load_wait_ms: u64,
+    /// Least time between the end of one rebuild of a tenant and the start
+    /// of the next; notifications in between coalesce into one later
+    /// rebuild, so a tenant writing constantly cannot keep a core busy.
+    pub min_rebuild_interval_ms: u64,
+    /// Rebuilds running at once across tenants (first loads are not
+    /// counted: they must not queue behind another tenant's writes).
+    pub max_concurrent_rebuilds: usize,
 }
 
 impl Default for GraphSettings {
@@ -347,6 +369,11 @@ impl Default for GraphSettings {
             debounce_ms: 300,
             max_debounce_ms: 3000,
             preload_tenants: Vec::new(),
+            memory_budget_bytes: 2 << 30,
+            idle_evict_secs: 0,
+            load_wait_ms: 300,
+            min_rebuild_interval_ms: 3000,
+            max_concurrent_rebuilds: 1,
         }
     }
 }

@@ -26,11 +26,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let s = shape::bench_tenant(memories, 2000);
     let g = &s.graph;
     println!(
-        "built in {:.1}s: memories {} entities {} edges {} | max entity degree {}",
+        "built in {:.1}s: memories {} entities {} edges {} ~{} MB | max entity degree {}",
         t0.elapsed().as_secs_f64(),
         g.memory_count(),
         g.entity_count(),
         g.edge_count(),
+        g.estimated_bytes() >> 20,
         (0..g.entity_count() as u32)
             .map(|e| g.degree(g.entity_node(e)))
             .max()

@@ -13,6 +13,13 @@ pub enum Error {
     Database(#[from] sqlx::Error),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The tenant's first graph load is still running in the background:
+    /// the query degrades rather than wait past its bound.
+    #[error("tenant graph is loading")]
+    Loading,
+    /// A shared first load failed; already mapped (and logged) once.
+    #[error("graph load failed: {}", .0.message())]
+    Load(tonic::Status),
 }
 
 impl Error {
@@ -39,6 +46,12 @@ impl From<Error> for tonic::Status {
                 tracing::error!(error = %m, "internal error");
                 tonic::Status::internal("internal error")
             }
+            // RESOURCE_EXHAUSTED: the gateway's breaker counts it neutral
+            // and does not retry it; its pipeline degrades the graph list.
+            Error::Loading => {
+                tonic::Status::resource_exhausted("tenant graph is loading; retry shortly")
+            }
+            Error::Load(status) => status,
         }
     }
 }

@@ -1328,5 +1328,6 @@ fn unix_now() -> i64 {
 
 #[cfg(test)]
 mod reference;
+mod size;
 #[cfg(test)]
 mod tests;

@@ -19,7 +19,10 @@
 //!
 //! `graph.preload_tenants` loads tenants in the background at start
 //! (`["*"]`: every tenant with memories) so their first query is not a
-//! multi-second load.
+//! multi-second load. Otherwise a tenant's first query starts its load in
+//! the background and degrades (RESOURCE_EXHAUSTED) after
+//! `graph.load_wait_ms`; graphs stay within `graph.memory_budget_bytes` by
+//! evicting the least recently used tenants (docs/operability.md).
 
 pub mod error;
 pub mod graph;
@@ -86,7 +89,8 @@ pub async fn run(
         .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
         .await;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let debouncer = tokio::spawn(store::debounce(registry.clone(), rx));
+    let rebuilds = tokio::spawn(store::rebuilds(registry.clone(), rx));
+    let sweep = tokio::spawn(store::sweep(registry.clone()));
     // SERVING needs both: the change listener up (graphs stay current) and
     // Postgres answering (graphs can load).
     let state = Arc::new(Readiness::default());
@@ -105,13 +109,15 @@ pub async fn run(
         settings.graph.preload_tenants.clone(),
     ));
     let opts = server::ServeOptions::from(&settings.listen);
-    let svc = service::GraphSvc::new(registry, settings);
+    let svc = service::GraphSvc::new(registry.clone(), settings);
     let routes = Routes::new(GraphServiceServer::new(svc));
     let result = server::serve_with(listener, routes, health, opts, shutdown).await;
     listen.abort();
     watcher.abort();
-    debouncer.abort();
+    rebuilds.abort();
+    sweep.abort();
     preload.abort();
+    registry.abort_loads();
     result?;
     Ok(())
 }

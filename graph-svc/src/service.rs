@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::error::Error;
 use crate::graph::{Graph, NodeBudget, PprParams, View};
-use crate::store::Registry;
+use crate::store::{Registry, Served};
 
 const MAX_QUERY_CHARS: usize = 8192;
 const MAX_SEEDS: usize = 200;
@@ -50,6 +50,25 @@ impl GraphSvc {
         let client = engram_common::server::grpc_timeout(req.metadata());
         Instant::now() + client.map_or(own, |c| c.min(own))
     }
+
+    /// The tenant's graph, waiting for a first load no longer than
+    /// `graph.load_wait_ms` and the request's deadline allow.
+    async fn serve(&self, tenant: &str, deadline: Instant) -> Result<Served, Error> {
+        let wait = load_wait(
+            deadline.saturating_duration_since(Instant::now()),
+            Duration::from_millis(self.settings.graph.load_wait_ms),
+        );
+        self.registry.serve(tenant, wait).await
+    }
+}
+
+/// Time kept after a load for the walk and the answer's way back, so a
+/// load finishing at the deadline still leaves an answer in time.
+const LOAD_MARGIN: Duration = Duration::from_millis(50);
+
+/// How long a query may wait for its tenant's first load.
+fn load_wait(left: Duration, setting: Duration) -> Duration {
+    left.saturating_sub(LOAD_MARGIN).min(setting)
 }
 
 fn parse_id(field: &str, s: &str) -> Result<Uuid, Error> {
@@ -248,6 +267,7 @@ pub fn run_ppr_with(
         nodes_touched: out.nodes_touched as u32,
         deadline_exceeded: out.deadline_hit,
         memory_count: graph.visible_memory_count(view) as u32,
+        stale: false,
     }
 }
 
@@ -273,10 +293,11 @@ impl GraphService for GraphSvc {
         let id = self.identity(&request)?;
         let deadline = self.deadline(&request);
         let q = PprQuery::from_proto(request.into_inner(), &self.settings.graph)?;
-        let graph = self.registry.graph(&id.tenant).await?;
+        let served = self.serve(&id.tenant, deadline).await?;
+        let graph = served.graph().clone();
         let msw = self.settings.graph.memory_seed_weight;
         let started = Instant::now();
-        let resp = blocking(move || {
+        let mut resp = blocking(move || {
             let view = graph.view(
                 id.trust.as_i16(),
                 q.namespace_opt.as_deref(),
@@ -285,8 +306,11 @@ impl GraphService for GraphSvc {
             run_ppr(&graph, &q, &view, msw, Some(deadline))
         })
         .await?;
+        // Read after the walk: a change noted during it makes it stale too.
+        resp.stale = served.stale();
         tracing::debug!(
             hits = resp.hits.len(),
+            stale = resp.stale,
             linked = resp.linked_entities.len(),
             nodes_touched = resp.nodes_touched,
             us = started.elapsed().as_micros() as u64,
@@ -300,6 +324,7 @@ impl GraphService for GraphSvc {
         request: Request<NeighborsRequest>,
     ) -> Result<Response<NeighborsResponse>, Status> {
         let id = self.identity(&request)?;
+        let deadline = self.deadline(&request);
         let NeighborsRequest {
             memory_ids,
             depth,
@@ -318,7 +343,7 @@ impl GraphService for GraphSvc {
         )?;
         let types_opt: Option<HashSet<String>> =
             (!edge_types.is_empty()).then(|| edge_types.into_iter().collect());
-        let graph = self.registry.graph(&id.tenant).await?;
+        let graph = self.serve(&id.tenant, deadline).await?.graph().clone();
         let out = blocking(move || {
             let view = graph.view(id.trust.as_i16(), None, false);
             let starts: Vec<u32> = ids.iter().filter_map(|i| graph.memory(i)).collect();
@@ -347,9 +372,10 @@ impl GraphService for GraphSvc {
         request: Request<ContradictionsRequest>,
     ) -> Result<Response<ContradictionsResponse>, Status> {
         let id = self.identity(&request)?;
+        let deadline = self.deadline(&request);
         let ContradictionsRequest { memory_ids } = request.into_inner();
         let ids = parse_ids("memory_ids", memory_ids)?;
-        let graph = self.registry.graph(&id.tenant).await?;
+        let graph = self.serve(&id.tenant, deadline).await?.graph().clone();
         let view = graph.view(id.trust.as_i16(), None, true);
         let nodes: Vec<u32> = ids.iter().filter_map(|i| graph.memory(i)).collect();
         let pairs = graph
@@ -369,13 +395,14 @@ impl GraphService for GraphSvc {
         request: Request<LinkQueryRequest>,
     ) -> Result<Response<LinkQueryResponse>, Status> {
         let id = self.identity(&request)?;
+        let deadline = self.deadline(&request);
         let LinkQueryRequest { text } = request.into_inner();
         if text.chars().count() > MAX_QUERY_CHARS {
             return Err(
                 Error::invalid("text", format!("at most {MAX_QUERY_CHARS} characters")).into(),
             );
         }
-        let graph = self.registry.graph(&id.tenant).await?;
+        let graph = self.serve(&id.tenant, deadline).await?.graph().clone();
         let resp = blocking(move || {
             let view = graph.view(id.trust.as_i16(), None, false);
             LinkQueryResponse {
@@ -401,15 +428,17 @@ impl GraphService for GraphSvc {
     ) -> Result<Response<StatsResponse>, Status> {
         let id = self.identity(&request)?;
         let StatsRequest {} = request.into_inner();
-        let (loaded_tenants, total_nodes, total_edges) = self.registry.totals();
+        let totals = self.registry.totals();
         let mut resp = StatsResponse {
             loaded: false,
             memories: 0,
             entities: 0,
             edges: 0,
-            loaded_tenants: loaded_tenants as u32,
-            total_nodes,
-            total_edges,
+            loaded_tenants: totals.tenants as u32,
+            total_nodes: totals.nodes,
+            total_edges: totals.edges,
+            total_bytes: totals.bytes,
+            memory_budget_bytes: self.settings.graph.memory_budget_bytes,
         };
         if let Some(g) = self.registry.loaded(&id.tenant) {
             resp.loaded = true;
@@ -425,6 +454,15 @@ impl GraphService for GraphSvc {
 mod tests {
     use super::*;
     use engram_common::server::parse_grpc_timeout;
+
+    #[test]
+    fn a_query_waits_for_a_load_within_its_deadline_and_the_setting() {
+        let ms = Duration::from_millis;
+        assert_eq!(load_wait(ms(500), ms(300)), ms(300));
+        assert_eq!(load_wait(ms(200), ms(300)), ms(150));
+        assert_eq!(load_wait(ms(30), ms(300)), Duration::ZERO);
+        assert_eq!(load_wait(ms(500), Duration::ZERO), Duration::ZERO);
+    }
 
     #[test]
     fn grpc_timeouts_parse() {

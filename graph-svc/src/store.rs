@@ -1,28 +1,35 @@
-//! Tenant graphs in memory: loaded lazily from Postgres on a tenant's first
-//! query, rebuilt from a consistent snapshot when `engram_changes`
-//! notifications arrive (debounced, since bulk ingest sends many), and
-//! swapped whole so a query sees either the old or the new graph.
+//! Tenant graphs in memory: loaded from Postgres on a tenant's first query
+//! (detached from it, see [`registry`]), kept within a memory budget, and
+//! rebuilt from a consistent snapshot when `engram_changes` notifications
+//! arrive (debounced, since bulk ingest sends many, and paced, see
+//! [`pacer`]), then swapped whole so a query sees either the old or the new
+//! graph.
 //!
 //! Every change rebuilds the tenant's graph rather than patching it: a new
 //! entity name can add mentions to old memories (the dictionary is matched
 //! against every memory's text), which a local patch would miss. Rebuilds run
-//! one tenant at a time, off the async runtime.
+//! off the async runtime, at most `max_concurrent_rebuilds` at once.
 
-use std::collections::{HashMap, HashSet};
+pub mod budget;
+pub mod pacer;
+pub mod registry;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
-use engram_common::settings::GraphSettings;
 use futures::TryStreamExt;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::error::Error;
 use crate::graph::{Dictionary, Graph, GraphBuilder};
+pub use pacer::Pacer;
+pub use registry::{Registry, Served, Totals};
 
 pub const CHANNEL: &str = "engram_changes";
 const PAGE: i64 = 2000;
@@ -128,121 +135,6 @@ pub async fn load_tenant(pool: &PgPool, tenant: &str, home_weight: f32) -> Resul
         .map_err(|e| Error::Internal(e.to_string()))
 }
 
-struct Slot {
-    graph: ArcSwapOption<Graph>,
-    /// Serialises loads of one tenant, so a rebuild queued during the first
-    /// load starts after it and sees the newer snapshot.
-    load: tokio::sync::Mutex<()>,
-}
-
-/// Every tenant graph this instance holds.
-pub struct Registry {
-    pool: PgPool,
-    settings: GraphSettings,
-    tenants: parking_lot::RwLock<HashMap<String, Arc<Slot>>>,
-}
-
-impl Registry {
-    pub fn new(pool: PgPool, settings: GraphSettings) -> Self {
-        Self {
-            pool,
-            settings,
-            tenants: parking_lot::RwLock::new(HashMap::new()),
-        }
-    }
-
-    pub fn settings(&self) -> &GraphSettings {
-        &self.settings
-    }
-
-    fn slot(&self, tenant: &str) -> Arc<Slot> {
-        if let Some(s) = self.tenants.read().get(tenant) {
-            return s.clone();
-        }
-        self.tenants
-            .write()
-            .entry(tenant.to_string())
-            .or_insert_with(|| {
-                Arc::new(Slot {
-                    graph: ArcSwapOption::empty(),
-                    load: tokio::sync::Mutex::new(()),
-                })
-            })
-            .clone()
-    }
-
-    /// The tenant's current graph, loading it on first use.
-    pub async fn graph(&self, tenant: &str) -> Result<Arc<Graph>, Error> {
-        let slot = self.slot(tenant);
-        if let Some(g) = slot.graph.load_full() {
-            return Ok(g);
-        }
-        let _guard = slot.load.lock().await;
-        if let Some(g) = slot.graph.load_full() {
-            return Ok(g);
-        }
-        let g = Arc::new(load_tenant(&self.pool, tenant, self.settings.home_weight).await?);
-        tracing::info!(
-            tenant = %tenant,
-            memories = g.memory_count(),
-            entities = g.entity_count(),
-            edges = g.edge_count(),
-            "loaded tenant graph"
-        );
-        slot.graph.store(Some(g.clone()));
-        Ok(g)
-    }
-
-    /// Rebuilds a tenant this instance holds (others load lazily later).
-    pub async fn rebuild(&self, tenant: &str) -> Result<(), Error> {
-        let Some(slot) = self.tenants.read().get(tenant).cloned() else {
-            return Ok(());
-        };
-        let _guard = slot.load.lock().await;
-        let started = std::time::Instant::now();
-        let g = Arc::new(load_tenant(&self.pool, tenant, self.settings.home_weight).await?);
-        tracing::info!(
-            tenant = %tenant,
-            memories = g.memory_count(),
-            edges = g.edge_count(),
-            ms = started.elapsed().as_millis() as u64,
-            "rebuilt tenant graph"
-        );
-        slot.graph.store(Some(g));
-        Ok(())
-    }
-
-    /// Installs a graph directly (tests, and in-process evaluation).
-    pub fn install(&self, tenant: &str, graph: Graph) {
-        self.slot(tenant).graph.store(Some(Arc::new(graph)));
-    }
-
-    pub fn tenants(&self) -> Vec<String> {
-        self.tenants.read().keys().cloned().collect()
-    }
-
-    /// (loaded tenants, nodes, edges) over every loaded graph.
-    pub fn totals(&self) -> (usize, u64, u64) {
-        let tenants = self.tenants.read();
-        let mut out = (0usize, 0u64, 0u64);
-        for slot in tenants.values() {
-            if let Some(g) = slot.graph.load_full() {
-                out.0 += 1;
-                out.1 += (g.memory_count() + g.entity_count()) as u64;
-                out.2 += g.edge_count() as u64;
-            }
-        }
-        out
-    }
-
-    pub fn loaded(&self, tenant: &str) -> Option<Arc<Graph>> {
-        self.tenants
-            .read()
-            .get(tenant)
-            .and_then(|s| s.graph.load_full())
-    }
-}
-
 /// Loads the configured tenants one after the other (`["*"]` = every
 /// tenant with memories now); queries meanwhile load on demand as usual,
 /// sharing a load already under way. Failures are logged, never fatal.
@@ -254,7 +146,7 @@ pub async fn preload(registry: Arc<Registry>, tenants: Vec<String>) {
         match sqlx::query_scalar::<_, String>(
             "SELECT DISTINCT tenant_id FROM memories ORDER BY tenant_id",
         )
-        .fetch_all(&registry.pool)
+        .fetch_all(registry.pool())
         .await
         {
             Ok(all) => all,
@@ -346,39 +238,76 @@ pub async fn listen(
     }
 }
 
-/// Collects dirty tenants and rebuilds them once the burst is over: after
-/// `debounce_ms` without a new event, or `max_debounce_ms` after the first.
-pub async fn debounce(registry: Arc<Registry>, mut rx: mpsc::UnboundedReceiver<Dirty>) {
-    let quiet = Duration::from_millis(registry.settings().debounce_ms);
-    let cap = Duration::from_millis(registry.settings().max_debounce_ms.max(1));
+/// Turns change notifications into paced rebuilds (see [`pacer`]): each
+/// notification is noted at once, so answers say they are stale, and the
+/// rebuild follows when the pacer allows. Rebuild tasks end with this loop.
+pub async fn rebuilds(registry: Arc<Registry>, mut rx: mpsc::UnboundedReceiver<Dirty>) {
+    let mut pacer = Pacer::new(registry.settings());
+    let mut running: JoinSet<(String, bool)> = JoinSet::new();
     loop {
-        let Some(first) = rx.recv().await else { return };
-        let mut dirty: HashSet<String> = HashSet::new();
-        let mut all = false;
-        let mut add = |d: Dirty, dirty: &mut HashSet<String>| match d {
-            Dirty::Tenant(t) => {
-                dirty.insert(t);
-            }
-            Dirty::All => all = true,
-        };
-        add(first, &mut dirty);
-        let hard = Instant::now() + cap;
-        loop {
-            let until = (Instant::now() + quiet).min(hard);
-            match tokio::time::timeout_at(until, rx.recv()).await {
-                Ok(Some(d)) => add(d, &mut dirty),
-                Ok(None) => return,
-                Err(_) => break,
-            }
+        for tenant in pacer.take_ready(Instant::now()) {
+            let reg = registry.clone();
+            running.spawn(async move {
+                let ok = match reg.rebuild(&tenant).await {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(tenant = %tenant, error = %e, "tenant rebuild failed; keeping the old graph");
+                        false
+                    }
+                };
+                (tenant, ok)
+            });
         }
-        if all {
-            dirty.extend(registry.tenants());
+        let wake_opt = pacer.next_due();
+        tokio::select! {
+            d = rx.recv() => match d {
+                Some(d) => note(&registry, &mut pacer, d),
+                None => return,
+            },
+            Some(done) = running.join_next(), if !running.is_empty() => match done {
+                Ok((tenant, ok)) => pacer.finished(&tenant, ok, Instant::now()),
+                Err(e) => tracing::error!(error = %e, "tenant rebuild task failed"),
+            },
+            _ = sleep_until_opt(wake_opt), if wake_opt.is_some() => {}
         }
-        for tenant in dirty {
-            if let Err(e) = registry.rebuild(&tenant).await {
-                tracing::warn!(tenant = %tenant, error = %e, "tenant rebuild failed; keeping the old graph");
-            }
+    }
+}
+
+async fn sleep_until_opt(at_opt: Option<Instant>) {
+    match at_opt {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Marks the tenants a notification names as changed, and schedules a
+/// rebuild of those this instance holds.
+fn note(registry: &Registry, pacer: &mut Pacer, d: Dirty) {
+    let now = Instant::now();
+    let tenants = match d {
+        Dirty::Tenant(t) => vec![t],
+        Dirty::All => registry.tenants(),
+    };
+    for tenant in tenants {
+        if registry.note_change(&tenant) {
+            pacer.note(tenant, now);
         }
+    }
+}
+
+/// Evicts idle tenants every so often (`idle_evict_secs`; 0 = never), since
+/// nothing else runs while no queries or changes arrive.
+pub async fn sweep(registry: Arc<Registry>) {
+    let idle = registry.settings().idle_evict_secs;
+    if idle == 0 {
+        return;
+    }
+    let every = Duration::from_secs(idle.div_ceil(4).clamp(1, 60));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        registry.enforce_budget();
     }
 }
 
@@ -386,6 +315,7 @@ pub async fn debounce(registry: Arc<Registry>, mut rx: mpsc::UnboundedReceiver<D
 mod tests {
     use super::*;
     use crate::graph::{NodeBudget, PprParams};
+    use engram_common::settings::GraphSettings;
 
     fn graph(offset: u128, n: u128) -> Graph {
         let mut dict = Dictionary::default();

@@ -77,27 +77,35 @@ fn req<T>(msg: T, tenant: &str, trust: AccessLevel) -> tonic::Request<T> {
     r
 }
 
+/// PPR hit ids; a query that arrives while the tenant's first load is
+/// still running is answered RESOURCE_EXHAUSTED and asked again.
 async fn ppr_ids(
     c: &mut GraphServiceClient<Channel>,
     tenant: &str,
     trust: AccessLevel,
     q: &str,
 ) -> Vec<String> {
-    c.personalized_page_rank(req(
-        PprRequest {
+    for _ in 0..100 {
+        let msg = PprRequest {
             query_text: q.into(),
             ..Default::default()
-        },
-        tenant,
-        trust,
-    ))
-    .await
-    .expect("ppr")
-    .into_inner()
-    .hits
-    .into_iter()
-    .map(|h| h.memory_id)
-    .collect()
+        };
+        match c.personalized_page_rank(req(msg, tenant, trust)).await {
+            Ok(r) => {
+                return r
+                    .into_inner()
+                    .hits
+                    .into_iter()
+                    .map(|h| h.memory_id)
+                    .collect();
+            }
+            Err(s) if s.code() == tonic::Code::ResourceExhausted => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(s) => panic!("ppr: {s}"),
+        }
+    }
+    panic!("the tenant's graph never loaded")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

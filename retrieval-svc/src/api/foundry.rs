@@ -6,9 +6,7 @@ use engram_proto::{AgenticRetrieveRequest, BasicRetrieveRequest, FoundryResponse
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
-use crate::error::Error;
 use crate::gateway::Gateway;
-use crate::metrics::FoundryOutcome;
 use crate::surfaces::foundry::{AGENTIC_IN_FLIGHT, Agentic, Basic, agentic, basic};
 
 /// The gRPC `KnowledgeFoundryService` over a shared [`Gateway`].
@@ -22,16 +20,13 @@ impl KnowledgeFoundryService for Foundry {
         request: Request<BasicRetrieveRequest>,
     ) -> Result<Response<FoundryResponse>, Status> {
         let start = Instant::now();
-        let r = async {
-            let identity = self.0.authenticate(request.metadata())?;
-            let _permit = self.0.admit(&identity, 1)?;
-            let deadline = self.0.deadline(request.metadata(), start);
-            let b = Basic::try_from(request.into_inner())?;
-            basic(&self.0, identity, b, start, deadline).await
-        }
-        .await;
-        observe(&self.0, "basic", start, &r);
-        Ok(Response::new(r?))
+        let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, 1)?;
+        let deadline = self.0.deadline(request.metadata(), start);
+        let b = Basic::try_from(request.into_inner())?;
+        Ok(Response::new(
+            basic(&self.0, identity, b, start, deadline).await?,
+        ))
     }
 
     async fn retrieve_agentic(
@@ -39,46 +34,9 @@ impl KnowledgeFoundryService for Foundry {
         request: Request<AgenticRetrieveRequest>,
     ) -> Result<Response<FoundryResponse>, Status> {
         let start = Instant::now();
-        let r = async {
-            let identity = self.0.authenticate(request.metadata())?;
-            let _permit = self.0.admit(&identity, AGENTIC_IN_FLIGHT)?;
-            let a = Agentic::try_from(request.into_inner())?;
-            agentic(&self.0, identity, a, start).await
-        }
-        .await;
-        observe(&self.0, "agentic", start, &r);
-        Ok(Response::new(r?))
+        let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, AGENTIC_IN_FLIGHT)?;
+        let a = Agentic::try_from(request.into_inner())?;
+        Ok(Response::new(agentic(&self.0, identity, a, start).await?))
     }
-}
-
-/// The `kf_retrieval_*` families, for every outcome (refusals included).
-pub fn observe(
-    gw: &Gateway,
-    mode: &'static str,
-    start: Instant,
-    r: &Result<FoundryResponse, Error>,
-) {
-    let (outcome, results, tokens, steps) = match r {
-        Ok(resp) if resp.truncated => (
-            "truncated",
-            resp.results.len(),
-            resp.total_tokens_used,
-            resp.steps.len(),
-        ),
-        Ok(resp) => (
-            "ok",
-            resp.results.len(),
-            resp.total_tokens_used,
-            resp.steps.len(),
-        ),
-        Err(_) => ("error", 0, 0, 0),
-    };
-    gw.metrics().observe_foundry(&FoundryOutcome {
-        mode,
-        outcome,
-        elapsed: start.elapsed(),
-        results,
-        tokens,
-        steps,
-    });
 }
