@@ -4,7 +4,8 @@
 
 use engram::client::Client;
 use engram::stack::{Service, Stack};
-use engram_proto::{Memory, RetrievalMode, RetrieveRequest, TimeRange, UpsertRequest};
+use engram_proto::search_service_client::SearchServiceClient;
+use engram_proto::{Memory, RetrievalMode, RetrieveRequest, SkipReason, TimeRange, UpsertRequest};
 use engram_tests::TestStack;
 use prost_types::Timestamp;
 
@@ -298,6 +299,211 @@ async fn health_follows_postgres_away_and_back() -> anyhow::Result<()> {
     for svc in [Service::Search, Service::Graph] {
         health_becomes(&ts.stack, svc, SERVING).await?;
     }
+    ts.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_write_that_bypasses_this_gateway_still_makes_its_cached_answers_stale()
+-> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    c.memories
+        .upsert(UpsertRequest {
+            memories: vec![Memory {
+                content: "The standup is at 9:30 in room Atlas.".into(),
+                ..Default::default()
+            }],
+        })
+        .await?;
+    let ask = || RetrieveRequest {
+        text: "when and where is the standup?".into(),
+        ..Default::default()
+    };
+    c.retrieval.retrieve(ask()).await?;
+    let cached = c.retrieval.retrieve(ask()).await?.into_inner();
+    assert_eq!(cached.skip_reason, SkipReason::CacheHit as i32);
+    // Another gateway replica's write: straight into search-svc, as that
+    // replica would send it; this gateway never sees the call.
+    let search = ts
+        .stack
+        .addr(Service::Search)
+        .ok_or_else(|| anyhow::anyhow!("no search-svc"))?;
+    let mut direct = SearchServiceClient::connect(format!("http://{search}")).await?;
+    let mut req = tonic::Request::new(UpsertRequest {
+        memories: vec![Memory {
+            content: "The standup moved to 10:00 in room Borealis.".into(),
+            ..Default::default()
+        }],
+    });
+    let writer = engram_common::Identity {
+        tenant: ts.tenant.clone(),
+        agent_id: "agent-1".into(),
+        trust: engram_common::AccessLevel::Internal,
+    };
+    let token = ts.stack.settings.auth.internal_token_opt.clone();
+    writer.write_internal(req.metadata_mut(), token.as_deref().unwrap_or(""));
+    direct.upsert(req).await?;
+    // The change reaches this gateway through search-svc's feed; poll (a
+    // bounded wait, not a timing assertion) until the answer is recomputed.
+    let mut fresh_opt = None;
+    for _ in 0..100 {
+        let r = c.retrieval.retrieve(ask()).await?.into_inner();
+        if r.skip_reason != SkipReason::CacheHit as i32 {
+            fresh_opt = Some(r);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let fresh = fresh_opt.ok_or_else(|| anyhow::anyhow!("still the cached answer after 10 s"))?;
+    assert!(
+        fresh
+            .records
+            .iter()
+            .filter_map(|s| s.memory.as_ref())
+            .any(|m| m.content.contains("Borealis")),
+        "{fresh:?}"
+    );
+    ts.shutdown().await;
+    Ok(())
+}
+
+/// The gateway's /metrics lines that start with `prefix`, as (series, value).
+async fn metrics(stack: &Stack, prefix: &str) -> anyhow::Result<Vec<(String, f64)>> {
+    let body = reqwest::get(format!("http://{}/metrics", stack.admin_addr))
+        .await?
+        .text()
+        .await?;
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect())
+}
+
+async fn metric(stack: &Stack, series: &str) -> anyhow::Result<f64> {
+    Ok(metrics(stack, series)
+        .await?
+        .into_iter()
+        .find(|(s, _)| s == series)
+        .map_or(0.0, |(_, v)| v))
+}
+
+#[tokio::test]
+async fn metrics_read_feedback_and_the_foundry_as_the_seed_defines_them() -> anyhow::Result<()> {
+    use engram_proto::{
+        AgenticRetrieveRequest, BasicRetrieveRequest, FeedbackItem, FeedbackRequest, FeedbackSignal,
+    };
+    let ts = TestStack::start("sensitive").await?;
+    let mut c = ts.client().await?;
+    engram::demo::load_sample(&mut c, &ts.tenant).await?;
+    let r = c
+        .retrieval
+        .retrieve(RetrieveRequest {
+            text: "Who leads the project that migrates the billing system?".into(),
+            limit: Some(4),
+            no_cache: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let ids: Vec<String> = (r.records.iter())
+        .filter_map(|s| s.memory.as_ref().map(|m| m.id.clone()))
+        .collect();
+    assert!(ids.len() >= 2, "{r:?}");
+    let item = |id: &str, signal: FeedbackSignal, value: bool| FeedbackItem {
+        memory_id: id.into(),
+        signal: signal as i32,
+        value,
+    };
+    let feedback = |query_id: &str, items: Vec<FeedbackItem>| FeedbackRequest {
+        query_id: query_id.into(),
+        items,
+    };
+    // One returned memory was helpful, another not used: a hit, 1/k.
+    let judged = vec![
+        item(&ids[0], FeedbackSignal::Helpful, true),
+        item(&ids[1], FeedbackSignal::Used, false),
+    ];
+    c.retrieval.feedback(feedback(&r.query_id, judged)).await?;
+    // Nothing used: a miss, 0/k. Feedback on an answer never given: a hit,
+    // but no precision (k unknown).
+    let unused = vec![item(&ids[0], FeedbackSignal::Used, false)];
+    c.retrieval.feedback(feedback(&r.query_id, unused)).await?;
+    let unknown = vec![item(&ids[0], FeedbackSignal::Used, true)];
+    c.retrieval
+        .feedback(feedback("no-such-answer", unknown))
+        .await?;
+
+    let s = &ts.stack;
+    assert_eq!(
+        metric(s, "engram_retrieval_hit_rate{result=\"hit\"}").await?,
+        2.0
+    );
+    assert_eq!(
+        metric(s, "engram_retrieval_hit_rate{result=\"miss\"}").await?,
+        1.0
+    );
+    assert_eq!(
+        metric(s, "engram_retrieval_precision_at_k_count").await?,
+        2.0
+    );
+    let precision = metric(s, "engram_retrieval_precision_at_k_sum").await?;
+    assert!(
+        (precision - 1.0 / ids.len() as f64).abs() < 1e-9,
+        "{precision}"
+    );
+    // The self-RAG histogram holds the cross-encoder's scores of what was
+    // returned, one per scored record, not one confidence per answer.
+    let scored = (r.records.iter())
+        .filter(|s| s.provenance.as_ref().is_some_and(|p| p.relevance.is_some()))
+        .count();
+    assert_eq!(
+        metric(s, "engram_retrieval_selfrag_score_count").await?,
+        scored as f64
+    );
+
+    // The Foundry's own families, for answers and refusals alike.
+    let kb = uuid::Uuid::new_v4().to_string();
+    let basic = BasicRetrieveRequest {
+        kb_id: kb.clone(),
+        query: "Who leads billing?".into(),
+        tenant_id: ts.tenant.clone(),
+        ..Default::default()
+    };
+    c.foundry.retrieve_basic(basic.clone()).await?;
+    let refused = BasicRetrieveRequest {
+        query: String::new(),
+        ..basic
+    };
+    assert!(c.foundry.retrieve_basic(refused).await.is_err());
+    let agentic = AgenticRetrieveRequest {
+        query: "Who leads billing?".into(),
+        tenant_id: ts.tenant.clone(),
+        kb_ids: vec![kb],
+        reasoning_effort: "low".into(),
+        ..Default::default()
+    };
+    c.foundry.retrieve_agentic(agentic).await?;
+    let kf = metrics(s, "kf_retrieval_requests_total{").await?;
+    let count = |mode: &str, outcome: &str| {
+        let series =
+            format!("kf_retrieval_requests_total{{mode=\"{mode}\",outcome=\"{outcome}\"}}");
+        kf.iter()
+            .find(|(s, _)| *s == series)
+            .map_or(0.0, |(_, v)| *v)
+    };
+    assert_eq!(count("basic", "ok"), 1.0, "{kf:?}");
+    assert_eq!(count("basic", "error"), 1.0, "{kf:?}");
+    assert_eq!(
+        count("agentic", "ok") + count("agentic", "truncated"),
+        1.0,
+        "{kf:?}"
+    );
+    assert_eq!(metric(s, "kf_retrieval_agentic_steps_count").await?, 1.0);
     ts.shutdown().await;
     Ok(())
 }

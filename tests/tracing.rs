@@ -65,7 +65,9 @@ async fn one_retrieval_is_one_trace_across_services() -> anyhow::Result<()> {
     // client has its answer.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let spans = exporter.get_finished_spans()?;
+    let http_spans = http_retrieval_spans(&ts, &exporter).await?;
     ts.shutdown().await;
+    http_is_one_trace(&http_spans)?;
 
     let gateway = spans
         .iter()
@@ -92,6 +94,14 @@ async fn one_retrieval_is_one_trace_across_services() -> anyhow::Result<()> {
     names.sort_unstable();
     names.dedup();
     eprintln!("spans in the retrieval trace: {names:?}");
+    for stage in [
+        "stage.route",
+        "stage.search",
+        "stage.validate",
+        "stage.assemble",
+    ] {
+        assert!(names.contains(&stage), "no {stage} span in {names:?}");
+    }
 
     let downstream_servers: Vec<&SpanData> = in_trace
         .iter()
@@ -154,5 +164,50 @@ async fn one_retrieval_is_one_trace_across_services() -> anyhow::Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// The spans of one Foundry basic retrieval over HTTP.
+async fn http_retrieval_spans(
+    ts: &TestStack,
+    exporter: &InMemorySpanExporter,
+) -> anyhow::Result<Vec<SpanData>> {
+    let addr = ts
+        .stack
+        .http_addr_opt
+        .ok_or_else(|| anyhow::anyhow!("no http api"))?;
+    exporter.reset();
+    let body = serde_json::json!({
+        "kb_id": uuid::Uuid::new_v4().to_string(),
+        "query": "Who leads the project that migrates the billing system?",
+        "tenant_id": ts.tenant,
+    });
+    let status = reqwest::Client::new()
+        .post(format!("http://{addr}/api/v1/retrieve/basic"))
+        .bearer_auth(&ts.key)
+        .json(&body)
+        .send()
+        .await?
+        .status();
+    assert_eq!(status, 200);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    Ok(exporter.get_finished_spans()?)
+}
+
+/// An HTTP request is a server span at the root of a trace that reaches
+/// search-svc, as a gRPC one is.
+fn http_is_one_trace(spans: &[SpanData]) -> anyhow::Result<()> {
+    let names: Vec<_> = spans.iter().map(|s| s.name.to_string()).collect();
+    let server = spans
+        .iter()
+        .find(|s| s.name == "POST /api/v1/retrieve/basic")
+        .ok_or_else(|| anyhow::anyhow!("no http server span in {names:?}"))?;
+    assert_eq!(server.parent_span_id, SpanId::INVALID);
+    let trace = server.span_context.trace_id();
+    assert!(
+        spans.iter().any(|s| s.span_context.trace_id() == trace
+            && s.name.starts_with("engram.v1.SearchService/")),
+        "no search-svc span in the http request's trace: {names:?}"
+    );
     Ok(())
 }

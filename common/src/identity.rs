@@ -106,20 +106,30 @@ impl Identity {
         }
     }
 
+    /// Checks an internal call's token in constant time; for calls that
+    /// act for no one tenant (the change feed). `expected_token` None = no
+    /// token configured: refuse.
+    pub fn check_internal_token(
+        md: &MetadataMap,
+        expected_token: Option<&str>,
+    ) -> Result<(), IdentityError> {
+        let got = md
+            .get(INTERNAL_TOKEN_KEY)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        match expected_token {
+            Some(t) if !t.is_empty() && constant_time_eq(t.as_bytes(), got.as_bytes()) => Ok(()),
+            _ => Err(IdentityError::BadInternalToken),
+        }
+    }
+
     /// Reads the identity of an internal call, after checking the token in
     /// constant time. `expected_token` None = no token configured: refuse.
     pub fn read_internal(
         md: &MetadataMap,
         expected_token: Option<&str>,
     ) -> Result<Self, IdentityError> {
-        let got = md
-            .get(INTERNAL_TOKEN_KEY)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        match expected_token {
-            Some(t) if !t.is_empty() && constant_time_eq(t.as_bytes(), got.as_bytes()) => {}
-            _ => return Err(IdentityError::BadInternalToken),
-        }
+        Self::check_internal_token(md, expected_token)?;
         let get = |k: &'static str| -> Result<&str, IdentityError> {
             md.get(k)
                 .ok_or(IdentityError::Missing(k))?

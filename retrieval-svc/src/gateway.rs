@@ -19,6 +19,7 @@ use crate::error::Error;
 use crate::metrics::{Metrics, Scrape};
 use crate::pipeline::Pipeline;
 use crate::query::Query;
+use crate::surfaces::changes;
 use crate::surfaces::demand::{Demand, Shape, Surface};
 use crate::surfaces::llm::LlmClient;
 use crate::surfaces::working::store::WorkingMemory;
@@ -53,7 +54,11 @@ impl Gateway {
         let w = &settings.working;
         let demand = Demand::new(w.demand_threshold, w.max_demand_shapes)?;
         demand.register(&metrics)?;
-        Ok(Self {
+        let feed = (
+            ds.search_channel.clone(),
+            settings.auth.internal_token_opt.clone().unwrap_or_default(),
+        );
+        let gateway = Self {
             inner: Arc::new(Inner {
                 admission: Admission::new(&settings.tenant),
                 pipeline: Pipeline::new(settings, ds, metrics),
@@ -62,7 +67,28 @@ impl Gateway {
                 working,
                 demand,
             }),
-        })
+        };
+        gateway.follow_changes(feed);
+        Ok(gateway)
+    }
+
+    /// Every write anywhere (another replica, `engram ingest`) makes this
+    /// gateway's cached answers for its tenant stale. The task holds the
+    /// gateway weakly and ends with it.
+    fn follow_changes(&self, (channel, token): (tonic::transport::Channel, String)) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(changes::follow(channel, token, move |event_opt| {
+            let Some(inner) = weak.upgrade() else {
+                return false;
+            };
+            let caches = inner.pipeline.caches();
+            match event_opt {
+                Some(e) if e.resync => caches.invalidate_all(),
+                Some(e) => caches.invalidate_tenant(&e.tenant),
+                None => {}
+            }
+            true
+        }));
     }
 
     pub fn pipeline(&self) -> &Pipeline {

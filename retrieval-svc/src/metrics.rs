@@ -21,12 +21,16 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 const SCORE_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
 const COUNT_BUCKETS: &[f64] = &[0.0, 1.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0];
+const TOKEN_BUCKETS: &[f64] = &[
+    0.0, 100.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0, 16000.0, 32000.0, 64000.0,
+];
 
 pub struct Metrics {
     registry: Registry,
     pub stage_latency: HistogramVec,
     pub e2e_latency: Histogram,
     pub hit_rate: IntCounterVec,
+    pub results: IntCounterVec,
     pub precision_at_k: Histogram,
     pub route: IntCounterVec,
     pub retry: IntCounterVec,
@@ -39,6 +43,23 @@ pub struct Metrics {
     pub downstream_latency: HistogramVec,
     pub feedback_dropped: IntGauge,
     pub cache_bytes: IntGaugeVec,
+    pub kf_requests: IntCounterVec,
+    pub kf_latency: HistogramVec,
+    pub kf_results: HistogramVec,
+    pub kf_tokens: HistogramVec,
+    pub kf_steps: Histogram,
+}
+
+/// One finished Knowledge Foundry request, for the `kf_retrieval_*`
+/// families: `mode` basic or agentic, `outcome` ok, truncated or error.
+#[derive(Debug, Clone, Copy)]
+pub struct FoundryOutcome {
+    pub mode: &'static str,
+    pub outcome: &'static str,
+    pub elapsed: std::time::Duration,
+    pub results: usize,
+    pub tokens: u32,
+    pub steps: usize,
 }
 
 /// What the gateway reads off its parts when it is scraped.
@@ -88,12 +109,17 @@ impl Metrics {
             )?,
             hit_rate: counter_vec(
                 "engram_retrieval_hit_rate",
-                "Retrievals by result: hit (records returned), empty, cache_hit, skip, error; rate() of each over the sum is the hit rate.",
+                "Feedback calls by result: hit = the agent marked a returned memory used or helpful, miss = it did not; rate(hit) over rate(hit + miss) is the hit rate.",
+                &["result"],
+            )?,
+            results: counter_vec(
+                "engram_retrieval_results_total",
+                "Retrievals by result: records (some returned), empty, cache_hit, skip, error.",
                 &["result"],
             )?,
             precision_at_k: histogram(
                 "engram_retrieval_precision_at_k",
-                "Per feedback call: share of the reported records the agent marked used or helpful.",
+                "Per feedback call on a known answer: returned memories the agent marked used or helpful, over the k the answer returned.",
                 SCORE_BUCKETS,
             )?,
             route: counter_vec(
@@ -119,7 +145,7 @@ impl Metrics {
             )?,
             selfrag_score: histogram(
                 "engram_retrieval_selfrag_score",
-                "Retrieval confidence reported to the caller (self-RAG style score).",
+                "Cross-encoder relevance of each returned memory it scored (the Stage 3 self-RAG check).",
                 SCORE_BUCKETS,
             )?,
             feedback: counter_vec(
@@ -156,11 +182,40 @@ impl Metrics {
                 ),
                 &["cache"],
             )?,
+            kf_requests: counter_vec(
+                "kf_retrieval_requests_total",
+                "Knowledge Foundry retrievals by mode (basic, agentic) and outcome (ok, truncated, error).",
+                &["mode", "outcome"],
+            )?,
+            kf_latency: histogram_vec(
+                "kf_retrieval_latency_seconds",
+                "Knowledge Foundry retrieval latency by mode, every outcome included.",
+                LATENCY_BUCKETS,
+                &["mode"],
+            )?,
+            kf_results: histogram_vec(
+                "kf_retrieval_results",
+                "Results returned per Knowledge Foundry retrieval, by mode.",
+                COUNT_BUCKETS,
+                &["mode"],
+            )?,
+            kf_tokens: histogram_vec(
+                "kf_retrieval_tokens_used",
+                "Tokens used per Knowledge Foundry retrieval (results and agentic steps), by mode.",
+                TOKEN_BUCKETS,
+                &["mode"],
+            )?,
+            kf_steps: histogram(
+                "kf_retrieval_agentic_steps",
+                "Steps per agentic retrieval.",
+                COUNT_BUCKETS,
+            )?,
         };
         let r = &m.registry;
         r.register(Box::new(m.stage_latency.clone()))?;
         r.register(Box::new(m.e2e_latency.clone()))?;
         r.register(Box::new(m.hit_rate.clone()))?;
+        r.register(Box::new(m.results.clone()))?;
         r.register(Box::new(m.precision_at_k.clone()))?;
         r.register(Box::new(m.route.clone()))?;
         r.register(Box::new(m.retry.clone()))?;
@@ -173,6 +228,11 @@ impl Metrics {
         r.register(Box::new(m.downstream_latency.clone()))?;
         r.register(Box::new(m.feedback_dropped.clone()))?;
         r.register(Box::new(m.cache_bytes.clone()))?;
+        r.register(Box::new(m.kf_requests.clone()))?;
+        r.register(Box::new(m.kf_latency.clone()))?;
+        r.register(Box::new(m.kf_results.clone()))?;
+        r.register(Box::new(m.kf_tokens.clone()))?;
+        r.register(Box::new(m.kf_steps.clone()))?;
         Ok(m)
     }
 
@@ -233,26 +293,56 @@ impl Metrics {
         self.retry.with_label_values(&[level]).inc();
     }
 
-    pub fn observe_feedback(&self, signals: &[(&'static str, bool)]) {
+    /// One feedback call: each signal; a hit when any returned memory was
+    /// marked used or helpful; precision@k when the answer is still known
+    /// (`judged_opt`: useful returned memories, k).
+    pub fn observe_feedback(
+        &self,
+        signals: &[(&'static str, bool)],
+        judged_opt: Option<(usize, usize)>,
+    ) {
         if signals.is_empty() {
             return;
         }
-        let mut useful = 0usize;
+        let mut hit = false;
         for (signal, value) in signals {
             self.feedback.with_label_values(&[signal]).inc();
-            if matches!(*signal, "used" | "helpful") && *value {
-                useful += 1;
-            }
+            hit |= matches!(*signal, "used" | "helpful") && *value;
         }
-        self.precision_at_k
-            .observe(useful as f64 / signals.len() as f64);
+        let result = if hit { "hit" } else { "miss" };
+        self.hit_rate.with_label_values(&[result]).inc();
+        if let Some((useful, k)) = judged_opt.filter(|(_, k)| *k > 0) {
+            self.precision_at_k.observe(useful.min(k) as f64 / k as f64);
+        }
+    }
+
+    /// Records one finished Knowledge Foundry request.
+    pub fn observe_foundry(&self, o: &FoundryOutcome) {
+        self.kf_requests
+            .with_label_values(&[o.mode, o.outcome])
+            .inc();
+        self.kf_latency
+            .with_label_values(&[o.mode])
+            .observe(o.elapsed.as_secs_f64());
+        if o.outcome == "error" {
+            return;
+        }
+        self.kf_results
+            .with_label_values(&[o.mode])
+            .observe(o.results as f64);
+        self.kf_tokens
+            .with_label_values(&[o.mode])
+            .observe(f64::from(o.tokens));
+        if o.mode == "agentic" {
+            self.kf_steps.observe(o.steps as f64);
+        }
     }
 
     /// Records one finished retrieval (any outcome) and emits its log event.
     pub fn observe_retrieval(&self, r: &RetrievalOutcome<'_>) {
         self.e2e_latency.observe(r.elapsed.as_secs_f64());
         let Ok(resp) = r.result else {
-            self.hit_rate.with_label_values(&["error"]).inc();
+            self.results.with_label_values(&["error"]).inc();
             tracing::warn!(
                 query_id = r.query_id_opt.unwrap_or_default(),
                 tenant = %r.identity.tenant,
@@ -270,10 +360,10 @@ impl Metrics {
         let result = match skip {
             SkipReason::CacheHit => "cache_hit",
             SkipReason::None if resp.records.is_empty() => "empty",
-            SkipReason::None => "hit",
+            SkipReason::None => "records",
             _ => "skip",
         };
-        self.hit_rate.with_label_values(&[result]).inc();
+        self.results.with_label_values(&[result]).inc();
         for s in &resp.stage_latencies {
             self.stage_latency
                 .with_label_values(&[stage_label(&s.stage)])
@@ -284,9 +374,12 @@ impl Metrics {
                 .with_label_values(&[resolution_label(c.resolution)])
                 .inc();
         }
-        if skip == SkipReason::None {
-            self.selfrag_score
-                .observe(f64::from(resp.retrieval_confidence));
+        // The cross-encoder's verdict on what was returned (records it did
+        // not score, or answers without it, add nothing).
+        let relevances =
+            (resp.records.iter()).filter_map(|s| s.provenance.as_ref().and_then(|p| p.relevance));
+        for relevance in relevances {
+            self.selfrag_score.observe(f64::from(relevance));
         }
         let stage_latencies: serde_json::Map<String, serde_json::Value> = resp
             .stage_latencies
@@ -520,7 +613,7 @@ mod tests {
             "{r}"
         );
         assert!(
-            r.contains("engram_retrieval_hit_rate{result=\"hit\"} 1"),
+            r.contains("engram_retrieval_results_total{result=\"records\"} 1"),
             "{r}"
         );
         assert!(

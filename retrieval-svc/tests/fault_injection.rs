@@ -64,6 +64,15 @@ fn hits(tenant: &str, ids: &[&str]) -> SearchResponse {
 
 #[tonic::async_trait]
 impl SearchService for FakeSearch {
+    type WatchChangesStream = futures::stream::Empty<Result<engram_proto::ChangeEvent, Status>>;
+
+    async fn watch_changes(
+        &self,
+        _r: Request<engram_proto::WatchChangesRequest>,
+    ) -> Result<Response<Self::WatchChangesStream>, Status> {
+        Err(Status::unimplemented("no change feed in the fake"))
+    }
+
     async fn upsert(&self, r: Request<UpsertRequest>) -> Result<Response<UpsertResponse>, Status> {
         check(&r)?;
         Ok(Response::new(UpsertResponse {

@@ -7,6 +7,7 @@
 //! are capped (`bounds.rs`); the decay job keeps `decay_score` (`decay.rs`).
 
 pub mod bounds;
+pub mod changes;
 pub mod decay;
 pub mod dense;
 pub mod embed;
@@ -59,6 +60,7 @@ struct Inner {
     timeouts: Timeouts,
     admission: Admission,
     serve_opts: engram_common::server::ServeOptions,
+    feed: changes::Feed,
 }
 
 impl SearchSvc {
@@ -71,6 +73,7 @@ impl SearchSvc {
         })?;
         Ok(Self {
             inner: Arc::new(Inner {
+                feed: changes::Feed::new(pool.clone()),
                 pool,
                 embeddings,
                 internal_token_opt: settings.auth.internal_token_opt.clone(),
@@ -136,6 +139,18 @@ impl SearchSvc {
 
 #[tonic::async_trait]
 impl SearchService for SearchSvc {
+    type WatchChangesStream = changes::ChangeStream;
+
+    /// Internal token only: the feed carries tenant ids, never content, and
+    /// serves every gateway replica alike.
+    async fn watch_changes(
+        &self,
+        req: Request<pb::WatchChangesRequest>,
+    ) -> Result<Response<Self::WatchChangesStream>, Status> {
+        Identity::check_internal_token(req.metadata(), self.inner.internal_token_opt.as_deref())?;
+        Ok(Response::new(self.inner.feed.stream()))
+    }
+
     async fn upsert(
         &self,
         req: Request<pb::UpsertRequest>,
@@ -272,6 +287,11 @@ pub async fn serve_svc(
         },
     ));
     let opts = svc.inner.serve_opts;
+    let feed_stop = svc.inner.feed.stop_token();
+    let shutdown = async move {
+        shutdown.await;
+        feed_stop.cancel();
+    };
     let routes = Routes::new(SearchServiceServer::new(svc));
     let result =
         engram_common::server::serve_with(listener, routes, health_svc, opts, shutdown).await;

@@ -6,7 +6,9 @@ use engram_proto::{AgenticRetrieveRequest, BasicRetrieveRequest, FoundryResponse
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
+use crate::error::Error;
 use crate::gateway::Gateway;
+use crate::metrics::FoundryOutcome;
 use crate::surfaces::foundry::{AGENTIC_IN_FLIGHT, Agentic, Basic, agentic, basic};
 
 /// The gRPC `KnowledgeFoundryService` over a shared [`Gateway`].
@@ -20,13 +22,16 @@ impl KnowledgeFoundryService for Foundry {
         request: Request<BasicRetrieveRequest>,
     ) -> Result<Response<FoundryResponse>, Status> {
         let start = Instant::now();
-        let identity = self.0.authenticate(request.metadata())?;
-        let _permit = self.0.admit(&identity, 1)?;
-        let deadline = self.0.deadline(request.metadata(), start);
-        let b = Basic::try_from(request.into_inner())?;
-        Ok(Response::new(
-            basic(&self.0, identity, b, start, deadline).await?,
-        ))
+        let r = async {
+            let identity = self.0.authenticate(request.metadata())?;
+            let _permit = self.0.admit(&identity, 1)?;
+            let deadline = self.0.deadline(request.metadata(), start);
+            let b = Basic::try_from(request.into_inner())?;
+            basic(&self.0, identity, b, start, deadline).await
+        }
+        .await;
+        observe(&self.0, "basic", start, &r);
+        Ok(Response::new(r?))
     }
 
     async fn retrieve_agentic(
@@ -34,9 +39,46 @@ impl KnowledgeFoundryService for Foundry {
         request: Request<AgenticRetrieveRequest>,
     ) -> Result<Response<FoundryResponse>, Status> {
         let start = Instant::now();
-        let identity = self.0.authenticate(request.metadata())?;
-        let _permit = self.0.admit(&identity, AGENTIC_IN_FLIGHT)?;
-        let a = Agentic::try_from(request.into_inner())?;
-        Ok(Response::new(agentic(&self.0, identity, a, start).await?))
+        let r = async {
+            let identity = self.0.authenticate(request.metadata())?;
+            let _permit = self.0.admit(&identity, AGENTIC_IN_FLIGHT)?;
+            let a = Agentic::try_from(request.into_inner())?;
+            agentic(&self.0, identity, a, start).await
+        }
+        .await;
+        observe(&self.0, "agentic", start, &r);
+        Ok(Response::new(r?))
     }
+}
+
+/// The `kf_retrieval_*` families, for every outcome (refusals included).
+pub fn observe(
+    gw: &Gateway,
+    mode: &'static str,
+    start: Instant,
+    r: &Result<FoundryResponse, Error>,
+) {
+    let (outcome, results, tokens, steps) = match r {
+        Ok(resp) if resp.truncated => (
+            "truncated",
+            resp.results.len(),
+            resp.total_tokens_used,
+            resp.steps.len(),
+        ),
+        Ok(resp) => (
+            "ok",
+            resp.results.len(),
+            resp.total_tokens_used,
+            resp.steps.len(),
+        ),
+        Err(_) => ("error", 0, 0, 0),
+    };
+    gw.metrics().observe_foundry(&FoundryOutcome {
+        mode,
+        outcome,
+        elapsed: start.elapsed(),
+        results,
+        tokens,
+        steps,
+    });
 }

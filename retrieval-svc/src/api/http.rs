@@ -52,6 +52,34 @@ pub fn router(gateway: Gateway) -> Router {
         .route(AGENTIC_PATH, post(agentic))
         .with_state(gateway)
         .layer(CatchPanicLayer::custom(panic_response))
+        .layer(axum::middleware::from_fn(server_span))
+}
+
+/// One server span per HTTP request, continuing the caller's trace
+/// (`traceparent`), as the gRPC servers do: an HTTP retrieval is one trace
+/// down to search-svc and graph-svc. The span name is the route, never the
+/// raw path, so a scanner cannot mint span names.
+async fn server_span(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let route = match req.uri().path() {
+        p @ (BASIC_PATH | AGENTIC_PATH) => p,
+        _ => "unmatched",
+    };
+    let span = tracing::info_span!(
+        "http.server",
+        otel.name = format!("{} {route}", req.method()),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = %req.method(),
+        http.route = route,
+        http.response.status_code = tracing::field::Empty,
+    );
+    engram_common::telemetry::set_remote_parent(&span, req.headers());
+    let resp = tracing::Instrument::instrument(next.run(req), span.clone()).await;
+    span.record("http.response.status_code", resp.status().as_u16());
+    if resp.status().is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
+    resp
 }
 
 /// A handler that panicked answers 500 in the API's error shape, with one
@@ -239,7 +267,9 @@ async fn basic(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> Re
         let deadline = gw.deadline(&md, start);
         foundry::basic(&gw, identity, b, start, deadline).await
     };
-    reply(run.await)
+    let r = run.await;
+    super::foundry::observe(&gw, "basic", start, &r);
+    reply(r)
 }
 
 async fn agentic(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> Response {
@@ -251,7 +281,9 @@ async fn agentic(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> 
         let a = Agentic::try_from(agentic_request(&body)?)?;
         foundry::agentic(&gw, identity, a, start).await
     };
-    reply(run.await)
+    let r = run.await;
+    super::foundry::observe(&gw, "agentic", start, &r);
+    reply(r)
 }
 
 #[cfg(test)]

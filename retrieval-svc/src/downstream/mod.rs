@@ -205,6 +205,9 @@ pub struct Downstreams {
     pub score: Down<ScoreRequest, ScoreResponse>,
     /// Every stack's breaker, for the circuit-state gauge.
     pub breakers: Arc<Vec<(&'static str, BreakerHandle)>>,
+    /// search-svc's channel, for its long-lived change feed (no stack: a
+    /// stream that lives as long as the gateway has no timeout to keep).
+    pub search_channel: Channel,
 }
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -231,7 +234,8 @@ impl Downstreams {
                 .tcp_nodelay(true)
                 .connect_lazy())
         };
-        let search = SearchServiceClient::new(channel(&ds.search)?)
+        let search_channel = channel(&ds.search)?;
+        let search = SearchServiceClient::new(search_channel.clone())
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         let graph = GraphServiceClient::new(channel(&ds.graph)?);
@@ -301,6 +305,7 @@ impl Downstreams {
                 |mut c, r| Box::pin(async move { c.score(r).await }),
             ),
             breakers: Arc::new(b.breakers),
+            search_channel,
         })
     }
 }

@@ -222,7 +222,15 @@ pub struct Caches {
     results: Shared<RetrieveResponse>,
     semantic: Shared<Vec<Arc<SemEntry>>>,
     turns: Shared<RetrieveResponse>,
-    generations: Mutex<HashMap<String, u64>>,
+    generations: Mutex<Generations>,
+}
+
+/// Per-tenant write counters, plus an epoch that a resync of the change
+/// feed bumps for every tenant at once.
+#[derive(Default)]
+struct Generations {
+    epoch: u64,
+    tenants: HashMap<String, u64>,
 }
 
 impl Caches {
@@ -252,7 +260,9 @@ impl Caches {
     /// stores its answer under it, so a write that lands while the request
     /// runs leaves that answer stale instead of cached as fresh.
     pub fn generation(&self, tenant: &str) -> u64 {
-        self.generations.lock().get(tenant).copied().unwrap_or(0)
+        let g = self.generations.lock();
+        let own = g.tenants.get(tenant).copied().unwrap_or(0);
+        (g.epoch << 32).wrapping_add(own)
     }
 
     /// A write for `tenant` went through: every cached result of it is stale.
@@ -260,8 +270,16 @@ impl Caches {
         *self
             .generations
             .lock()
+            .tenants
             .entry(tenant.to_string())
             .or_insert(0) += 1;
+    }
+
+    /// Changes may have been missed: every cached answer is stale.
+    pub fn invalidate_all(&self) {
+        let mut g = self.generations.lock();
+        g.epoch += 1;
+        g.tenants.clear();
     }
 
     pub fn get_exact(&self, key: &CacheKey, tenant: &str) -> Option<RetrieveResponse> {
@@ -535,6 +553,10 @@ mod tests {
         c.invalidate_tenant("t2");
         assert!(c.get_exact(&k_alice, "t1").is_some());
         c.invalidate_tenant("t1");
+        assert!(c.get_exact(&k_alice, "t1").is_none());
+        c.put(&k_alice, "t1", c.generation("t1"), &resp("q2"), None);
+        assert!(c.get_exact(&k_alice, "t1").is_some());
+        c.invalidate_all();
         assert!(c.get_exact(&k_alice, "t1").is_none());
     }
 

@@ -73,6 +73,19 @@ impl Feedback {
         self.0.is_empty()
     }
 
+    /// The answer this feedback is about (validation put it on every item).
+    pub fn query_id(&self) -> &str {
+        self.0.first().map_or("", |f| f.query_id.as_str())
+    }
+
+    /// Memories marked used or helpful.
+    pub fn useful_ids(&self) -> std::collections::HashSet<&str> {
+        (self.0.iter())
+            .filter(|f| f.value && matches!(f.signal.as_str(), "used" | "helpful"))
+            .map(|f| f.memory_id.as_str())
+            .collect()
+    }
+
     /// (signal, value) per item, for the feedback metrics.
     pub fn signals(&self) -> Vec<(&'static str, bool)> {
         self.0

@@ -47,6 +47,31 @@ pub struct Pipeline {
     metrics: Arc<Metrics>,
     caches: Caches,
     feedback: FeedbackQueue,
+    answers: Answers,
+}
+
+/// What each recent answer returned, by query id, so feedback can be read
+/// as precision@k. Bounded in bytes and time; feedback on an answer this
+/// gateway no longer knows (or never gave) counts as a hit or miss only.
+type Answers = moka::sync::Cache<String, Arc<Answered>>;
+
+struct Answered {
+    tenant: String,
+    ids: Vec<String>,
+}
+
+const ANSWERS_MAX_BYTES: u64 = 16 << 20;
+const ANSWERS_TTL: Duration = Duration::from_secs(3600);
+
+fn answers() -> Answers {
+    moka::sync::Cache::builder()
+        .max_capacity(ANSWERS_MAX_BYTES)
+        .weigher(|k: &String, v: &Arc<Answered>| {
+            let ids: usize = v.ids.iter().map(|i| i.len() + 24).sum();
+            u32::try_from(k.len() + v.tenant.len() + ids + 64).unwrap_or(u32::MAX)
+        })
+        .time_to_live(ANSWERS_TTL)
+        .build()
 }
 
 /// What one attempt produced.
@@ -59,6 +84,8 @@ struct Attempt {
     confidence: f32,
     trace: StageTrace,
     query_embedding_opt: Option<Vec<f32>>,
+    /// Built on a graph older than the latest change (see `Candidates`).
+    stale: bool,
 }
 
 impl Pipeline {
@@ -73,6 +100,7 @@ impl Pipeline {
             metrics,
             caches,
             feedback,
+            answers: answers(),
         }
     }
 
@@ -115,6 +143,11 @@ impl Pipeline {
             (Err(_), Some(e)) => (Err(e), &[][..]),
             (Err(_), None) => return r.map(|(resp, _)| resp),
         };
+        if let Ok((resp, _)) = &r
+            && !resp.records.is_empty()
+        {
+            self.remember_answer(&who, resp);
+        }
         self.metrics.observe_retrieval(&RetrievalOutcome {
             identity: &who,
             result,
@@ -129,7 +162,17 @@ impl Pipeline {
     /// Stage 6: records feedback on an earlier answer; never waits. Returns
     /// how many items were accepted (0 when the queue was full).
     pub fn feedback(&self, identity: Identity, feedback: Feedback) -> u32 {
-        self.metrics.observe_feedback(&feedback.signals());
+        let judged_opt = self
+            .answers
+            .get(feedback.query_id())
+            .filter(|a| a.tenant == identity.tenant)
+            .map(|a| {
+                let useful = feedback.useful_ids();
+                let hits = a.ids.iter().filter(|id| useful.contains(id.as_str()));
+                (hits.count(), a.ids.len())
+            });
+        self.metrics
+            .observe_feedback(&feedback.signals(), judged_opt);
         let n = feedback.len();
         match self
             .feedback
@@ -138,6 +181,19 @@ impl Pipeline {
             true => n,
             false => 0,
         }
+    }
+
+    /// Keeps which memories an answer returned, for precision@k.
+    fn remember_answer(&self, identity: &Identity, resp: &RetrieveResponse) {
+        let ids = (resp.records.iter())
+            .filter_map(|s| s.memory.as_ref().map(|m| m.id.clone()))
+            .collect();
+        let answered = Answered {
+            tenant: identity.tenant.clone(),
+            ids,
+        };
+        self.answers
+            .insert(resp.query_id.clone(), Arc::new(answered));
     }
 
     /// The sequence, with the candidate counts of the answer's attempt.
@@ -169,7 +225,7 @@ impl Pipeline {
                 Err(_) => return Err(Error::DeadlineExceeded),
             };
         let ceiling_hit = Instant::now() >= deadline;
-        let cacheable = best.trace.degraded.is_empty() && !ceiling_hit;
+        let cacheable = best.trace.degraded.is_empty() && !ceiling_hit && !best.stale;
         let embedding_opt = best.query_embedding_opt.take();
         let (response, counts) = answer(&mut ctx, best, retries, query_id, ceiling_hit);
         if cacheable && !ctx.query.no_cache {
@@ -262,9 +318,11 @@ impl Pipeline {
     /// enough or time runs out; the best attempt and the retries it took.
     async fn attempts(&self, ctx: &mut Ctx<'_>) -> Result<(Attempt, u32), Error> {
         let t = Instant::now();
-        let mut step = Step::first(&ctx.query);
-        let mut filters = ctx.query.filters.clone();
-        filters.decay_floor = ctx.settings.search.decay_floor;
+        let (mut step, mut filters) = stage_span("route").in_scope(|| {
+            let mut filters = ctx.query.filters.clone();
+            filters.decay_floor = ctx.settings.search.decay_floor;
+            (Step::first(&ctx.query), filters)
+        });
         ctx.timed("route", t);
         if step.is_raw() {
             return Ok((self.attempt(ctx, &step, &filters).await?, 0));
@@ -339,9 +397,14 @@ impl Pipeline {
             dropped: Vec::new(),
         };
         let rerank = step.reranks(&ctx.query);
-        let checked = validate::run(ctx, &mut trace, found.candidates, filters, rerank).await;
-        let ranked = distill::run(checked, &ctx.settings.pipeline, step.is_raw());
-        let (records, conflicts) = assemble::run(ctx, &mut trace, ranked, !step.is_raw()).await;
+        let checked = validate::run(ctx, &mut trace, found.candidates, filters, rerank)
+            .instrument(stage_span("validate"))
+            .await;
+        let ranked = stage_span("distill")
+            .in_scope(|| distill::run(checked, &ctx.settings.pipeline, step.is_raw()));
+        let (records, conflicts) = assemble::run(ctx, &mut trace, ranked, !step.is_raw())
+            .instrument(stage_span("assemble"))
+            .await;
         Ok(Attempt {
             route: found.route_opt.unwrap_or(step.route),
             confidence: assemble::confidence_of(&records, found.max_rrf),
@@ -350,6 +413,7 @@ impl Pipeline {
             total: found.total as u32,
             trace,
             query_embedding_opt: found.query_embedding_opt,
+            stale: found.stale,
         })
     }
 }

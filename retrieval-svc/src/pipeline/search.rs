@@ -164,6 +164,9 @@ pub struct Candidates {
     /// The evidence-chosen route (AUTO plans only).
     pub route_opt: Option<Route>,
     pub evidence: Evidence,
+    /// A strategy answered from data older than the latest change it knew
+    /// of (graph-svc mid-rebuild): usable, but not to be cached as fresh.
+    pub stale: bool,
 }
 
 /// Time kept back from Stage 2 so a partial answer can still be validated
@@ -423,6 +426,7 @@ impl Pool {
                 *anchor_max_df_ratio,
             );
         }
+        self.out.stale |= resp.stale;
         if resp.deadline_exceeded {
             // Partial walk: usable, but say so.
             self.out.degraded.push(GRAPH);

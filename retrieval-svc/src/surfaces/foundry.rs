@@ -963,13 +963,18 @@ pub async fn agentic(
         truncated_opt,
         ..
     } = run;
+    // The Foundry spec's completion event: one per agentic request.
     tracing::info!(
+        event = "agentic_retrieval_completed",
+        request_id = %request_id,
         tenant = %a.tenant_id,
+        effort = ?a.effort,
         steps = steps.len(),
         results = results.len(),
         tokens = tokens_used,
+        latency_ms = ms(start.elapsed()),
         truncated = truncated_opt.unwrap_or(""),
-        "foundry agentic retrieved"
+        "agentic_retrieval_completed"
     );
     Ok(FoundryResponse {
         request_id,

@@ -4,6 +4,7 @@
 //! optional LLM client, and the write front. Surfaces call the pipeline;
 //! the pipeline never calls them.
 
+pub mod changes;
 pub mod conversation;
 pub mod decompose;
 pub mod demand;

@@ -1,0 +1,171 @@
+//! The change feed: every tenant's write notifications (`engram_changes`)
+//! streamed to the gateways, so each one drops its cached answers for a
+//! tenant that changed whichever gateway (or `engram ingest`, or SQL) made
+//! the change. One Postgres listener per search-svc process, started by the
+//! first subscriber and stopped after the last one leaves; gateways never
+//! need database credentials of their own.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use engram_proto as pb;
+use futures::Stream;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+
+use crate::writes::CHANNEL;
+
+/// Events buffered per subscriber; a subscriber that falls further behind
+/// gets a resync instead of the events it missed.
+const BUFFER: usize = 1024;
+/// How often an idle listener checks whether anyone still subscribes.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+pub type ChangeStream =
+    Pin<Box<dyn Stream<Item = Result<pb::ChangeEvent, tonic::Status>> + Send + 'static>>;
+
+/// The notification payload search-svc writes (see `writes.rs`).
+#[derive(Deserialize)]
+struct Notification {
+    tenant: String,
+    #[serde(default)]
+    op: String,
+}
+
+fn resync() -> pb::ChangeEvent {
+    pb::ChangeEvent {
+        resync: true,
+        ..Default::default()
+    }
+}
+
+/// Shared by every handler clone of the service.
+#[derive(Debug)]
+pub struct Feed {
+    pool: PgPool,
+    sender: Arc<Mutex<Option<broadcast::Sender<pb::ChangeEvent>>>>,
+    stop: CancellationToken,
+}
+
+impl Feed {
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            sender: Arc::default(),
+            stop: CancellationToken::new(),
+        }
+    }
+
+    /// Cancelled when the server shuts down: streams end, the listener too,
+    /// so a gateway's open stream never holds up a drain.
+    pub fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<pb::ChangeEvent> {
+        let mut sender = self.sender.lock();
+        if let Some(tx) = sender.as_ref().filter(|tx| tx.receiver_count() > 0) {
+            return tx.subscribe();
+        }
+        let (tx, rx) = broadcast::channel(BUFFER);
+        tokio::spawn(listen(self.pool.clone(), tx.clone(), self.stop.clone()));
+        *sender = Some(tx);
+        rx
+    }
+
+    /// One subscriber's stream: a resync first (it knows nothing yet), then
+    /// each change; a resync again whenever it fell behind.
+    pub fn stream(&self) -> ChangeStream {
+        let rx = self.subscribe();
+        let stop = self.stop.clone();
+        let first = futures::stream::once(async { Ok(resync()) });
+        let rest = futures::stream::unfold((rx, stop), |(mut rx, stop)| async move {
+            let event = tokio::select! {
+                _ = stop.cancelled() => return None,
+                r = rx.recv() => match r {
+                    Ok(event) => event,
+                    Err(RecvError::Lagged(_)) => resync(),
+                    Err(RecvError::Closed) => return None,
+                },
+            };
+            Some((Ok(event), (rx, stop)))
+        });
+        Box::pin(futures::StreamExt::chain(first, rest))
+    }
+}
+
+/// Forwards notifications while anyone subscribes; reconnects with a pause
+/// and sends a resync after each (re)connection, since notifications sent
+/// while it was not listening are gone.
+async fn listen(pool: PgPool, tx: broadcast::Sender<pb::ChangeEvent>, stop: CancellationToken) {
+    while tx.receiver_count() > 0 && !stop.is_cancelled() {
+        match connect(&pool).await {
+            Ok(mut listener) => {
+                let _ = tx.send(resync());
+                if forward(&mut listener, &tx, &stop).await {
+                    return;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "change feed cannot listen"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(IDLE_CHECK) => {}
+        }
+    }
+}
+
+async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(CHANNEL).await?;
+    Ok(listener)
+}
+
+/// Relays until the connection fails (false) or the feed is done (true).
+async fn forward(
+    listener: &mut PgListener,
+    tx: &broadcast::Sender<pb::ChangeEvent>,
+    stop: &CancellationToken,
+) -> bool {
+    loop {
+        let received = tokio::select! {
+            _ = stop.cancelled() => return true,
+            _ = tokio::time::sleep(IDLE_CHECK) => {
+                if tx.receiver_count() == 0 {
+                    return true;
+                }
+                continue;
+            }
+            r = listener.try_recv() => r,
+        };
+        let event = match received {
+            Ok(Some(n)) => match serde_json::from_str::<Notification>(n.payload()) {
+                Ok(c) if !c.tenant.is_empty() => pb::ChangeEvent {
+                    tenant: c.tenant,
+                    op: c.op,
+                    resync: false,
+                },
+                _ => {
+                    tracing::warn!(bytes = n.payload().len(), "unparsable change notification");
+                    continue;
+                }
+            },
+            // sqlx reconnected by itself: notifications may have been lost.
+            Ok(None) => resync(),
+            Err(e) => {
+                tracing::warn!(error = %e, "change feed connection failed");
+                let _ = tx.send(resync());
+                return false;
+            }
+        };
+        if tx.send(event).is_err() {
+            return true;
+        }
+    }
+}
