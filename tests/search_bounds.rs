@@ -9,7 +9,7 @@ use engram::stack::{Service, Stack};
 use engram_common::{AccessLevel, Identity, Settings};
 use engram_proto as pb;
 use engram_proto::search_service_client::SearchServiceClient;
-use engram_proto::{RetrieveRequest, UpsertRequest};
+use engram_proto::{RetrievalMode, RetrieveRequest, UpsertRequest};
 use engram_tests::TestStack;
 use tonic::transport::Channel;
 
@@ -141,11 +141,15 @@ async fn a_keyword_query_past_its_statement_timeout_is_deadline_exceeded_and_the
     });
     direct.search.upsert(r).await?;
 
+    // HYBRID: vector, keyword and graph in one attempt, so the answer's
+    // trace is the attempt whose keyword call was cancelled (AUTO may retry
+    // on a route that leaves keyword out).
     let mut c = ts.client().await?;
     let r = c
         .retrieval
         .retrieve(RetrieveRequest {
             text: heavy_query(),
+            mode: RetrievalMode::Hybrid as i32,
             no_cache: true,
             ..Default::default()
         })
