@@ -197,6 +197,11 @@ pub struct AuthSettings {
     /// Token every internal call must carry; `engram up` generates one per
     /// run. At least 32 bytes, and never a placeholder shipped in deploy/.
     pub internal_token_opt: Option<String>,
+    /// Key of the ids `engram ingest` derives from non-UUID ids in a file
+    /// (HMAC-SHA256 of tenant and id), so no tenant can predict, and take
+    /// first, the ids another tenant's files will get. At least 32 bytes;
+    /// unset = `<home>/id-secret`, created once per data directory.
+    pub id_secret_opt: Option<String>,
 }
 
 /// Internal-token values shipped in deploy/ as placeholders: a deployment
@@ -630,6 +635,15 @@ impl AuthSettings {
                     "auth.internal_token_opt must be at least {MIN_SECRET_BYTES} bytes"
                 )));
             }
+        }
+        if self
+            .id_secret_opt
+            .as_deref()
+            .is_some_and(|s| s.len() < MIN_SECRET_BYTES)
+        {
+            return Err(SettingsError::Invalid(format!(
+                "auth.id_secret_opt must be at least {MIN_SECRET_BYTES} bytes"
+            )));
         }
         if let Some(s) = self
             .jwt_hs256_secret_opt

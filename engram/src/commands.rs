@@ -127,7 +127,8 @@ pub async fn demo_on(stack: &Stack) -> anyhow::Result<String> {
 }
 
 pub async fn ingest(settings: Settings, file: &Path, conn: Conn) -> anyhow::Result<()> {
-    let batch = ingest::parse_file(file, &conn.tenant)?;
+    let key = ingest::IdKey::for_deployment(&settings)?;
+    let batch = ingest::parse_file(file, &conn.tenant, &key)?;
     let mut client = conn.connect(&settings).await?;
     let mut written = 0;
     for chunk in batch.memories.chunks(500) {

@@ -31,7 +31,7 @@ pub const BRIDGE_QUERY: &str = "Who leads the project that migrates the billing 
 
 /// Loads the sample (idempotent: stable ids).
 pub async fn load_sample(client: &mut Client, tenant: &str) -> anyhow::Result<usize> {
-    let batch = ingest::parse_str(SAMPLE, "demo.jsonl", tenant)?;
+    let batch = ingest::parse_str(SAMPLE, "demo.jsonl", tenant, &ingest::IdKey::demo())?;
     let n = batch.memories.len();
     // What a memory supersedes must exist first: two passes.
     let (later, first): (Vec<_>, Vec<_>) = batch

@@ -7,8 +7,10 @@
 //! (only `content` is required) or an edge:
 //! `{"edge":{"src","dst","type","weight"}}`.
 //! Ids may be UUIDs or any other string; a non-UUID id is mapped to a stable
-//! UUID v5 of (tenant, id), so re-ingesting a file updates instead of
-//! duplicating, and two tenants can load the same file (ids are global).
+//! UUID (v8) keyed by the deployment's id secret ([`IdKey`]): re-ingesting
+//! a file updates instead of duplicating, two tenants can load the same
+//! file (ids are global), and no tenant can predict another's ids to take
+//! them first.
 
 use std::path::Path;
 
@@ -66,26 +68,94 @@ pub struct Batch {
     pub edges: Vec<Edge>,
 }
 
-/// A stable UUID for any id string within a tenant (UUIDs pass through).
-pub fn memory_id(tenant: &str, key: &str) -> String {
-    match uuid::Uuid::parse_str(key) {
-        Ok(u) => u.to_string(),
-        Err(_) => uuid::Uuid::new_v5(
-            &uuid::Uuid::NAMESPACE_URL,
-            format!("engram:{tenant}:{key}").as_bytes(),
-        )
-        .to_string(),
+/// The key of derived ids: the deployment's `auth.id_secret_opt`, or the
+/// secret kept in `<home>/id-secret`.
+#[derive(Clone)]
+pub struct IdKey(Vec<u8>);
+
+impl std::fmt::Debug for IdKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdKey(..)")
     }
 }
 
-pub fn parse_file(path: &Path, tenant: &str) -> anyhow::Result<Batch> {
+impl IdKey {
+    pub fn new(secret: &[u8]) -> Self {
+        Self(secret.to_vec())
+    }
+
+    /// The deployment's key: from settings, else the data directory's
+    /// secret file (created, mode 0600, on first use).
+    pub fn for_deployment(settings: &engram_common::Settings) -> anyhow::Result<Self> {
+        if let Some(s) = settings.auth.id_secret_opt.as_deref() {
+            return Ok(Self::new(s.as_bytes()));
+        }
+        let path = settings.home.join("id-secret");
+        if let Ok(s) = std::fs::read_to_string(&path)
+            && !s.trim().is_empty()
+        {
+            return Ok(Self::new(s.trim().as_bytes()));
+        }
+        let secret = format!(
+            "{}{}",
+            engram_stack::stack::random_token(),
+            engram_stack::stack::random_token()
+        );
+        write_private(&path, &secret)?;
+        Ok(Self::new(secret.as_bytes()))
+    }
+
+    /// The demo sample's ids: a public key, since the sample is public.
+    pub fn demo() -> Self {
+        Self::new(b"engram demo sample: public ids, not a secret")
+    }
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    writeln!(f, "{text}")?;
+    Ok(())
+}
+
+/// A stable UUID for any id string within a tenant (UUIDs pass through):
+/// the first 16 bytes of HMAC-SHA256(key, tenant, id) as a UUID v8.
+pub fn memory_id(key: &IdKey, tenant: &str, id: &str) -> String {
+    use hmac::Mac;
+    if let Ok(u) = uuid::Uuid::parse_str(id) {
+        return u.to_string();
+    }
+    // HMAC takes keys of any length; the error type exists for fixed-size MACs.
+    let Ok(mut mac) = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key.0) else {
+        return uuid::Uuid::nil().to_string();
+    };
+    for part in [tenant, id] {
+        mac.update(&(part.len() as u64).to_le_bytes());
+        mac.update(part.as_bytes());
+    }
+    let digest = mac.finalize().into_bytes();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Uuid::new_v8(bytes).to_string()
+}
+
+pub fn parse_file(path: &Path, tenant: &str, key: &IdKey) -> anyhow::Result<Batch> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    parse_str(&text, &path.display().to_string(), tenant)
+    parse_str(&text, &path.display().to_string(), tenant, key)
 }
 
 /// Parses JSONL; errors name the file and line.
-pub fn parse_str(text: &str, name: &str, tenant: &str) -> anyhow::Result<Batch> {
+pub fn parse_str(text: &str, name: &str, tenant: &str, key: &IdKey) -> anyhow::Result<Batch> {
     let mut batch = Batch::default();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -99,8 +169,8 @@ pub fn parse_str(text: &str, name: &str, tenant: &str) -> anyhow::Result<Batch> 
             let e: EdgeWrapper =
                 serde_json::from_value(value).with_context(|| format!("{}: bad edge", at()))?;
             batch.edges.push(Edge {
-                src_id: memory_id(tenant, &e.edge.src),
-                dst_id: memory_id(tenant, &e.edge.dst),
+                src_id: memory_id(key, tenant, &e.edge.src),
+                dst_id: memory_id(key, tenant, &e.edge.dst),
                 edge_type: e.edge.edge_type,
                 weight: e.edge.weight.unwrap_or(1.0),
             });
@@ -125,7 +195,7 @@ pub fn parse_str(text: &str, name: &str, tenant: &str) -> anyhow::Result<Batch> 
             id: m
                 .id
                 .as_deref()
-                .map(|k| memory_id(tenant, k))
+                .map(|k| memory_id(key, tenant, k))
                 .unwrap_or_default(),
             namespace: m.namespace,
             memory_type: m.memory_type,
@@ -138,7 +208,7 @@ pub fn parse_str(text: &str, name: &str, tenant: &str) -> anyhow::Result<Batch> 
             supersedes: m
                 .supersedes
                 .as_deref()
-                .map(|k| memory_id(tenant, k))
+                .map(|k| memory_id(key, tenant, k))
                 .unwrap_or_default(),
             consolidated: m.consolidated,
             metadata: m.metadata.as_ref().map(json_to_struct),
@@ -163,27 +233,55 @@ pub fn parse_str(text: &str, name: &str, tenant: &str) -> anyhow::Result<Batch> 
 mod tests {
     use super::*;
 
+    fn key() -> IdKey {
+        IdKey::new(b"a test secret of at least 32 bytes")
+    }
+
+    #[test]
+    fn derived_ids_depend_on_the_deployment_secret() {
+        let other = IdKey::new(b"another deployment's secret, 32+ bytes");
+        let id = memory_id(&key(), "t1", "note-1");
+        assert_ne!(id, memory_id(&other, "t1", "note-1"));
+        assert_eq!(id, memory_id(&key(), "t1", "note-1"));
+        // Not the old public derivation, and a v8 UUID.
+        let v5 = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, b"engram:t1:note-1");
+        assert_ne!(id, v5.to_string());
+        assert_eq!(
+            uuid::Uuid::parse_str(&id).map(|u| u.get_version_num()).ok(),
+            Some(8)
+        );
+        // UUIDs pass through untouched.
+        let u = uuid::Uuid::new_v4().to_string();
+        assert_eq!(memory_id(&key(), "t1", &u), u);
+    }
+
     #[test]
     fn parses_memories_and_edges() {
         let b = parse_str(
             "{\"id\":\"a\",\"content\":\"x\",\"access_level\":\"internal\"}\n\n{\"edge\":{\"src\":\"a\",\"dst\":\"b\",\"type\":\"contradicts\"}}\n",
             "t.jsonl",
             "t1",
+            &key(),
         )
         .expect("parse");
         assert_eq!(b.memories.len(), 1);
-        assert_eq!(b.memories[0].id, memory_id("t1", "a"));
-        assert_ne!(memory_id("t1", "a"), memory_id("t2", "a"));
+        assert_eq!(b.memories[0].id, memory_id(&key(), "t1", "a"));
+        assert_ne!(memory_id(&key(), "t1", "a"), memory_id(&key(), "t2", "a"));
         assert_eq!(b.memories[0].access_level, AccessLevel::Internal as i32);
-        assert_eq!(b.edges[0].dst_id, memory_id("t1", "b"));
+        assert_eq!(b.edges[0].dst_id, memory_id(&key(), "t1", "b"));
     }
 
     #[test]
     fn errors_name_file_and_line() {
-        let err =
-            parse_str("{\"content\":\"ok\"}\n{\"content\": 3}\n", "f.jsonl", "t").expect_err("bad");
+        let err = parse_str(
+            "{\"content\":\"ok\"}\n{\"content\": 3}\n",
+            "f.jsonl",
+            "t",
+            &key(),
+        )
+        .expect_err("bad");
         assert!(format!("{err:#}").contains("f.jsonl:2"), "{err:#}");
-        let err = parse_str("{nope\n", "g.jsonl", "t").expect_err("bad");
+        let err = parse_str("{nope\n", "g.jsonl", "t", &key()).expect_err("bad");
         assert!(format!("{err:#}").contains("g.jsonl:1"), "{err:#}");
     }
 }
