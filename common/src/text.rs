@@ -29,6 +29,21 @@ pub fn check_text(s: &str) -> Result<(), &'static str> {
     }
 }
 
+/// A label (memory type): what search-svc stores, so a filter on anything
+/// else could never match and is the caller's mistake.
+pub fn check_label(s: &str) -> Result<(), &'static str> {
+    let ok = !s.is_empty()
+        && s.len() <= 32
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    match ok {
+        true => Ok(()),
+        false => Err(LABEL_RULE),
+    }
+}
+
+pub const LABEL_RULE: &str = "must match [a-z0-9_]{1,32}";
+
 pub fn check_timestamp(ts: &Timestamp) -> Result<(), &'static str> {
     let in_range =
         (MIN_SECONDS..=MAX_SECONDS).contains(&ts.seconds) && (0..1_000_000_000).contains(&ts.nanos);

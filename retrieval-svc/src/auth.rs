@@ -284,7 +284,7 @@ mod tests {
             jwt_hs256_secret_opt: Some("s3cret".into()),
             jwt_audience_opt: None,
             jwt_issuer_opt: None,
-            internal_token_opt: None,
+            ..Default::default()
         })
     }
 

@@ -230,12 +230,14 @@ fn check_storable(
     let lists = [
         ("hypotheses", hypotheses),
         ("agent_scope", &f.agent_scope),
-        ("memory_types", &f.memory_types),
     ];
     for (field, list) in lists {
         for s in list {
             check_text(s).map_err(|rule| Error::invalid(field, rule))?;
         }
+    }
+    for t in &f.memory_types {
+        engram_common::text::check_label(t).map_err(|rule| Error::invalid("memory_types", rule))?;
     }
     if let Some(m) = &f.metadata {
         check_struct_text(m).map_err(|rule| Error::invalid("metadata_filter", rule))?;

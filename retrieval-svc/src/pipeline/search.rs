@@ -343,6 +343,9 @@ struct Pool {
     lists: Vec<StrategyList>,
     attempted: usize,
     failed: usize,
+    /// A downstream's INVALID_ARGUMENT: the request, not the service, was
+    /// wrong, and if every strategy failed the caller must hear why.
+    invalid_opt: Option<String>,
 }
 
 impl Pool {
@@ -358,9 +361,20 @@ impl Pool {
             pool.graph_list(g, plan);
         }
         if pool.attempted > 0 && pool.failed == pool.attempted {
-            return Err(Error::RetrievalCircuitOpen);
+            return Err(match pool.invalid_opt.take() {
+                Some(rule) => Error::invalid("request", rule),
+                None => Error::RetrievalCircuitOpen,
+            });
         }
         Ok(pool)
+    }
+
+    fn note_invalid(&mut self, e: &DownstreamError) {
+        if let DownstreamError::Status(s) = e
+            && s.code() == tonic::Code::InvalidArgument
+        {
+            self.invalid_opt = Some(s.message().to_string());
+        }
     }
 
     /// A dense or keyword list; HyDE lists do not count towards "every
@@ -374,6 +388,7 @@ impl Pool {
             Ok(resp) => resp,
             Err(e) => {
                 self.failed += usize::from(counts);
+                self.note_invalid(&e);
                 tracing::warn!(strategy = name, error = %e, "strategy degraded");
                 if !self.out.degraded.contains(&name) {
                     self.out.degraded.push(name);
@@ -410,6 +425,7 @@ impl Pool {
             Ok(resp) => resp,
             Err(e) => {
                 self.failed += 1;
+                self.note_invalid(&e);
                 tracing::warn!(strategy = GRAPH, error = %e, "strategy degraded");
                 self.out.degraded.push(GRAPH);
                 return;
