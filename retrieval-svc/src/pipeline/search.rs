@@ -346,6 +346,9 @@ struct Pool {
     /// A downstream's INVALID_ARGUMENT: the request, not the service, was
     /// wrong, and if every strategy failed the caller must hear why.
     invalid_opt: Option<String>,
+    /// A downstream's RESOURCE_EXHAUSTED (busy, or a tenant graph still
+    /// loading): if nothing answered, the caller should retry, not give up.
+    busy_opt: Option<tonic::Status>,
 }
 
 impl Pool {
@@ -361,19 +364,26 @@ impl Pool {
             pool.graph_list(g, plan);
         }
         if pool.attempted > 0 && pool.failed == pool.attempted {
-            return Err(match pool.invalid_opt.take() {
-                Some(rule) => Error::invalid("request", rule),
-                None => Error::RetrievalCircuitOpen,
+            return Err(match (pool.invalid_opt.take(), pool.busy_opt.take()) {
+                (Some(rule), _) => Error::invalid("request", rule),
+                (None, Some(status)) => Error::Downstream {
+                    service: "retrieval",
+                    status,
+                },
+                (None, None) => Error::RetrievalCircuitOpen,
             });
         }
         Ok(pool)
     }
 
     fn note_invalid(&mut self, e: &DownstreamError) {
-        if let DownstreamError::Status(s) = e
-            && s.code() == tonic::Code::InvalidArgument
-        {
-            self.invalid_opt = Some(s.message().to_string());
+        let DownstreamError::Status(s) = e else {
+            return;
+        };
+        match s.code() {
+            tonic::Code::InvalidArgument => self.invalid_opt = Some(s.message().to_string()),
+            tonic::Code::ResourceExhausted => self.busy_opt = Some(s.clone()),
+            _ => {}
         }
     }
 
