@@ -478,3 +478,78 @@ async fn a_tenants_flood_of_large_answers_cannot_evict_anothers_cached_answer() 
     stack.shutdown().await;
     Ok(())
 }
+
+/// A health check of `addr` through `endpoint`: the serving status, or why not.
+async fn health_through(endpoint: tonic::transport::Endpoint) -> Result<i32, String> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let channel = endpoint.connect().await.map_err(|e| format!("{e:?}"))?;
+    HealthClient::new(channel)
+        .check(HealthCheckRequest::default())
+        .await
+        .map(|r| r.into_inner().status)
+        .map_err(|e| format!("{e:?}"))
+}
+
+#[tokio::test]
+async fn internal_calls_go_over_tls_and_refuse_plaintext_and_strangers() -> anyhow::Result<()> {
+    let certs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tls");
+    let mut settings = engram_tests::settings().await?;
+    settings.tls.cert_path_opt = Some(certs.join("internal.pem"));
+    settings.tls.key_path_opt = Some(certs.join("internal.key"));
+    settings.tls.ca_path_opt = Some(certs.join("ca.pem"));
+    let ts = engram_tests::TestStack::start_with(
+        settings,
+        engram::stack::Service::ALL.into_iter().collect(),
+        "internal",
+    )
+    .await?;
+    // The whole pipeline works across TLS hops.
+    let mut c = ts.client().await?;
+    c.memories
+        .upsert(UpsertRequest {
+            memories: vec![Memory {
+                content: "The backup key is in the grey safe.".into(),
+                ..Default::default()
+            }],
+        })
+        .await?;
+    let r = c
+        .retrieval
+        .retrieve(query("where is the backup key?"))
+        .await?
+        .into_inner();
+    assert!(r.degraded_stages.is_empty(), "{:?}", r.degraded_stages);
+    assert!(!r.records.is_empty());
+    for svc in [
+        engram::stack::Service::Search,
+        engram::stack::Service::Graph,
+    ] {
+        let addr = ts
+            .stack
+            .addr(svc)
+            .ok_or_else(|| anyhow::anyhow!("{svc:?}"))?;
+        // Plaintext: refused.
+        let plain = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?;
+        assert!(
+            health_through(plain).await.is_err(),
+            "{svc:?} spoke plaintext"
+        );
+        // A certificate from another CA: refused.
+        let stranger = engram_common::settings::TlsSettings {
+            ca_path_opt: Some(certs.join("other-ca.pem")),
+            ..Default::default()
+        };
+        let https = engram_common::tls::uri(addr, &stranger);
+        let untrusted = engram_common::tls::endpoint(&https, &stranger)?;
+        assert!(
+            health_through(untrusted).await.is_err(),
+            "{svc:?} trusted a stranger's CA"
+        );
+        // The deployment's CA: served.
+        let trusted = engram_common::tls::endpoint(&https, &ts.stack.settings.tls)?;
+        assert_eq!(health_through(trusted).await, Ok(1), "{svc:?}");
+    }
+    ts.shutdown().await;
+    Ok(())
+}

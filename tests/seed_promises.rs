@@ -255,7 +255,7 @@ async fn health_becomes(stack: &Stack, svc: Service, want: i32) -> anyhow::Resul
         .addr(svc)
         .ok_or_else(|| anyhow::anyhow!("{svc:?} not running"))?;
     for _ in 0..60 {
-        if engram::stack::health_status(addr, svc).await == Some(want) {
+        if engram::stack::health_status(addr, svc, &stack.settings.tls).await == Some(want) {
             return Ok(());
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;

@@ -125,9 +125,20 @@ impl AdminState {
         grpc_services: &[&str],
         required: bool,
     ) -> anyhow::Result<()> {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-            .connect_timeout(PROBE_TIMEOUT)
-            .connect_lazy();
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?;
+        self.add_grpc_health_at(service, endpoint, grpc_services, required)
+    }
+
+    /// [`Self::add_grpc_health`] through a prepared endpoint (an internal
+    /// service behind TLS: common/src/tls.rs).
+    pub fn add_grpc_health_at(
+        &self,
+        service: &str,
+        endpoint: tonic::transport::Endpoint,
+        grpc_services: &[&str],
+        required: bool,
+    ) -> anyhow::Result<()> {
+        let channel = endpoint.connect_timeout(PROBE_TIMEOUT).connect_lazy();
         for name in grpc_services {
             let channel = channel.clone();
             let name = name.to_string();

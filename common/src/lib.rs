@@ -14,6 +14,7 @@ pub mod server;
 pub mod settings;
 pub mod telemetry;
 pub mod text;
+pub mod tls;
 
 pub use identity::{AccessLevel, Identity};
 pub use settings::Settings;

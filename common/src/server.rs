@@ -167,11 +167,24 @@ impl tonic_health::pb::health_server::Health for DrainingHealth {
     }
 }
 
-/// How a server drains; [`serve`] uses the defaults of [`ListenSettings`].
-#[derive(Debug, Clone, Copy)]
+/// How a server drains, and whether it serves TLS; [`serve`] uses the
+/// defaults of [`ListenSettings`], in plaintext.
+#[derive(Debug, Clone)]
 pub struct ServeOptions {
     pub drain_delay: Duration,
     pub drain_grace: Duration,
+    pub tls_opt: Option<tonic::transport::ServerTlsConfig>,
+}
+
+impl ServeOptions {
+    /// An internal service's options: drain timing, and TLS when `[tls]`
+    /// names a certificate (common/src/tls.rs).
+    pub fn internal(settings: &crate::Settings) -> anyhow::Result<Self> {
+        Ok(Self {
+            tls_opt: crate::tls::server_config(&settings.tls)?,
+            ..Self::from(&settings.listen)
+        })
+    }
 }
 
 impl Default for ServeOptions {
@@ -185,6 +198,7 @@ impl From<&ListenSettings> for ServeOptions {
         Self {
             drain_delay: Duration::from_millis(l.drain_delay_ms),
             drain_grace: Duration::from_millis(l.drain_grace_ms),
+            tls_opt: None,
         }
     }
 }
@@ -254,7 +268,11 @@ pub async fn serve_with(
             tokio::time::sleep(opts.drain_delay).await;
         }
     };
-    let server = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = opts.tls_opt.clone() {
+        builder = builder.tls_config(tls)?;
+    }
+    let server = builder
         .layer(ObserveLayer)
         // Inside the observer, so a panic is counted as the INTERNAL it becomes.
         .layer(CatchPanicLayer::custom(panic_response))
@@ -706,12 +724,13 @@ mod tests {
         let opts = ServeOptions {
             drain_delay: Duration::from_millis(400),
             drain_grace: Duration::from_secs(2),
+            tls_opt: None,
         };
         let server = tokio::spawn(serve_with(
             listener,
             Routes::default(),
             health,
-            opts,
+            opts.clone(),
             async {
                 let _ = rx.await;
             },

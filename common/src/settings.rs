@@ -38,6 +38,32 @@ pub struct Settings {
     pub llm: LlmSettings,
     pub working: WorkingMemorySettings,
     pub tenant: TenantLimitSettings,
+    pub tls: TlsSettings,
+}
+
+/// TLS between the services (common/src/tls.rs): search-svc, graph-svc and
+/// rerank-svc serve TLS with `cert_path_opt` + `key_path_opt`; internal
+/// clients verify them against `ca_path_opt` and `server_name`. Unset (the
+/// default) = plaintext on a network the NetworkPolicy closes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    pub cert_path_opt: Option<PathBuf>,
+    pub key_path_opt: Option<PathBuf>,
+    pub ca_path_opt: Option<PathBuf>,
+    /// The name the internal certificate is issued for (its SAN).
+    pub server_name: String,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        Self {
+            cert_path_opt: None,
+            key_path_opt: None,
+            ca_path_opt: None,
+            server_name: "engram-internal".into(),
+        }
+    }
 }
 
 /// Per-tenant fairness at the gateway: one tenant's burst or flood of slow
@@ -81,6 +107,7 @@ impl Default for Settings {
             llm: LlmSettings::default(),
             working: WorkingMemorySettings::default(),
             tenant: TenantLimitSettings::default(),
+            tls: TlsSettings::default(),
         }
     }
 }

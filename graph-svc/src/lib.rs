@@ -108,7 +108,7 @@ pub async fn run(
         registry.clone(),
         settings.graph.preload_tenants.clone(),
     ));
-    let opts = server::ServeOptions::from(&settings.listen);
+    let opts = server::ServeOptions::internal(&settings)?;
     let svc = service::GraphSvc::new(registry.clone(), settings);
     let routes = Routes::new(GraphServiceServer::new(svc));
     let result = server::serve_with(listener, routes, health, opts, shutdown).await;

@@ -49,7 +49,7 @@ impl SplitStack {
         for svc in Service::ALL {
             let a = free_addr()?;
             addrs.push((svc, a));
-            let uri = format!("http://{a}");
+            let uri = engram_common::tls::uri(a, &settings.tls);
             match svc {
                 Service::Retrieval => settings.listen.retrieval = a.to_string(),
                 Service::Search => {
@@ -118,7 +118,7 @@ impl SplitStack {
                 {
                     bail!("{} process exited during start-up ({status})", svc.name());
                 }
-                let status = health_status(addr, svc).await;
+                let status = health_status(addr, svc, &self.settings.tls).await;
                 match status {
                     Some(1) => break,
                     Some(2) if svc == Service::Rerank => break,

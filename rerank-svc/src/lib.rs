@@ -63,7 +63,7 @@ pub async fn run_with_model(
         ServingStatus::NotServing
     };
     reporter.set_service_status(SERVICE_NAME, status).await;
-    let opts = server::ServeOptions::from(&settings.listen);
+    let opts = server::ServeOptions::internal(&settings)?;
     let svc = RerankSvc::new(model, &settings);
     let routes =
         Routes::new(RerankServiceServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES));

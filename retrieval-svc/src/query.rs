@@ -227,10 +227,7 @@ fn check_storable(
     for (field, s) in texts {
         check_text(s).map_err(|rule| Error::invalid(field, rule))?;
     }
-    let lists = [
-        ("hypotheses", hypotheses),
-        ("agent_scope", &f.agent_scope),
-    ];
+    let lists = [("hypotheses", hypotheses), ("agent_scope", &f.agent_scope)];
     for (field, list) in lists {
         for s in list {
             check_text(s).map_err(|rule| Error::invalid(field, rule))?;

@@ -82,7 +82,7 @@ impl SearchSvc {
                 decay_floor: settings.search.decay_floor,
                 timeouts: Timeouts::from_settings(&settings.search),
                 admission: Admission::new(settings.search.max_concurrent_requests),
-                serve_opts: engram_common::server::ServeOptions::from(&settings.listen),
+                serve_opts: engram_common::server::ServeOptions::internal(settings)?,
             }),
         })
     }
@@ -286,7 +286,7 @@ pub async fn serve_svc(
             tokio::spawn(async move { reporter.set_service_status(SERVICE_NAME, serving).await });
         },
     ));
-    let opts = svc.inner.serve_opts;
+    let opts = svc.inner.serve_opts.clone();
     let feed_stop = svc.inner.feed.stop_token();
     let shutdown = async move {
         shutdown.await;

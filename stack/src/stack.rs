@@ -12,7 +12,7 @@ use engram_common::Settings;
 use engram_common::admin::{self, AdminState};
 use engram_common::db::Database;
 use engram_common::server;
-use engram_common::settings::ApiKeySettings;
+use engram_common::settings::{ApiKeySettings, TlsSettings};
 use sha2::{Digest, Sha256};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -173,7 +173,7 @@ impl Stack {
         for (svc, l) in &listeners {
             let a = l.local_addr()?;
             addrs.push((*svc, a));
-            let uri = format!("http://{a}");
+            let uri = engram_common::tls::uri(a, &settings.tls);
             match svc {
                 Service::Search => settings.downstream.search = uri,
                 Service::Graph => settings.downstream.graph = uri,
@@ -185,9 +185,9 @@ impl Stack {
         let admin_state = AdminState::new();
         for (svc, addr) in &addrs {
             // Rerank is optional: without the cross-encoder the gateway skips the check.
-            admin_state.add_grpc_health(
+            admin_state.add_grpc_health_at(
                 svc.name(),
-                *addr,
+                health_endpoint(*addr, *svc, &settings.tls)?,
                 &["", svc.grpc_name()],
                 *svc != Service::Rerank,
             )?;
@@ -301,7 +301,7 @@ impl Stack {
                         svc.name()
                     );
                 }
-                let status = health_status(*addr, *svc).await;
+                let status = health_status(*addr, *svc, &self.settings.tls).await;
                 match status {
                     Some(1) => break,
                     Some(2) if *svc == Service::Rerank => {
@@ -362,15 +362,26 @@ impl Stack {
     }
 }
 
+/// How to reach `svc` at `addr`: the internal services through TLS when
+/// the settings ask for it, the gateway's public port in plaintext.
+pub fn health_endpoint(
+    addr: SocketAddr,
+    svc: Service,
+    tls: &TlsSettings,
+) -> anyhow::Result<tonic::transport::Endpoint> {
+    match svc {
+        Service::Retrieval => Ok(tonic::transport::Endpoint::from_shared(format!(
+            "http://{addr}"
+        ))?),
+        _ => engram_common::tls::endpoint(&engram_common::tls::uri(addr, tls), tls),
+    }
+}
+
 /// One grpc.health.v1 check of `svc` at `addr`; `None` when unreachable.
-pub async fn health_status(addr: SocketAddr, svc: Service) -> Option<i32> {
+pub async fn health_status(addr: SocketAddr, svc: Service, tls: &TlsSettings) -> Option<i32> {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .ok()?
-        .connect()
-        .await
-        .ok()?;
+    let ch = health_endpoint(addr, svc, tls).ok()?.connect().await.ok()?;
     let r = HealthClient::new(ch)
         .check(HealthCheckRequest {
             service: svc.grpc_name().into(),

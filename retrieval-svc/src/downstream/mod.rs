@@ -25,7 +25,7 @@ use engram_proto::{
 };
 use tokio::time::Instant;
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tower::retry::budget::TpsBudget;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceExt};
@@ -228,11 +228,7 @@ impl Downstreams {
         let ds = &settings.downstream;
         let p = &settings.pipeline;
         let channel = |uri: &str| -> anyhow::Result<Channel> {
-            Ok(Endpoint::from_shared(uri.to_string())
-                .map_err(|e| anyhow::anyhow!("downstream uri {uri}: {e}"))?
-                .connect_timeout(Duration::from_secs(1))
-                .tcp_nodelay(true)
-                .connect_lazy())
+            Ok(engram_common::tls::endpoint(uri, &settings.tls)?.connect_lazy())
         };
         let search_channel = channel(&ds.search)?;
         let search = SearchServiceClient::new(search_channel.clone())
