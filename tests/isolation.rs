@@ -553,3 +553,136 @@ async fn internal_calls_go_over_tls_and_refuse_plaintext_and_strangers() -> anyh
     ts.shutdown().await;
     Ok(())
 }
+
+/// An HS256 token over `claims`, as an identity provider would mint it.
+fn jwt(secret: &[u8], claims: &serde_json::Value) -> anyhow::Result<String> {
+    use base64::Engine;
+    use hmac::Mac;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let head = b64(br#"{"alg":"HS256","typ":"JWT"}"#);
+    let body = b64(claims.to_string().as_bytes());
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret)?;
+    mac.update(format!("{head}.{body}").as_bytes());
+    Ok(format!(
+        "{head}.{body}.{}",
+        b64(&mac.finalize().into_bytes())
+    ))
+}
+
+#[tokio::test]
+async fn jwts_are_checked_on_the_real_stack_over_grpc_and_http() -> anyhow::Result<()> {
+    let secret = b"an identity provider's secret of 32+ bytes";
+    let mut settings = engram_tests::settings().await?;
+    settings.auth.jwt_hs256_secret_opt = Some(String::from_utf8(secret.to_vec())?);
+    settings.auth.jwt_audience_opt = Some("engram".into());
+    settings.auth.jwt_issuer_opt = Some("https://idp.example".into());
+    let ts = engram_tests::TestStack::start_with(
+        settings,
+        engram::stack::Service::ALL.into_iter().collect(),
+        "internal",
+    )
+    .await?;
+    let uri = ts
+        .stack
+        .gateway_uri()
+        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
+    let tenant = format!("t-jwt-{}", uuid::Uuid::new_v4().simple());
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs(),
+    )?;
+    let claims = |extra: serde_json::Value| {
+        let mut c = serde_json::json!({
+            "tenant": tenant, "sub": "agent-7", "trust": "internal",
+            "exp": now + 300, "aud": "engram", "iss": "https://idp.example",
+        });
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            c[k] = v.clone();
+        }
+        c
+    };
+    let good = jwt(secret, &claims(serde_json::json!({})))?;
+    let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
+    let note = Memory {
+        content: "The JWT tenant keeps its notes in the teal binder.".into(),
+        ..Default::default()
+    };
+    mem.upsert(authed(
+        &good,
+        UpsertRequest {
+            memories: vec![note],
+        },
+    ))
+    .await?;
+    let mut retrieval =
+        engram_proto::retrieval_service_client::RetrievalServiceClient::connect(uri).await?;
+    let r = retrieval
+        .retrieve(authed(&good, query("where are the notes kept?")))
+        .await?
+        .into_inner();
+    assert!(
+        r.records
+            .iter()
+            .filter_map(|s| s.memory.as_ref())
+            .any(|m| m.content.contains("teal binder")),
+        "{r:?}"
+    );
+    let refused = [
+        (
+            "wrong audience",
+            jwt(secret, &claims(serde_json::json!({"aud": "other"})))?,
+        ),
+        (
+            "wrong issuer",
+            jwt(
+                secret,
+                &claims(serde_json::json!({"iss": "https://evil.example"})),
+            )?,
+        ),
+        (
+            "not yet valid",
+            jwt(secret, &claims(serde_json::json!({"nbf": now + 3600})))?,
+        ),
+        (
+            "expired",
+            jwt(secret, &claims(serde_json::json!({"exp": now - 1})))?,
+        ),
+        (
+            "forged",
+            jwt(
+                b"someone else's secret of 32+ bytes!",
+                &claims(serde_json::json!({})),
+            )?,
+        ),
+        ("padded", format!("{good}=")),
+    ];
+    for (why, token) in &refused {
+        let e = retrieval
+            .retrieve(authed(token, query("where are the notes kept?")))
+            .await
+            .expect_err(why);
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{why}: {e:?}");
+    }
+    // The HTTP surface accepts and refuses the same tokens.
+    let http = ts
+        .stack
+        .http_addr_opt
+        .ok_or_else(|| anyhow::anyhow!("no http"))?;
+    let post = |token: String| {
+        let body = serde_json::json!({
+            "kb_id": uuid::Uuid::new_v4().to_string(),
+            "query": "where are the notes kept?",
+            "tenant_id": tenant,
+        });
+        reqwest::Client::new()
+            .post(format!("http://{http}/api/v1/retrieve/basic"))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+    };
+    assert_eq!(post(good.clone()).await?.status(), 200);
+    assert_eq!(post(refused[0].1.clone()).await?.status(), 401);
+    ts.shutdown().await;
+    Ok(())
+}
