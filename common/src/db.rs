@@ -175,5 +175,7 @@ pub fn test_settings() -> Settings {
         ..Settings::default()
     };
     s.database.embedded_data_dir = "test-pgdata".into();
+    // Tests cover every stage, the optional cross-encoder included.
+    s.pipeline.cross_encoder = true;
     s
 }

@@ -444,6 +444,13 @@ pub struct PipelineSettings {
     /// the default drops nothing and the score works through the Stage 4
     /// blend; callers who want a hard floor set it here.
     pub relevance_threshold: f32,
+    /// Whether Stage 3 asks the cross-encoder at all. Off by default: the
+    /// shipped model was trained on every dev set, so no dev measurement
+    /// can show it generalizing, and on held-out questions it cost MuSiQue
+    /// 11.5 points of R@2 and 2Wiki 1.3 while helping LoCoMo by 6.9; it is
+    /// also most of a query's latency (docs/decisions.md). Chat-heavy
+    /// deployments may turn it on.
+    pub cross_encoder: bool,
     /// Candidates sent to the cross-encoder.
     pub rerank_top_n: usize,
     /// Stage 4 blend: RRF k of fused rank + cross-encoder rank, and the
@@ -484,6 +491,7 @@ impl Default for PipelineSettings {
             rerank_timeout_ms: 1500,
             rrf_k: 60.0,
             relevance_threshold: 0.0,
+            cross_encoder: false,
             rerank_top_n: 10,
             rerank_blend_k: 10.0,
             rerank_weight: 2.0,

@@ -349,7 +349,12 @@ async fn tune(
                 )
                 .await?;
                 let fit = crate::tune::fit_rerank(&samples, &rr);
-                Some((fit, crate::tune::rerank_report(&samples, &rr, &fit)))
+                let report = crate::tune::rerank_report(&samples, &rr, &fit);
+                let cross = crate::tune::rerank_cross_fitted(&samples, &rr);
+                Some((
+                    fit,
+                    serde_json::json!({"in_sample": report, "cross_fitted": cross}),
+                ))
             }
             _ => None,
         };
@@ -381,6 +386,7 @@ async fn tune(
         })).collect::<Vec<_>>(),
         "before": crate::tune::report(&samples, &current, default_k),
         "after": crate::tune::report(&samples, &tuned, default_k),
+        "cross_fitted": crate::tune::cross_fitted(&samples, &current, default_k),
         "rerank": rerank_opt.as_ref().map(|(f, r)| serde_json::json!({
             "top_n": f.top_n,
             "relevance_threshold": f.threshold,
@@ -421,7 +427,7 @@ async fn wait_for_graph(client: &mut Client, part: &crate::eval::Part) {
 /// `engram bench`: one process per service (or all in this one with
 /// `in_process`), a synthetic tenant, the query mix.
 async fn bench(
-    settings: Settings,
+    mut settings: Settings,
     memories: usize,
     queries: usize,
     concurrency: usize,
@@ -431,6 +437,9 @@ async fn bench(
     if memories == 0 || queries == 0 {
         anyhow::bail!("--memories and --queries must be at least 1");
     }
+    // The bench measures both: each query says whether it skips the
+    // cross-encoder, so the stack must have it on.
+    settings.pipeline.cross_encoder = true;
     let tenant = format!("bench-{memories}");
     let key = stack::random_token();
     let target = if in_process {

@@ -285,6 +285,8 @@ struct Env {
 
 async fn gateway(search: String, graph: String, rerank: String) -> Env {
     let mut s = Settings::default();
+    // The faults below include the cross-encoder's.
+    s.pipeline.cross_encoder = true;
     s.downstream.search = search;
     s.downstream.graph = graph;
     s.downstream.rerank = rerank;

@@ -396,7 +396,7 @@ impl Pipeline {
             degraded: found.degraded.iter().map(ToString::to_string).collect(),
             dropped: Vec::new(),
         };
-        let rerank = step.reranks(&ctx.query);
+        let rerank = step.reranks(&ctx.query) && ctx.settings.pipeline.cross_encoder;
         let checked = validate::run(ctx, &mut trace, found.candidates, filters, rerank)
             .instrument(stage_span("validate"))
             .await;
