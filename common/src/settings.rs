@@ -479,6 +479,34 @@ pub struct PipelineSettings {
     /// mention it: the graph walk then leads (retrieval-svc evidence.rs).
     pub anchor_max_df_ratio: f32,
     pub weights: FusionWeights,
+    pub abstain: AbstainSettings,
+}
+
+/// Calibrated abstention (retrieval-svc pipeline/abstain.rs): the weights
+/// of the evidence score and the threshold below which an answer says
+/// `nothing_relevant`. The defaults are an unfitted prior (equal weights,
+/// 0.4), so their dev rates are honest: foreign questions flagged 96.0 %
+/// (LoCoMo) and 92.0 % (2Wiki), answerable ones 0.3 % and 0.0 %
+/// (`engram eval abstain`, docs/benchmarks.md). The fitted calibration
+/// cross-fits to similar rates with less margin on answerable questions.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AbstainSettings {
+    pub names_weight: f32,
+    pub terms_weight: f32,
+    pub cosine_weight: f32,
+    pub threshold: f32,
+}
+
+impl Default for AbstainSettings {
+    fn default() -> Self {
+        Self {
+            names_weight: 1.0,
+            terms_weight: 1.0,
+            cosine_weight: 1.0,
+            threshold: 0.4,
+        }
+    }
 }
 
 impl Default for PipelineSettings {
@@ -504,6 +532,7 @@ impl Default for PipelineSettings {
             graph_dense_seeds: 0,
             anchor_max_df_ratio: 0.02,
             weights: FusionWeights::default(),
+            abstain: AbstainSettings::default(),
         }
     }
 }

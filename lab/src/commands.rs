@@ -98,6 +98,13 @@ pub enum EvalDataset {
     },
     /// HotpotQA (HippoRAG's train sample): gold = supporting-fact titles.
     Hotpotqa(CorpusFiles),
+    /// Calibrates `nothing_relevant`: LoCoMo 0–4 and 2Wiki questions asked
+    /// of their own tenant and of one that does not hold their answer.
+    Abstain {
+        /// Questions per LoCoMo conversation and from 2Wiki.
+        #[arg(long, default_value_t = 150)]
+        limit: usize,
+    },
 }
 
 // The arguments of a data set in HippoRAG's layout: a corpus file and a
@@ -176,6 +183,7 @@ fn keyed_stack(keys: &[TenantKey]) -> StackOptions {
 async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
     use crate::eval as ev;
     let (name, parts, common) = match dataset {
+        EvalDataset::Abstain { limit } => return abstain(settings, limit).await,
         EvalDataset::TwoWiki(files) => {
             let (c, q) = files.paths(
                 "hipporag/2wikimultihopqa_corpus.json",
@@ -395,6 +403,63 @@ async fn tune(
             "by_dataset": r,
         })),
     });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// `engram eval abstain`: every question of its own tenant and of a foreign
+/// one; prints the calibration report (lab/src/abstain.rs) as JSON.
+async fn abstain(settings: Settings, limit: usize) -> anyhow::Result<()> {
+    use crate::eval as ev;
+    let mut parts = ev::load_locomo(&ev::data_path("locomo/locomo10.json"), 0, 4, Some(limit))?;
+    let wiki = ev::load_2wiki(
+        &ev::data_path("hipporag/2wikimultihopqa_corpus.json"),
+        &ev::data_path("hipporag/2wiki_dev.jsonl"),
+        Some(limit),
+    )?;
+    parts.push(wiki);
+    let keys = tenant_keys(parts.iter(), "abstain");
+    let configured = retrieval_svc::lab::Calibration {
+        names: settings.pipeline.abstain.names_weight,
+        terms: settings.pipeline.abstain.terms_weight,
+        cosine: settings.pipeline.abstain.cosine_weight,
+        threshold: settings.pipeline.abstain.threshold,
+    };
+    let stack = Stack::start(settings, keyed_stack(&keys)).await?;
+    let result = async {
+        let uri = stack.gateway_uri().context("no gateway")?;
+        let mut clients = Vec::new();
+        for (part, (key, ..)) in parts.iter().zip(&keys) {
+            let mut client = Client::connect(&uri, key).await?;
+            ev::ensure_ingested(&mut client, part, true).await?;
+            wait_for_graph(&mut client, part).await;
+            clients.push(client);
+        }
+        let conversations = parts.len() - 1;
+        let mut rows = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            let questions: Vec<String> = part.questions.iter().map(|q| q.text.clone()).collect();
+            // LoCoMo: the next conversation; 2Wiki: the first conversation.
+            let (dataset, foreign) = match i < conversations {
+                true => ("locomo", (i + 1) % conversations),
+                false => ("2wiki", 0),
+            };
+            rows.extend(crate::abstain::collect(&clients[i], dataset, true, &questions).await?);
+            rows.extend(
+                crate::abstain::collect(&clients[foreign], dataset, false, &questions).await?,
+            );
+            eprintln!(
+                "  {dataset} {}: {} questions asked twice",
+                part.tenant,
+                questions.len()
+            );
+        }
+        anyhow::Ok(rows)
+    }
+    .await;
+    stack.shutdown().await;
+    let rows = result?;
+    let report = crate::abstain::report(&rows, &configured);
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! evidence and the blend `engram tune` replays); services are started and
 //! called through `engram-stack`.
 
+mod abstain;
 mod bench;
 mod commands;
 mod eval;

@@ -7,6 +7,7 @@
 //! Nothing here knows the gateway, the surfaces or the API adapters: they
 //! call the pipeline, never the reverse (`layering::dependencies_point_one_way` in lib.rs).
 
+pub mod abstain;
 pub mod assemble;
 pub mod cache;
 pub mod ctx;
@@ -442,7 +443,13 @@ fn answer(
         degraded,
         dropped,
     } = best.trace;
+    let calibration = abstain::calibration(&ctx.settings.pipeline.abstain);
+    let evidence_score = abstain::score(&abstain::features(&q.text, &best.records), &calibration);
+    let nothing_relevant =
+        abstain::nothing_relevant(evidence_score, best.records.len(), &calibration);
     let response = RetrieveResponse {
+        nothing_relevant,
+        evidence_score,
         records: best.records,
         route: best.route.to_proto() as i32,
         total_candidates: best.total,

@@ -1,0 +1,40 @@
+//! Calibrated abstention (issue 18): an answer says `nothing_relevant`
+//! when the tenant holds nothing about the question, and not when it does;
+//! the records come back either way. Rates on the dev sets come from
+//! `engram eval abstain` (docs/benchmarks.md).
+
+use engram_proto::RetrieveRequest;
+use engram_tests::TestStack;
+
+fn ask(text: &str) -> RetrieveRequest {
+    RetrieveRequest {
+        text: text.into(),
+        limit: Some(5),
+        no_cache: true,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_question_about_someone_this_tenant_never_met_is_flagged() -> anyhow::Result<()> {
+    let ts = TestStack::start("sensitive").await?;
+    let mut c = ts.client().await?;
+    engram::demo::load_sample(&mut c, &ts.tenant).await?;
+    let foreign = c
+        .retrieval
+        .retrieve(ask("When did Caroline go to the LGBTQ support group?"))
+        .await?
+        .into_inner();
+    assert!(foreign.nothing_relevant, "{foreign:?}");
+    assert!(!foreign.records.is_empty(), "records still come back");
+    for q in [
+        "When does Alice prefer to have meetings?",
+        "What is the deadline for the Atlas migration?",
+    ] {
+        let own = c.retrieval.retrieve(ask(q)).await?.into_inner();
+        assert!(!own.nothing_relevant, "{q}: {own:?}");
+        assert!(own.evidence_score > foreign.evidence_score, "{q}");
+    }
+    ts.shutdown().await;
+    Ok(())
+}
