@@ -810,3 +810,59 @@ async fn conversation_window_and_context_block() -> anyhow::Result<()> {
     ts.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn ingest_writes_in_file_supersedes_in_order_and_names_lines_not_indices()
+-> anyhow::Result<()> {
+    let ts = engram_tests::TestStack::start("internal").await?;
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("notes.jsonl");
+    // v2 supersedes v1, written before it in the file.
+    std::fs::write(
+        &file,
+        concat!(
+            "{\"id\":\"standup-v2\",\"content\":\"The standup moved to 10:00.\",\"supersedes\":\"standup-v1\"}\n",
+            "{\"id\":\"standup-v1\",\"content\":\"The standup is at 9:30.\"}\n",
+        ),
+    )?;
+    let conn = engram::commands::Conn {
+        addr: ts.stack.gateway_uri(),
+        api_key: Some(ts.key.clone()),
+        tenant: ts.tenant.clone(),
+    };
+    let mut settings = ts.stack.settings.clone();
+    settings.auth.id_secret_opt = Some("a test deployment's id secret, 32+ bytes".into());
+    engram::commands::ingest(settings.clone(), &file, conn.clone()).await?;
+    let key = engram::ingest::IdKey::for_deployment(&settings)?;
+    let v1 = engram::ingest::memory_id(&key, &ts.tenant, "standup-v1");
+    let mut c = ts.client().await?;
+    let got = c
+        .memories
+        .get(engram_proto::GetRequest {
+            ids: vec![v1],
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert!(
+        got.memories
+            .iter()
+            .any(|m| m.valid_to.is_some() || m.retracted_at.is_some()),
+        "v1 closed by v2: {got:?}"
+    );
+    // A refused line is named by file line and the user's id.
+    std::fs::write(
+        &file,
+        "{\"id\":\"ok\",\"content\":\"fine\"}\n{\"id\":\"bad\",\"content\":\"x\",\"memory_type\":\"Not A Label\"}\n",
+    )?;
+    let err = engram::commands::ingest(settings, &file, conn)
+        .await
+        .expect_err("refused");
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("notes.jsonl:2") && text.contains("\"bad\""),
+        "{text}"
+    );
+    ts.shutdown().await;
+    Ok(())
+}

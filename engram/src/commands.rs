@@ -129,23 +129,76 @@ pub async fn demo_on(stack: &Stack) -> anyhow::Result<String> {
 pub async fn ingest(settings: Settings, file: &Path, conn: Conn) -> anyhow::Result<()> {
     let key = ingest::IdKey::for_deployment(&settings)?;
     let batch = ingest::parse_file(file, &conn.tenant, &key)?;
+    let waves = batch.waves()?;
     let mut client = conn.connect(&settings).await?;
-    let mut written = 0;
-    for chunk in batch.memories.chunks(500) {
-        let r = client
-            .memories
-            .upsert(UpsertRequest {
-                memories: chunk.to_vec(),
-            })
-            .await?;
-        written += r.into_inner().results.len();
+    let total = batch.memories.len();
+    let mut tally = IngestTally::default();
+    for wave in &waves {
+        for chunk in wave.chunks(500) {
+            let memories = chunk.iter().map(|&i| batch.memories[i].clone()).collect();
+            let results = match client.memories.upsert(UpsertRequest { memories }).await {
+                Ok(r) => r.into_inner().results,
+                Err(status) => return Err(at_line(&batch, chunk, &status)),
+            };
+            tally.count(&results);
+            eprint!("\r  ingesting {}: {}/{total}", conn.tenant, tally.written());
+        }
+    }
+    if total > 0 {
+        eprintln!();
     }
     let edges = client.add_edges(&batch.edges).await?;
     println!(
-        "ingested {written} memories and {edges} edges from {}",
-        file.display()
+        "ingested {} from {}: {} created, {} updated, {} unchanged; {edges} edges",
+        tally.written(),
+        file.display(),
+        tally.created,
+        tally.updated,
+        tally.unchanged
     );
     Ok(())
+}
+
+/// What an ingest did: a new row, new text (re-embedded), or the same text.
+#[derive(Debug, Default)]
+struct IngestTally {
+    created: usize,
+    updated: usize,
+    unchanged: usize,
+}
+
+impl IngestTally {
+    fn count(&mut self, results: &[engram_proto::UpsertResult]) {
+        for r in results {
+            match (r.created, r.embedded) {
+                (true, _) => self.created += 1,
+                (false, true) => self.updated += 1,
+                (false, false) => self.unchanged += 1,
+            }
+        }
+    }
+
+    fn written(&self) -> usize {
+        self.created + self.updated + self.unchanged
+    }
+}
+
+/// A refused upsert as the user wrote it: `memories[i]` in the server's
+/// message becomes the file line and id of that memory.
+fn at_line(batch: &ingest::Batch, chunk: &[usize], status: &tonic::Status) -> anyhow::Error {
+    let message = status.message();
+    let index_opt = message
+        .split("memories[")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .and_then(|n| n.parse::<usize>().ok());
+    match index_opt
+        .and_then(|i| chunk.get(i))
+        .and_then(|&j| batch.origins.get(j))
+    {
+        Some(origin) => anyhow::anyhow!("{origin}: {message} ({:?})", status.code()),
+        None => anyhow::anyhow!("ingest refused: {message} ({:?})", status.code()),
+    }
 }
 
 pub fn parse_mode(mode: &str) -> anyhow::Result<RetrievalMode> {

@@ -66,6 +66,77 @@ struct EdgeWrapper {
 pub struct Batch {
     pub memories: Vec<Memory>,
     pub edges: Vec<Edge>,
+    /// Where each memory came from, same order: errors name the file line
+    /// and the id the user wrote, never a batch index and a derived UUID.
+    pub origins: Vec<Origin>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    /// `file:line`.
+    pub at: String,
+    pub id_opt: Option<String>,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.id_opt {
+            Some(id) => write!(f, "{} (id {id:?})", self.at),
+            None => f.write_str(&self.at),
+        }
+    }
+}
+
+impl Batch {
+    /// The memories in write order, as waves of indices: a memory comes in
+    /// the wave after the one holding what it supersedes (a `supersedes`
+    /// target must exist before the write that closes it), so a file may
+    /// supersede its own earlier lines. A cycle is an error naming a line.
+    pub fn waves(&self) -> anyhow::Result<Vec<Vec<usize>>> {
+        let by_id: std::collections::HashMap<&str, usize> = (self.memories.iter().enumerate())
+            .filter(|(_, m)| !m.id.is_empty())
+            .map(|(i, m)| (m.id.as_str(), i))
+            .collect();
+        let mut depth: Vec<Option<usize>> = vec![None; self.memories.len()];
+        for start in 0..self.memories.len() {
+            // Walk the supersedes chain up to a memory of known depth, or
+            // one whose target is not in this file (depth 0).
+            let mut chain: Vec<usize> = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            let mut i = start;
+            let base_opt = loop {
+                if let Some(d) = depth[i] {
+                    break Some(d);
+                }
+                if !seen.insert(i) {
+                    bail!(
+                        "{}: supersedes forms a cycle within the file",
+                        self.origins[i]
+                    );
+                }
+                chain.push(i);
+                match by_id.get(self.memories[i].supersedes.as_str()) {
+                    Some(&t) => i = t,
+                    None => break None,
+                }
+            };
+            // chain[k] supersedes chain[k + 1]: depths rise towards the start.
+            let mut d = base_opt.map_or(0, |b| b + 1);
+            for &j in chain.iter().rev() {
+                depth[j] = Some(d);
+                d += 1;
+            }
+        }
+        let mut waves: Vec<Vec<usize>> = Vec::new();
+        for (i, d) in depth.into_iter().enumerate() {
+            let d = d.unwrap_or(0);
+            if waves.len() <= d {
+                waves.resize(d + 1, Vec::new());
+            }
+            waves[d].push(i);
+        }
+        Ok(waves)
+    }
 }
 
 /// The key of derived ids: the deployment's `auth.id_secret_opt`, or the
@@ -191,6 +262,10 @@ pub fn parse_str(text: &str, name: &str, tenant: &str, key: &IdKey) -> anyhow::R
                 ),
             },
         };
+        batch.origins.push(Origin {
+            at: at(),
+            id_opt: m.id.clone(),
+        });
         batch.memories.push(Memory {
             id: m
                 .id
@@ -235,6 +310,25 @@ mod tests {
 
     fn key() -> IdKey {
         IdKey::new(b"a test secret of at least 32 bytes")
+    }
+
+    #[test]
+    fn a_file_may_supersede_its_own_earlier_lines_in_any_order() {
+        let text = "{\"id\":\"v3\",\"content\":\"c\",\"supersedes\":\"v2\"}\n\
+                    {\"id\":\"v1\",\"content\":\"a\"}\n\
+                    {\"id\":\"v2\",\"content\":\"b\",\"supersedes\":\"v1\"}\n\
+                    {\"id\":\"other\",\"content\":\"d\",\"supersedes\":\"elsewhere\"}\n";
+        let b = parse_str(text, "f.jsonl", "t", &key()).expect("parse");
+        assert_eq!(
+            b.waves().expect("no cycle"),
+            vec![vec![1, 3], vec![2], vec![0]]
+        );
+        assert_eq!(b.origins[2].to_string(), "f.jsonl:3 (id \"v2\")");
+        let cycle = "{\"id\":\"a\",\"content\":\"x\",\"supersedes\":\"b\"}\n\
+                     {\"id\":\"b\",\"content\":\"y\",\"supersedes\":\"a\"}\n";
+        let b = parse_str(cycle, "g.jsonl", "t", &key()).expect("parse");
+        let err = b.waves().expect_err("cycle");
+        assert!(err.to_string().contains("g.jsonl:"), "{err}");
     }
 
     #[test]
