@@ -121,10 +121,9 @@ impl Batch {
                 }
             };
             // chain[k] supersedes chain[k + 1]: depths rise towards the start.
-            let mut d = base_opt.map_or(0, |b| b + 1);
-            for &j in chain.iter().rev() {
+            let first = base_opt.map_or(0, |b| b + 1);
+            for (d, &j) in (first..).zip(chain.iter().rev()) {
                 depth[j] = Some(d);
-                d += 1;
             }
         }
         let mut waves: Vec<Vec<usize>> = Vec::new();
