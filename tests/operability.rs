@@ -236,6 +236,8 @@ async fn metrics_move_and_retrieval_logs_are_scrubbed() -> anyhow::Result<()> {
     // reachable (as `engram up` does for the admin port).
     let mut s = settings().await?;
     s.auth.internal_token_opt = Some(random_token());
+    // Off by default; this test checks the scrubbing of what is logged.
+    s.log.query_text = true;
     let tenant = format!("t-{}", uuid::Uuid::new_v4().simple());
     let key = format!("k-{}", uuid::Uuid::new_v4().simple());
     s.auth.api_keys.push(ApiKeySettings {

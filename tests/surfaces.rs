@@ -147,7 +147,7 @@ async fn basic_retrieval_over_grpc_and_http() -> anyhow::Result<()> {
         ..Default::default()
     };
 
-    // Defaults: vector mode, top_k 10, similarity 0.65; only this kb.
+    // Defaults: vector mode, top_k 10, similarity 0.4; only this kb.
     let r = f
         .retrieve_basic(authed(&ts.key, req("Who directed the film Inception?")))
         .await?
@@ -155,7 +155,7 @@ async fn basic_retrieval_over_grpc_and_http() -> anyhow::Result<()> {
     assert_eq!(r.answer, "");
     assert!(!r.request_id.is_empty());
     assert!(!r.results.is_empty() && r.results.len() <= 10, "{r:?}");
-    assert!(r.results.iter().all(|x| x.score >= 0.65), "{:?}", r.results);
+    assert!(r.results.iter().all(|x| x.score >= 0.4), "{:?}", r.results);
     assert!(r.results[0].text.contains("directed by Christopher Nolan"));
     assert_eq!(r.results[0].document_id, "films.md");
     assert!(r.results.iter().all(|x| !x.text.contains("other base")));
@@ -271,7 +271,7 @@ async fn basic_retrieval_over_grpc_and_http() -> anyhow::Result<()> {
         f.retrieve_basic(authed(
             &ts.key,
             BasicRetrieveRequest {
-                kb_id: "kb-1".into(),
+                kb_id: "kb\u{0}1".into(),
                 ..req("q")
             },
         ))
@@ -349,7 +349,7 @@ async fn basic_retrieval_over_grpc_and_http() -> anyhow::Result<()> {
         ("top_k", json!("ten")),
         ("similarity_threshold", json!(-0.1)),
         ("mode", json!("semantic")),
-        ("kb_id", json!("not-a-uuid")),
+        ("kb_id", json!("")),
         ("filters", json!("lang=en")),
     ] {
         let mut b = body.clone();
@@ -553,7 +553,7 @@ async fn agentic_retrieval_decomposes_and_respects_budgets() -> anyhow::Result<(
         (
             "kb_ids",
             AgenticRetrieveRequest {
-                kb_ids: vec!["x".into()],
+                kb_ids: vec![String::new()],
                 ..req("q")
             },
         ),
@@ -862,6 +862,38 @@ async fn ingest_writes_in_file_supersedes_in_order_and_names_lines_not_indices()
     assert!(
         text.contains("notes.jsonl:2") && text.contains("\"bad\""),
         "{text}"
+    );
+    ts.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_knowledge_base_may_be_named_by_its_namespace() -> anyhow::Result<()> {
+    let ts = engram_tests::TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    c.memories
+        .upsert(UpsertRequest {
+            memories: vec![engram_proto::Memory {
+                namespace: "team-notes".into(),
+                content: "The on-call rotation changes every Monday at noon.".into(),
+                ..Default::default()
+            }],
+        })
+        .await?;
+    // Defaults (vector mode, the embedder-fitted threshold) find it.
+    let r = c
+        .foundry
+        .retrieve_basic(BasicRetrieveRequest {
+            kb_id: "team-notes".into(),
+            query: "When does the on-call rotation change?".into(),
+            tenant_id: ts.tenant.clone(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert!(
+        r.results.iter().any(|x| x.text.contains("every Monday")),
+        "{r:?}"
     );
     ts.shutdown().await;
     Ok(())

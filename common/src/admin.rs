@@ -307,7 +307,7 @@ pub async fn serve_with(
     linger: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    tracing::info!(addr = ?listener.local_addr().ok(), "admin http listening");
+    tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin http listening");
     let s = state.clone();
     let signal = async move {
         shutdown.await;

@@ -259,7 +259,7 @@ pub async fn serve_with(
             shutdown.await;
             handle.start_draining().await;
             tracing::info!(
-                addr = ?addr,
+                addr = %addr.map(|a| a.to_string()).unwrap_or_default(),
                 delay_ms = opts.drain_delay.as_millis() as u64,
                 grace_ms = opts.drain_grace.as_millis() as u64,
                 "draining: health not serving, finishing in-flight requests"
@@ -285,13 +285,13 @@ pub async fn serve_with(
     };
     tokio::select! {
         r = &mut server => {
-            tracing::info!(addr = ?addr, "server stopped");
+            tracing::info!(addr = %addr.map(|a| a.to_string()).unwrap_or_default(), "server stopped");
             r
         }
         () = deadline => {
             let left = metrics().map_or(0, |m| m.in_flight_total());
             tracing::warn!(
-                addr = ?addr,
+                addr = %addr.map(|a| a.to_string()).unwrap_or_default(),
                 in_flight = left,
                 grace_ms = opts.drain_grace.as_millis() as u64,
                 "drain grace elapsed, dropping in-flight requests"

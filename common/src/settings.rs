@@ -592,7 +592,8 @@ pub struct LogSettings {
     pub format: String,
     /// EnvFilter directive; `RUST_LOG` wins when set.
     pub filter: String,
-    /// Log (scrubbed) query text at all.
+    /// Log (scrubbed) query text at all. Off by default: questions are
+    /// personal ("Is Lena leaving the company?") in ways no scrubber sees.
     pub query_text: bool,
 }
 
@@ -601,7 +602,7 @@ impl Default for LogSettings {
         Self {
             format: "auto".into(),
             filter: "info,ort=warn".into(),
-            query_text: true,
+            query_text: false,
         }
     }
 }

@@ -92,7 +92,7 @@ pub async fn serve_gateway(
         .add_service(KnowledgeFoundryServiceServer::new(Foundry(gateway.clone())))
         .add_service(WorkingMemoryServiceServer::new(Working(gateway.clone())))
         .add_service(MemoryServiceServer::new(Memory(gateway)));
-    tracing::info!(addr = ?listener.local_addr().ok(), "retrieval gateway listening");
+    tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "retrieval gateway listening");
     engram_common::server::serve_with(listener, routes, health, opts, shutdown).await?;
     Ok(())
 }

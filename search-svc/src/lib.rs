@@ -314,7 +314,7 @@ pub async fn run(
     let embeddings = tokio::task::spawn_blocking(move || Embeddings::load_blocking(&s)).await?;
     let job_opt = decay::Job::spawn(pool.clone(), &settings.search);
     let svc = SearchSvc::new(&settings, pool, embeddings)?;
-    tracing::info!(addr = ?listener.local_addr().ok(), "search-svc listening");
+    tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "search-svc listening");
     let result = serve_svc(listener, svc, shutdown).await;
     if let Some(job) = job_opt {
         job.stop().await;

@@ -32,7 +32,7 @@ pub async fn serve(
     gateway: Gateway,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    tracing::info!(addr = ?listener.local_addr().ok(), "http api listening");
+    tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "http api listening");
     use axum::serve::ListenerExt;
     // NODELAY: a response written in pieces must not wait on delayed ACKs.
     let listener = listener.tap_io(|tcp| {
