@@ -12,7 +12,7 @@ use engram_proto::working_memory_service_client::WorkingMemoryServiceClient;
 use engram_proto::{
     AccessLevel, DeleteRequest, GetMemoryRequest, Memory, RetrieveRequest, UpsertRequest,
 };
-use engram_tests::{authed, stack_with_keys};
+use engram_tests::{authed, metric_lines, stack_with_keys};
 
 /// The whole stack with two tenants, each with its own key.
 async fn two_tenants() -> anyhow::Result<(Stack, Client, Client)> {
@@ -35,19 +35,6 @@ fn query(text: &str) -> RetrieveRequest {
         no_cache: true,
         ..Default::default()
     }
-}
-
-/// The gateway's /metrics lines that start with `prefix`.
-async fn metric_lines(stack: &Stack, prefix: &str) -> anyhow::Result<Vec<String>> {
-    let body = reqwest::get(format!("http://{}/metrics", stack.admin_addr))
-        .await?
-        .text()
-        .await?;
-    Ok(body
-        .lines()
-        .filter(|l| l.starts_with(prefix))
-        .map(str::to_string)
-        .collect())
 }
 
 #[tokio::test]

@@ -100,15 +100,7 @@ async fn stack(configure: impl FnOnce(&mut Settings)) -> anyhow::Result<TestStac
 
 /// Every `engram_retrieval_circuit_state` line of the gateway (0 = closed).
 async fn circuit_states(stack: &Stack) -> anyhow::Result<Vec<String>> {
-    let body = reqwest::get(format!("http://{}/metrics", stack.admin_addr))
-        .await?
-        .text()
-        .await?;
-    Ok(body
-        .lines()
-        .filter(|l| l.starts_with("engram_retrieval_circuit_state"))
-        .map(str::to_string)
-        .collect())
+    engram_tests::metric_lines(stack, "engram_retrieval_circuit_state").await
 }
 
 async fn assert_breakers_closed(stack: &Stack) -> anyhow::Result<()> {

@@ -370,13 +370,9 @@ async fn a_write_that_bypasses_this_gateway_still_makes_its_cached_answers_stale
 
 /// The gateway's /metrics lines that start with `prefix`, as (series, value).
 async fn metrics(stack: &Stack, prefix: &str) -> anyhow::Result<Vec<(String, f64)>> {
-    let body = reqwest::get(format!("http://{}/metrics", stack.admin_addr))
-        .await?
-        .text()
-        .await?;
-    Ok(body
-        .lines()
-        .filter(|l| l.starts_with(prefix))
+    let lines = engram_tests::metric_lines(stack, prefix).await?;
+    Ok(lines
+        .iter()
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;
             Some((series.to_string(), value.parse().ok()?))

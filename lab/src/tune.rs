@@ -522,29 +522,16 @@ pub fn rerank_report(
                 "pct_below_0.02": below(v, 0.02), "pct_below_0.1": below(v, 0.1), "pct_below_0.3": below(v, 0.3),
             })
         };
-        let n = rows.len().max(1) as f64;
-        let recall = |f: &dyn Fn(&Sample, &Reranked) -> Vec<usize>| {
-            let mut at = serde_json::Map::new();
-            for k in KS {
-                let r: f64 = rows
-                    .iter()
-                    .map(|(s, r)| recall_at(&f(s, r), &s.gold, k))
-                    .sum::<f64>()
-                    / n;
-                at.insert(
-                    k.to_string(),
-                    serde_json::json!((r * 1000.0).round() / 10.0),
-                );
-            }
-            serde_json::Value::Object(at)
+        let recall = |f: &dyn Fn(&(&Sample, &Reranked)) -> Vec<usize>| {
+            recall_json(&rows, |row| row.0.gold.clone(), f)
         };
         out.insert(
             name.to_string(),
             serde_json::json!({
                 "gold_scores": dist(&mut gold),
                 "other_scores": dist(&mut other),
-                "fusion_only": recall(&|_, r| r.fused.iter().take(10).copied().collect()),
-                "with_rerank": recall(&|_, r| rerank_order(r, fit.top_n, fit.threshold, fit.blend_k, fit.weight)),
+                "fusion_only": recall(&|(_, r)| r.fused.iter().take(10).copied().collect()),
+                "with_rerank": recall(&|(_, r)| rerank_order(r, fit.top_n, fit.threshold, fit.blend_k, fit.weight)),
             }),
         );
     }

@@ -100,3 +100,16 @@ pub fn authed<T>(key: &str, msg: T) -> tonic::Request<T> {
     );
     r
 }
+
+/// The gateway's `/metrics` lines (admin port) that start with `prefix`.
+pub async fn metric_lines(stack: &Stack, prefix: &str) -> anyhow::Result<Vec<String>> {
+    let body = reqwest::get(format!("http://{}/metrics", stack.admin_addr))
+        .await?
+        .text()
+        .await?;
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(str::to_string)
+        .collect())
+}
