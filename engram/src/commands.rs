@@ -95,33 +95,45 @@ pub async fn up(settings: Settings, services_opt: Option<Vec<String>>) -> anyhow
 }
 
 /// `engram demo`: everything on ephemeral ports, sample loaded, queries printed.
+/// The tenant the demo writes to: its own, so the sample never shows up in
+/// the answers of tenant `default` that `engram up` serves from the same
+/// data directory.
+pub const DEMO_TENANT: &str = "demo";
+
 pub async fn demo(settings: Settings) -> anyhow::Result<()> {
+    let key = stack::random_token();
     let opts = StackOptions {
         ephemeral_ports: true,
+        dev_api_key: false,
+        extra_keys: vec![(
+            key.clone(),
+            DEMO_TENANT.into(),
+            "demo-agent".into(),
+            "sensitive".into(),
+        )],
         ..Default::default()
     };
     let stack = Stack::start(settings, opts).await?;
-    let result = demo_on(&stack).await;
+    let result = demo_on(&stack, &key).await;
     stack.shutdown().await;
     print!("{}", result?);
     Ok(())
 }
 
-/// The demo against a running stack; returns what it prints (tests read it).
-pub async fn demo_on(stack: &Stack) -> anyhow::Result<String> {
+/// The demo against a running stack, with a key of [`DEMO_TENANT`];
+/// returns what it prints.
+pub async fn demo_on(stack: &Stack, key: &str) -> anyhow::Result<String> {
     let uri = stack.gateway_uri().context("demo needs the gateway")?;
-    let key = stack
-        .api_key_opt
-        .clone()
-        .context("demo needs the dev API key")?;
-    let mut client = Client::connect(&uri, &key).await?;
-    let n = demo::load_sample(&mut client, "default").await?;
-    let mut out = format!("loaded {n} sample memories into tenant \"default\"\n");
+    let mut client = Client::connect(&uri, key).await?;
+    let n = demo::load_sample(&mut client, DEMO_TENANT).await?;
+    let mut out = format!(
+        "loaded {n} sample memories into tenant \"{DEMO_TENANT}\" (its own: tenant \"default\" is untouched)\n"
+    );
     for q in demo::QUERIES {
         let r = demo::run_query(&mut client, q).await?;
         out.push_str(&demo::render(q, &r));
     }
-    let r = demo::run_agentic(&mut client, "default", demo::BRIDGE_QUERY).await?;
+    let r = demo::run_agentic(&mut client, DEMO_TENANT, demo::BRIDGE_QUERY).await?;
     out.push_str(&demo::render_agentic(demo::BRIDGE_QUERY, &r));
     Ok(out)
 }
