@@ -7,6 +7,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use engram_proto as pb;
@@ -50,6 +51,11 @@ fn resync() -> pb::ChangeEvent {
 pub struct Feed {
     pool: PgPool,
     sender: Arc<Mutex<Option<broadcast::Sender<pb::ChangeEvent>>>>,
+    /// The Postgres listener is listening: a new subscriber may start from
+    /// a resync of its own. Before that, the listener's own resync (sent
+    /// once LISTEN holds) is the first thing every subscriber hears, so no
+    /// change between subscribing and listening goes unannounced.
+    listening: Arc<AtomicBool>,
     stop: CancellationToken,
 }
 
@@ -58,6 +64,7 @@ impl Feed {
         Self {
             pool,
             sender: Arc::default(),
+            listening: Arc::default(),
             stop: CancellationToken::new(),
         }
     }
@@ -74,17 +81,26 @@ impl Feed {
             return tx.subscribe();
         }
         let (tx, rx) = broadcast::channel(BUFFER);
-        tokio::spawn(listen(self.pool.clone(), tx.clone(), self.stop.clone()));
+        self.listening.store(false, Ordering::SeqCst);
+        let listening = self.listening.clone();
+        tokio::spawn(listen(
+            self.pool.clone(),
+            tx.clone(),
+            listening,
+            self.stop.clone(),
+        ));
         *sender = Some(tx);
         rx
     }
 
-    /// One subscriber's stream: a resync first (it knows nothing yet), then
-    /// each change; a resync again whenever it fell behind.
+    /// One subscriber's stream: a resync first (it knows nothing yet; sent
+    /// by the listener once it listens), then each change; a resync again
+    /// whenever it fell behind.
     pub fn stream(&self) -> ChangeStream {
         let rx = self.subscribe();
         let stop = self.stop.clone();
-        let first = futures::stream::once(async { Ok(resync()) });
+        let already = self.listening.load(Ordering::SeqCst);
+        let first = futures::stream::iter(already.then(|| Ok(resync())));
         let rest = futures::stream::unfold((rx, stop), |(mut rx, stop)| async move {
             let event = tokio::select! {
                 _ = stop.cancelled() => return None,
@@ -103,14 +119,21 @@ impl Feed {
 /// Forwards notifications while anyone subscribes; reconnects with a pause
 /// and sends a resync after each (re)connection, since notifications sent
 /// while it was not listening are gone.
-async fn listen(pool: PgPool, tx: broadcast::Sender<pb::ChangeEvent>, stop: CancellationToken) {
+async fn listen(
+    pool: PgPool,
+    tx: broadcast::Sender<pb::ChangeEvent>,
+    listening: Arc<AtomicBool>,
+    stop: CancellationToken,
+) {
     while tx.receiver_count() > 0 && !stop.is_cancelled() {
         match connect(&pool).await {
             Ok(mut listener) => {
+                listening.store(true, Ordering::SeqCst);
                 let _ = tx.send(resync());
                 if forward(&mut listener, &tx, &stop).await {
                     return;
                 }
+                listening.store(false, Ordering::SeqCst);
             }
             Err(e) => tracing::warn!(error = %e, "change feed cannot listen"),
         }
