@@ -229,20 +229,43 @@ pub fn parse_mode(mode: &str) -> anyhow::Result<RetrievalMode> {
     })
 }
 
+/// What `engram query` may ask besides the text.
+#[derive(Debug, Clone, clap::Args)]
+pub struct QueryOptions {
+    #[arg(long, default_value_t = 10)]
+    pub limit: u32,
+    /// auto | simple | multi_hop | exploratory | vector | keyword | graph | hybrid
+    #[arg(long, default_value = "auto")]
+    pub mode: String,
+    /// Only memories of this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Also superseded, retracted and decayed memories.
+    #[arg(long)]
+    pub include_historical: bool,
+    /// List what was dropped and why (JSON output only).
+    #[arg(long)]
+    pub explain: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
 pub async fn query(
     settings: Settings,
     text: &str,
-    limit: u32,
-    mode: &str,
-    json: bool,
+    options: QueryOptions,
     conn: Conn,
 ) -> anyhow::Result<()> {
-    let mode = parse_mode(mode)?;
+    let mode = parse_mode(&options.mode)?;
+    let json = options.json;
     let mut client = conn.connect(&settings).await?;
     let req = RetrieveRequest {
         text: text.to_string(),
-        limit: Some(limit),
+        limit: Some(options.limit),
         mode: mode as i32,
+        namespace: options.namespace.unwrap_or_default(),
+        include_historical: options.include_historical,
+        explain: options.explain,
         ..Default::default()
     };
     let r = client
@@ -266,7 +289,12 @@ pub async fn query(
             .collect();
         println!(
             "{}",
-            serde_json::json!({"query_id": r.query_id, "route": r.route, "records": records, "latency_ms": r.latency_ms})
+            serde_json::json!({
+                "query_id": r.query_id, "route": r.route, "records": records,
+                "latency_ms": r.latency_ms, "nothing_relevant": r.nothing_relevant,
+                "evidence_score": r.evidence_score,
+                "dropped": r.dropped.iter().map(|d| serde_json::json!({"id": d.memory_id, "stage": d.stage, "reason": d.reason})).collect::<Vec<_>>(),
+            })
         );
     } else {
         print!("{}", demo::render(text, &r));

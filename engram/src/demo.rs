@@ -69,10 +69,16 @@ pub fn render(query: &str, r: &RetrieveResponse) -> String {
     let _ = writeln!(out, "\n> {query}");
     let _ = writeln!(
         out,
-        "  route={} candidates={} confidence={:.2} latency={:.1}ms{}{}",
+        "  route={} candidates={} confidence={:.2} evidence={:.2}{} latency={:.1}ms{}{}",
         route.trim_start_matches("QUERY_ROUTE_").to_lowercase(),
         r.total_candidates,
         r.retrieval_confidence,
+        r.evidence_score,
+        if r.nothing_relevant {
+            " (nothing relevant)"
+        } else {
+            ""
+        },
         r.latency_ms,
         if r.degraded_stages.is_empty() {
             String::new()

@@ -54,13 +54,8 @@ enum Command {
     /// Ask the gateway one question.
     Query {
         text: String,
-        #[arg(long, default_value_t = 10)]
-        limit: u32,
-        /// auto | simple | multi_hop | exploratory | vector | keyword | graph | hybrid
-        #[arg(long, default_value = "auto")]
-        mode: String,
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        options: engram::commands::QueryOptions,
         #[command(flatten)]
         conn: engram::commands::Conn,
     },
@@ -97,11 +92,9 @@ fn main() -> ExitCode {
             Command::Decay { once } => commands::decay(settings, once).await,
             Command::Query {
                 text,
-                limit,
-                mode,
-                json,
+                options,
                 conn,
-            } => commands::query(settings, &text, limit, &mode, json, conn).await,
+            } => commands::query(settings, &text, options, conn).await,
         }
     });
     // Flush the spans still batched for the OTLP exporter (no-op without it).
