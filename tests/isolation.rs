@@ -673,3 +673,58 @@ async fn jwts_are_checked_on_the_real_stack_over_grpc_and_http() -> anyhow::Resu
     ts.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn feedback_is_refused_on_anothers_answer_or_on_memories_it_never_returned()
+-> anyhow::Result<()> {
+    use engram_proto::{FeedbackItem, FeedbackRequest, FeedbackSignal};
+    let (stack, mut a, mut b) = two_tenants().await?;
+    a.memories
+        .upsert(UpsertRequest {
+            memories: vec![Memory {
+                content: "The release train leaves every second Tuesday.".into(),
+                ..Default::default()
+            }],
+        })
+        .await?;
+    let r = a
+        .retrieval
+        .retrieve(query("when does the release train leave?"))
+        .await?
+        .into_inner();
+    let returned = r
+        .records
+        .first()
+        .and_then(|s| s.memory.as_ref())
+        .map(|m| m.id.clone())
+        .ok_or_else(|| anyhow::anyhow!("no record"))?;
+    let helpful = |memory_id: &str| FeedbackRequest {
+        query_id: r.query_id.clone(),
+        items: vec![FeedbackItem {
+            memory_id: memory_id.into(),
+            signal: FeedbackSignal::Helpful as i32,
+            value: true,
+        }],
+    };
+    // Another tenant cannot vote on A's answer.
+    let foreign = b
+        .retrieval
+        .feedback(helpful(&returned))
+        .await
+        .expect_err("foreign");
+    assert_eq!(foreign.code(), tonic::Code::PermissionDenied, "{foreign:?}");
+    // A cannot vote up a memory the answer never held.
+    let stranger = uuid::Uuid::new_v4().to_string();
+    let planted = a
+        .retrieval
+        .feedback(helpful(&stranger))
+        .await
+        .expect_err("planted");
+    assert_eq!(planted.code(), tonic::Code::InvalidArgument, "{planted:?}");
+    assert!(planted.message().contains("items.memory_id"), "{planted:?}");
+    // Its own feedback on what it was given is accepted.
+    let ok = a.retrieval.feedback(helpful(&returned)).await?.into_inner();
+    assert_eq!(ok.accepted, 1);
+    stack.shutdown().await;
+    Ok(())
+}

@@ -47,7 +47,7 @@ impl RetrievalService for Retrieval {
         let identity = self.0.authenticate(request.metadata())?;
         let _permit = self.0.admit(&identity, 1)?;
         let feedback = Feedback::try_from(request.into_inner())?;
-        let accepted = self.0.pipeline().feedback(identity, feedback);
+        let accepted = self.0.pipeline().feedback(identity, feedback)?;
         Ok(Response::new(FeedbackResponse { accepted }))
     }
 }

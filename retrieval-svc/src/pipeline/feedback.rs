@@ -78,6 +78,11 @@ impl Feedback {
         self.0.first().map_or("", |f| f.query_id.as_str())
     }
 
+    /// Every memory the items name.
+    pub fn memory_ids(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|f| f.memory_id.as_str())
+    }
+
     /// Memories marked used or helpful.
     pub fn useful_ids(&self) -> std::collections::HashSet<&str> {
         (self.0.iter())

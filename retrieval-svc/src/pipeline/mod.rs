@@ -58,6 +58,7 @@ type Answers = moka::sync::Cache<String, Arc<Answered>>;
 
 struct Answered {
     tenant: String,
+    agent_id: String,
     ids: Vec<String>,
 }
 
@@ -161,17 +162,21 @@ impl Pipeline {
     }
 
     /// Stage 6: records feedback on an earlier answer; never waits. Returns
-    /// how many items were accepted (0 when the queue was full).
-    pub fn feedback(&self, identity: Identity, feedback: Feedback) -> u32 {
-        let judged_opt = self
-            .answers
-            .get(feedback.query_id())
-            .filter(|a| a.tenant == identity.tenant)
-            .map(|a| {
-                let useful = feedback.useful_ids();
-                let hits = a.ids.iter().filter(|id| useful.contains(id.as_str()));
-                (hits.count(), a.ids.len())
-            });
+    /// how many items were accepted (0 when the queue was full). Feedback
+    /// on an answer this gateway gave must come from the caller it was
+    /// given to and name only memories it returned (a poisoning guard);
+    /// an answer it does not know (another replica's, or older than an
+    /// hour) is accepted unchecked.
+    pub fn feedback(&self, identity: Identity, feedback: Feedback) -> Result<u32, Error> {
+        let known_opt = self.answers.get(feedback.query_id());
+        if let Some(a) = &known_opt {
+            check_feedback(a, &identity, &feedback)?;
+        }
+        let judged_opt = known_opt.map(|a| {
+            let useful = feedback.useful_ids();
+            let hits = a.ids.iter().filter(|id| useful.contains(id.as_str()));
+            (hits.count(), a.ids.len())
+        });
         self.metrics
             .observe_feedback(&feedback.signals(), judged_opt);
         let n = feedback.len();
@@ -179,8 +184,8 @@ impl Pipeline {
             .feedback
             .submit(Arc::new(identity), feedback.into_items())
         {
-            true => n,
-            false => 0,
+            true => Ok(n),
+            false => Ok(0),
         }
     }
 
@@ -191,6 +196,7 @@ impl Pipeline {
             .collect();
         let answered = Answered {
             tenant: identity.tenant.clone(),
+            agent_id: identity.agent_id.clone(),
             ids,
         };
         self.answers
@@ -416,6 +422,25 @@ impl Pipeline {
             query_embedding_opt: found.query_embedding_opt,
             stale: found.stale,
         })
+    }
+}
+
+/// Feedback on a known answer: from its own caller, on what it returned.
+fn check_feedback(a: &Answered, identity: &Identity, feedback: &Feedback) -> Result<(), Error> {
+    if a.tenant != identity.tenant || a.agent_id != identity.agent_id {
+        return Err(Error::PermissionDenied(
+            "query_id: this answer was given to another caller".into(),
+        ));
+    }
+    match feedback
+        .memory_ids()
+        .find(|id| !a.ids.iter().any(|r| r == id))
+    {
+        Some(id) => Err(Error::invalid(
+            "items.memory_id",
+            format!("{id} was not returned by this query"),
+        )),
+        None => Ok(()),
     }
 }
 
