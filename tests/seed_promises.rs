@@ -512,3 +512,53 @@ async fn metrics_read_feedback_and_the_foundry_as_the_seed_defines_them() -> any
     ts.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn records_carry_their_rank_and_conflicts_their_edge_type_on_the_real_stack()
+-> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let (a, b) = (
+        uuid::Uuid::new_v4().to_string(),
+        uuid::Uuid::new_v4().to_string(),
+    );
+    let note = |id: &str, content: &str| Memory {
+        id: id.into(),
+        content: content.into(),
+        ..Default::default()
+    };
+    c.memories
+        .upsert(UpsertRequest {
+            memories: vec![
+                note(&a, "The office coffee machine is on the third floor."),
+                note(&b, "The office coffee machine is on the fifth floor."),
+            ],
+        })
+        .await?;
+    c.add_edges(&[engram_proto::Edge {
+        src_id: a.clone(),
+        dst_id: b.clone(),
+        edge_type: "contradicts".into(),
+        weight: 1.0,
+    }])
+    .await?;
+    let r = c
+        .retrieval
+        .retrieve(RetrieveRequest {
+            text: "where is the office coffee machine?".into(),
+            no_cache: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let ranks: Vec<u32> = r.records.iter().map(|s| s.rank).collect();
+    let expected: Vec<u32> = (1..=u32::try_from(ranks.len())?).collect();
+    assert_eq!(ranks, expected, "{r:?}");
+    assert!(
+        r.conflicts.iter().any(|p| p.edge_type == "contradicts"),
+        "{:?}",
+        r.conflicts
+    );
+    ts.shutdown().await;
+    Ok(())
+}
