@@ -8,6 +8,7 @@ pub mod convert;
 pub mod db;
 pub mod entities;
 pub mod identity;
+pub mod panic;
 pub mod pg;
 pub mod scrub;
 pub mod server;

@@ -33,6 +33,8 @@ use tonic_health::server::{HealthReporter, HealthService};
 use tower_http::catch_panic::CatchPanicLayer;
 use tracing::Instrument as _;
 
+pub use crate::panic::panic_message;
+
 use crate::settings::ListenSettings;
 
 pub use tonic_health::ServingStatus;
@@ -324,16 +326,6 @@ pub async fn watch_database(pool: sqlx::PgPool, on_change: impl Fn(bool) + Send 
         }
         tokio::time::sleep(DB_CHECK).await;
     }
-}
-
-/// The text of a panic payload (`panic!` with a literal or a format), or
-/// empty for any other payload.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_default()
 }
 
 /// A handler that panicked answers INTERNAL, never a reset stream, and

@@ -86,7 +86,7 @@ pub fn init(log: &LogSettings) {
 /// default hook's plain text in the middle of a JSON log.
 fn log_panics() {
     std::panic::set_hook(Box::new(|info| {
-        let message = crate::server::panic_message(info.payload());
+        let message = crate::panic::panic_message(info.payload());
         let location = info
             .location()
             .map(|l| format!("{}:{}", l.file(), l.line()))
