@@ -424,14 +424,7 @@ async fn a_tenants_flood_of_large_answers_cannot_evict_anothers_cached_answer() 
         })
         .collect();
     a.memories.upsert(UpsertRequest { memories: big }).await?;
-    b.memories
-        .upsert(UpsertRequest {
-            memories: vec![Memory {
-                content: "The launch code is kept in the blue binder.".into(),
-                ..Default::default()
-            }],
-        })
-        .await?;
+    engram_tests::remember(&mut b, "The launch code is kept in the blue binder.").await?;
     let cached = |text: &str| RetrieveRequest {
         text: text.into(),
         ..Default::default()
@@ -493,14 +486,7 @@ async fn internal_calls_go_over_tls_and_refuse_plaintext_and_strangers() -> anyh
     .await?;
     // The whole pipeline works across TLS hops.
     let mut c = ts.client().await?;
-    c.memories
-        .upsert(UpsertRequest {
-            memories: vec![Memory {
-                content: "The backup key is in the grey safe.".into(),
-                ..Default::default()
-            }],
-        })
-        .await?;
+    engram_tests::remember(&mut c, "The backup key is in the grey safe.").await?;
     let r = c
         .retrieval
         .retrieve(query("where is the backup key?"))
@@ -679,14 +665,7 @@ async fn feedback_is_refused_on_anothers_answer_or_on_memories_it_never_returned
 -> anyhow::Result<()> {
     use engram_proto::{FeedbackItem, FeedbackRequest, FeedbackSignal};
     let (stack, mut a, mut b) = two_tenants().await?;
-    a.memories
-        .upsert(UpsertRequest {
-            memories: vec![Memory {
-                content: "The release train leaves every second Tuesday.".into(),
-                ..Default::default()
-            }],
-        })
-        .await?;
+    engram_tests::remember(&mut a, "The release train leaves every second Tuesday.").await?;
     let r = a
         .retrieval
         .retrieve(query("when does the release train leave?"))

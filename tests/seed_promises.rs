@@ -308,14 +308,7 @@ async fn a_write_that_bypasses_this_gateway_still_makes_its_cached_answers_stale
 -> anyhow::Result<()> {
     let ts = TestStack::start("internal").await?;
     let mut c = ts.client().await?;
-    c.memories
-        .upsert(UpsertRequest {
-            memories: vec![Memory {
-                content: "The standup is at 9:30 in room Atlas.".into(),
-                ..Default::default()
-            }],
-        })
-        .await?;
+    engram_tests::remember(&mut c, "The standup is at 9:30 in room Atlas.").await?;
     let ask = || RetrieveRequest {
         text: "when and where is the standup?".into(),
         ..Default::default()

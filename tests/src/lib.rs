@@ -113,3 +113,19 @@ pub async fn metric_lines(stack: &Stack, prefix: &str) -> anyhow::Result<Vec<Str
         .map(str::to_string)
         .collect())
 }
+
+/// Writes one memory with `content` (every other field default) through
+/// the gateway: the first step of most end-to-end tests.
+pub async fn remember(client: &mut Client, content: &str) -> anyhow::Result<()> {
+    let memory = engram_proto::Memory {
+        content: content.into(),
+        ..Default::default()
+    };
+    client
+        .memories
+        .upsert(engram_proto::UpsertRequest {
+            memories: vec![memory],
+        })
+        .await?;
+    Ok(())
+}
