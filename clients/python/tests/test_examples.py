@@ -1,0 +1,82 @@
+"""The examples in clients/python/examples (quoted in docs/clients.md and
+the README) run against the live gateway."""
+
+import importlib.util
+import os
+
+import pytest
+
+from conftest import word
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"example_{name}",
+                                                  os.path.join(EXAMPLES, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_quickstart(engram, capsys):
+    w = word()
+    top = load("quickstart").main(engram, topic=f"green tea {w}")
+    assert w in top
+    assert "1. " in capsys.readouterr().out
+
+
+def test_agent_loop(engram):
+    w = word()
+    out = load("agent_loop").run_session(engram, w)
+    assert any("Porto" in c for c in out["current"]), out
+    assert not any("Lisbon" in c for c in out["current"]), out
+    assert any("Lisbon" in c for c in out["historical"]), out
+    assert any("water the plants" in c for c in out["notes"]), out
+    (home,) = engram.get([out["home_id"]])
+    assert "Porto" in home.content and home.supersedes
+
+
+@pytest.mark.asyncio
+async def test_async_agent_loop(aengram):
+    w = word()
+    out = await load("async_agent_loop").run_session(aengram, w)
+    assert any("Miso" in c for c in out["first"]), out
+    assert any("cat" in c for c in out["notes"]), out
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def python_blocks(path):
+    with open(path) as f:
+        text = f.read()
+    return [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+
+
+def test_readme_blocks_run(engram, capsys):
+    import engram_client
+
+    blocks = python_blocks(os.path.join(HERE, "..", "README.md"))
+    assert len(blocks) == 2
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"),
+             {"engram": engram, "InvalidArgument": engram_client.InvalidArgument})
+    out = capsys.readouterr().out
+    assert "limit -> must be in 1..=100" in out, out
+
+
+def test_docs_quote_the_examples():
+    docs = os.path.join(HERE, "..", "..", "..", "docs", "clients.md")
+    if not os.path.exists(docs):
+        pytest.skip("not in a repository checkout")
+    lines = set()
+    for name in os.listdir(EXAMPLES):
+        if name.endswith(".py"):
+            with open(os.path.join(EXAMPLES, name)) as f:
+                lines |= {line.strip() for line in f}
+    blocks = python_blocks(docs)
+    assert len(blocks) >= 2
+    for block in blocks:
+        for line in block.splitlines():
+            assert line.strip() in lines, f"docs/clients.md quotes no example here: {line!r}"
