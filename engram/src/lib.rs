@@ -1,4 +1,5 @@
-//! The `engram` binary's library: the CLI commands, the JSONL ingest format
+//! The `engram` binary's library: the CLI commands (`memories`: list, export,
+//! import and wipe what a tenant stored), the JSONL ingest format
 //! (`ingest`) and the demo. The lab commands (eval, bench, tune) live in
 //! `engram-lab`; starting services (`stack`) and the gateway client
 //! (`client`) live in `engram-stack`, shared with the lab, and are
@@ -8,5 +9,6 @@
 pub mod commands;
 pub mod demo;
 pub mod ingest;
+pub mod memories;
 
 pub use engram_stack::{client, stack};

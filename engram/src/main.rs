@@ -51,6 +51,12 @@ enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// See and clean what the key's tenant stored: list, get, delete,
+    /// export, import, wipe (docs/memories.md).
+    Memories {
+        #[command(subcommand)]
+        command: engram::memories::MemoriesCommand,
+    },
     /// Ask the gateway one question.
     Query {
         text: String,
@@ -90,6 +96,7 @@ fn main() -> ExitCode {
             Command::Ingest { file, conn } => commands::ingest(settings, &file, conn).await,
             Command::Lab(command) => engram_lab::run(settings, command).await,
             Command::Decay { once } => commands::decay(settings, once).await,
+            Command::Memories { command } => engram::memories::run(settings, command).await,
             Command::Query {
                 text,
                 options,

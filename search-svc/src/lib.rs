@@ -5,6 +5,7 @@
 //! identity, and every read predicate carries tenant and trust level.
 //! Each query kind has its own statement_timeout and the requests in flight
 //! are capped (`bounds.rs`); the decay job keeps `decay_score` (`decay.rs`).
+//! Beside it, `ListingService` pages through a tenant's memories (`list.rs`).
 
 pub mod bounds;
 pub mod changes;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod filters;
 pub mod get;
 pub mod keyword;
+pub mod list;
 pub mod rows;
 pub mod validate;
 pub mod writes;
@@ -25,6 +27,7 @@ use std::sync::Arc;
 use engram_common::server::{ServingStatus, health};
 use engram_common::{Identity, Settings};
 use engram_proto as pb;
+use engram_proto::listing_service_server::ListingServiceServer;
 use engram_proto::search_service_server::{SearchService, SearchServiceServer};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -276,6 +279,10 @@ pub async fn serve_svc(
     reporter
         .set_service_status(SERVICE_NAME, status(model_ready))
         .await;
+    // Listing needs no model, only Postgres, which the watcher follows.
+    reporter
+        .set_service_status(list::SERVICE_NAME, ServingStatus::Serving)
+        .await;
     // SERVING needs both the model and Postgres; the watcher follows the
     // database for as long as the server runs.
     let watcher = tokio::spawn(engram_common::server::watch_database(
@@ -283,7 +290,12 @@ pub async fn serve_svc(
         move |db_ok| {
             let reporter = reporter.clone();
             let serving = status(db_ok && model_ready);
-            tokio::spawn(async move { reporter.set_service_status(SERVICE_NAME, serving).await });
+            tokio::spawn(async move {
+                reporter.set_service_status(SERVICE_NAME, serving).await;
+                reporter
+                    .set_service_status(list::SERVICE_NAME, status(db_ok))
+                    .await;
+            });
         },
     ));
     let opts = svc.inner.serve_opts.clone();
@@ -292,7 +304,8 @@ pub async fn serve_svc(
         shutdown.await;
         feed_stop.cancel();
     };
-    let routes = Routes::new(SearchServiceServer::new(svc));
+    let routes = Routes::new(SearchServiceServer::new(svc.clone()))
+        .add_service(ListingServiceServer::new(svc));
     let result =
         engram_common::server::serve_with(listener, routes, health_svc, opts, shutdown).await;
     watcher.abort();
