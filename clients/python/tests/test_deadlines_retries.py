@@ -199,3 +199,15 @@ def test_deadline_holds_on_the_real_gateway(engram):
 async def test_async_deadline_holds_on_the_real_gateway(aengram):
     with pytest.raises(DeadlineExceeded):
         await asyncio.wait_for(aengram.retrieve("anything", timeout=0.001, no_cache=True), 2)
+
+
+def test_the_gateway_honours_the_callers_deadline(engram):
+    # Agentic retrieval may run for max_latency_ms (here 30 s); the call's
+    # 0.8 s deadline travels as grpc-timeout and bounds it either way.
+    t0 = time.monotonic()
+    try:
+        engram.retrieve_agentic("Which decisions led to the outage and who made them?",
+                                max_latency_ms=30_000, max_steps=20, timeout=0.8)
+    except DeadlineExceeded:
+        pass
+    assert time.monotonic() - t0 < 2.0
