@@ -16,7 +16,7 @@ PUBLIC = sorted(
 
 
 def test_same_methods_and_signatures():
-    assert len(PUBLIC) == 12, PUBLIC
+    assert len(PUBLIC) == 13, PUBLIC
     for name in PUBLIC:
         s, a = getattr(Engram, name), getattr(AsyncEngram, name)
         assert inspect.iscoroutinefunction(a), name
@@ -24,6 +24,7 @@ def test_same_methods_and_signatures():
         assert inspect.signature(s) == inspect.signature(a), name
         assert s.__doc__ == a.__doc__, name
     for name in ("remember", "upsert", "retrieve", "feedback", "get", "delete", "add_edges",
+                 "list_memories",
                  "remember_working", "get_memory", "get_demand", "retrieve_basic",
                  "retrieve_agentic"):
         assert name in PUBLIC
@@ -56,6 +57,9 @@ async def test_async_covers_every_method_and_agrees(engram, aengram, tenant):
     got_async = await aengram.get([a.id, b.id])
     assert got_async == engram.get([a.id, b.id])
     assert {m.id for m in got_async} == {a.id, b.id}
+    page = await aengram.list_memories(namespace=kb)
+    assert page == engram.list_memories(namespace=kb)
+    assert {m.id for m in page.memories} == {a.id, b.id}
 
     # retrieve: the same records in the same order, with the same provenance.
     q = f"When does the tram leave {w}?"

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from conftest import word
-from engram_client import AccessLevel, Edge, Memory, Triple, UpsertResult
+from engram_client import AccessLevel, Edge, InvalidArgument, Memory, MemoryPage, Triple, UpsertResult
 
 UTC = dt.timezone.utc
 
@@ -114,3 +114,22 @@ def test_supersedes_hides_the_old_version(engram):
     hist = engram.retrieve(f"which floor is the office on {w}", no_cache=True,
                            include_historical=True)
     assert old.id in hist.ids and new.id in hist.ids
+
+
+def test_list_memories_pages(engram, tenant):
+    ns = f"list-{word()}"
+    written = [r.id for r in engram.upsert([Memory(content=f"item {i} {ns}", namespace=ns)
+                                            for i in range(3)])]
+    first = engram.list_memories(namespace=ns, page_size=2)
+    assert isinstance(first, MemoryPage) and len(first.memories) == 2 and first.next_page_token
+    if tenant:
+        assert first.tenant == tenant
+    second = engram.list_memories(namespace=ns, page_size=2, page_token=first.next_page_token)
+    assert len(second.memories) == 1 and second.next_page_token == ""
+    ids = [m.id for m in first.memories + second.memories]
+    assert sorted(ids) == sorted(written)
+    newest = engram.list_memories(namespace=ns, newest_first=True, memory_types=["episodic"])
+    assert [m.id for m in newest.memories] == ids[::-1]
+    with pytest.raises(InvalidArgument) as e:
+        engram.list_memories(page_size=0)
+    assert e.value.field == "page_size"

@@ -88,10 +88,11 @@ def test_foundry_refuses_another_tenant(engram):
         engram.retrieve_basic(str(uuid.uuid4()), "anything", tenant_id="someone-else")
 
 
-def test_foundry_needs_a_tenant(engram):
+def test_foundry_learns_the_tenant_from_the_key(engram, tenant):
     saved, engram.tenant_id = engram.tenant_id, None
     try:
-        with pytest.raises(ValueError, match="tenant_id"):
-            engram.retrieve_basic(str(uuid.uuid4()), "anything")
+        r = engram.retrieve_basic(str(uuid.uuid4()), f"anything {word()}", mode="keyword")
+        assert r.results == []
+        assert engram.tenant_id == tenant
     finally:
         engram.tenant_id = saved

@@ -17,6 +17,7 @@ from .types import (
     FeedbackItem,
     FoundryResponse,
     Memory,
+    MemoryPage,
     RetrievalMode,
     RetrieveResult,
     TimeRange,
@@ -137,6 +138,29 @@ def delete(ids: Union[str, Iterable[str]]) -> Op:
 def add_edges(edges: Iterable[Edge]) -> Op:
     req = common_pb2.AddEdgesRequest(edges=[e.to_proto() for e in edges])
     return Op(MEMORY, "AddEdges", req, False, lambda r: r.added)
+
+
+def list_memories(
+    *,
+    page_size: Optional[int] = None,
+    page_token: str = "",
+    namespace: str = "",
+    memory_types: Sequence[str] = (),
+    time_range: Optional[TimeRange] = None,
+    include_historical: bool = False,
+    include_consolidated: bool = False,
+    newest_first: bool = False,
+) -> Op:
+    req = common_pb2.ListMemoriesRequest(
+        page_token=page_token, namespace=namespace, memory_types=list(memory_types),
+        include_historical=include_historical, include_consolidated=include_consolidated,
+        newest_first=newest_first,
+    )
+    if page_size is not None:
+        req.page_size = page_size
+    if time_range is not None:
+        req.time_range.CopyFrom(time_range.to_proto())
+    return Op(MEMORY, "ListMemories", req, True, MemoryPage.from_proto)
 
 
 def retrieve(

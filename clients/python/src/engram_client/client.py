@@ -32,6 +32,7 @@ from .types import (
     FeedbackItem,
     FoundryResponse,
     Memory,
+    MemoryPage,
     RetrievalMode,
     RetrieveResult,
     TimeRange,
@@ -99,14 +100,8 @@ class _Base:
             _ops.FOUNDRY: foundry_pb2_grpc.KnowledgeFoundryServiceStub(channel),
         }
 
-    def _tenant(self, tenant_id: Optional[str]) -> str:
-        t = tenant_id if tenant_id is not None else self.tenant_id
-        if not t:
-            raise ValueError(
-                "tenant_id is required for Knowledge Foundry calls: pass tenant_id= "
-                "(here or to the client) or set ENGRAM_TENANT"
-            )
-        return t
+    def _known_tenant(self, tenant_id: Optional[str]) -> Optional[str]:
+        return tenant_id if tenant_id is not None else self.tenant_id
 
     def _deadline(self, timeout: Optional[float]) -> float:
         t = self.timeout if timeout is None else float(timeout)
@@ -159,6 +154,14 @@ class Engram(_Base):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _tenant(self, tenant_id: Optional[str]) -> str:
+        """The Foundry calls' tenant: given, configured, or the key's own
+        (learned once from a one-item ListMemories page)."""
+        t = self._known_tenant(tenant_id)
+        if not t:
+            t = self.tenant_id = self.list_memories(page_size=1).tenant
+        return t
 
     def _run(self, op: _ops.Op, timeout: Optional[float]) -> Any:
         deadline = self._deadline(timeout)
@@ -238,6 +241,31 @@ class Engram(_Base):
         """Adds typed edges between memories (related, contradicts,
         supersedes, causes, supports, part_of, ...); returns how many."""
         return self._run(_ops.add_edges(edges), timeout)
+
+    def list_memories(
+        self,
+        *,
+        page_size: Optional[int] = None,
+        page_token: str = "",
+        namespace: str = "",
+        memory_types: Sequence[str] = (),
+        time_range: Optional[TimeRange] = None,
+        include_historical: bool = False,
+        include_consolidated: bool = False,
+        newest_first: bool = False,
+        timeout: Optional[float] = None,
+    ) -> MemoryPage:
+        """One page (1..1000, default 100) of the caller's stored memories
+        by ingestion time (``MemoryService.ListMemories``); pass
+        ``next_page_token`` back as ``page_token`` for the next page. The
+        page also names the key's tenant. Retried on UNAVAILABLE."""
+        op = _ops.list_memories(
+            page_size=page_size, page_token=page_token, namespace=namespace,
+            memory_types=memory_types, time_range=time_range,
+            include_historical=include_historical,
+            include_consolidated=include_consolidated, newest_first=newest_first,
+        )
+        return self._run(op, timeout)
 
     # ------------------------------------------------------------ retrieval
 
@@ -369,8 +397,9 @@ class Engram(_Base):
         timeout: Optional[float] = None,
     ) -> FoundryResponse:
         """Knowledge Foundry basic retrieval in one knowledge base
-        (namespace). ``tenant_id`` defaults to the client's (argument or
-        ``ENGRAM_TENANT``) and must be the API key's tenant."""
+        (namespace). ``tenant_id`` must be the API key's tenant; it defaults
+        to the client's (argument or ``ENGRAM_TENANT``), else the key's own
+        tenant as the gateway reports it."""
         op = _ops.retrieve_basic(
             kb_id, query, tenant_id=self._tenant(tenant_id), top_k=top_k, mode=mode,
             filters=filters, similarity_threshold=similarity_threshold,
@@ -426,6 +455,14 @@ class AsyncEngram(_Base):
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
+
+    async def _tenant(self, tenant_id: Optional[str]) -> str:
+        """The Foundry calls' tenant: given, configured, or the key's own
+        (learned once from a one-item ListMemories page)."""
+        t = self._known_tenant(tenant_id)
+        if not t:
+            t = self.tenant_id = (await self.list_memories(page_size=1)).tenant
+        return t
 
     async def _run(self, op: _ops.Op, timeout: Optional[float]) -> Any:
         deadline = self._deadline(timeout)
@@ -505,6 +542,31 @@ class AsyncEngram(_Base):
         """Adds typed edges between memories (related, contradicts,
         supersedes, causes, supports, part_of, ...); returns how many."""
         return await self._run(_ops.add_edges(edges), timeout)
+
+    async def list_memories(
+        self,
+        *,
+        page_size: Optional[int] = None,
+        page_token: str = "",
+        namespace: str = "",
+        memory_types: Sequence[str] = (),
+        time_range: Optional[TimeRange] = None,
+        include_historical: bool = False,
+        include_consolidated: bool = False,
+        newest_first: bool = False,
+        timeout: Optional[float] = None,
+    ) -> MemoryPage:
+        """One page (1..1000, default 100) of the caller's stored memories
+        by ingestion time (``MemoryService.ListMemories``); pass
+        ``next_page_token`` back as ``page_token`` for the next page. The
+        page also names the key's tenant. Retried on UNAVAILABLE."""
+        op = _ops.list_memories(
+            page_size=page_size, page_token=page_token, namespace=namespace,
+            memory_types=memory_types, time_range=time_range,
+            include_historical=include_historical,
+            include_consolidated=include_consolidated, newest_first=newest_first,
+        )
+        return await self._run(op, timeout)
 
     # ------------------------------------------------------------ retrieval
 
@@ -636,10 +698,11 @@ class AsyncEngram(_Base):
         timeout: Optional[float] = None,
     ) -> FoundryResponse:
         """Knowledge Foundry basic retrieval in one knowledge base
-        (namespace). ``tenant_id`` defaults to the client's (argument or
-        ``ENGRAM_TENANT``) and must be the API key's tenant."""
+        (namespace). ``tenant_id`` must be the API key's tenant; it defaults
+        to the client's (argument or ``ENGRAM_TENANT``), else the key's own
+        tenant as the gateway reports it."""
         op = _ops.retrieve_basic(
-            kb_id, query, tenant_id=self._tenant(tenant_id), top_k=top_k, mode=mode,
+            kb_id, query, tenant_id=await self._tenant(tenant_id), top_k=top_k, mode=mode,
             filters=filters, similarity_threshold=similarity_threshold,
         )
         return await self._run(op, timeout)
@@ -663,7 +726,7 @@ class AsyncEngram(_Base):
         step, pack a context). Its default deadline is the larger of the
         client's and ``max_latency_ms`` (30 s when unset) plus one second."""
         op = _ops.retrieve_agentic(
-            query, tenant_id=self._tenant(tenant_id), kb_ids=kb_ids, max_steps=max_steps,
+            query, tenant_id=await self._tenant(tenant_id), kb_ids=kb_ids, max_steps=max_steps,
             reasoning_effort=reasoning_effort, top_k_per_step=top_k_per_step,
             token_budget=token_budget, max_latency_ms=max_latency_ms, mode=mode,
             filters=filters,

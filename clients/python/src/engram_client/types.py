@@ -32,6 +32,7 @@ __all__ = [
     "TimeRange",
     "Edge",
     "UpsertResult",
+    "MemoryPage",
     "ConversationMessage",
     "StrategyHit",
     "Provenance",
@@ -410,6 +411,24 @@ class UpsertResult:
     @classmethod
     def from_proto(cls, m: common_pb2.UpsertResult) -> "UpsertResult":
         return cls(id=m.id, version=m.version, created=m.created, embedded=m.embedded)
+
+
+@dataclass
+class MemoryPage:
+    """One page of ``list_memories``: pass ``next_page_token`` back for the
+    next one (empty on the last page). ``tenant`` is the API key's tenant."""
+
+    memories: List[Memory]
+    next_page_token: str
+    tenant: str
+
+    @classmethod
+    def from_proto(cls, r: Any) -> "MemoryPage":
+        return cls(
+            memories=[Memory.from_proto(m) for m in r.memories],
+            next_page_token=r.next_page_token,
+            tenant=r.tenant,
+        )
 
 
 # ---------------------------------------------------------------- retrieval
