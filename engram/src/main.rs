@@ -57,6 +57,12 @@ enum Command {
         #[command(subcommand)]
         command: engram::memories::MemoriesCommand,
     },
+    /// Serve engram's memory as MCP tools over stdio, or streamable HTTP
+    /// with --http (docs/mcp.md).
+    Mcp {
+        #[command(flatten)]
+        args: engram::mcp::McpArgs,
+    },
     /// Ask the gateway one question.
     Query {
         text: String,
@@ -97,6 +103,7 @@ fn main() -> ExitCode {
             Command::Lab(command) => engram_lab::run(settings, command).await,
             Command::Decay { once } => commands::decay(settings, once).await,
             Command::Memories { command } => engram::memories::run(settings, command).await,
+            Command::Mcp { args } => engram::mcp::run(settings, args).await,
             Command::Query {
                 text,
                 options,

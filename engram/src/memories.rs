@@ -41,6 +41,32 @@ pub struct KeyArgs {
     pub tenant: Option<String>,
 }
 
+impl KeyArgs {
+    /// The gateway's URI: `--addr`, else `http://<listen.retrieval>`.
+    pub fn uri(&self, settings: &Settings) -> String {
+        self.addr
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", settings.listen.retrieval))
+    }
+
+    /// The key: `--api-key` / ENGRAM_API_KEY, else the dev key `engram up`
+    /// wrote, which belongs to tenant `default`.
+    pub fn api_key(&self, settings: &Settings) -> anyhow::Result<String> {
+        if let Some(k) = &self.api_key {
+            return Ok(k.clone());
+        }
+        let path = settings.home.join("dev-api-key");
+        std::fs::read_to_string(&path)
+            .map(|k| k.trim().to_string())
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "no API key: pass --api-key or ENGRAM_API_KEY, or start `engram up` (it writes {})",
+                    path.display()
+                )
+            })
+    }
+}
+
 /// Which memories a listing, export or wipe covers.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Filters {
