@@ -13,16 +13,10 @@ use std::collections::HashSet;
 
 use engram_proto::ScoredMemory;
 
+use super::text::{collect_words, coverage, query_words};
+
 /// Records whose text counts as "what the answer holds".
 const TOP: usize = 10;
-
-const STOPWORDS: &[&str] = &[
-    "about", "after", "and", "are", "before", "but", "can", "could", "did", "does", "for", "from",
-    "had", "has", "have", "her", "his", "how", "into", "its", "kind", "many", "much", "not", "of",
-    "one", "onto", "other", "over", "she", "some", "than", "that", "the", "their", "them", "then",
-    "there", "these", "they", "this", "those", "through", "was", "were", "what", "when", "where",
-    "which", "while", "who", "whom", "whose", "why", "will", "with", "would", "you", "your",
-];
 
 /// What the score is made of, each in 0..=1.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -54,53 +48,14 @@ pub fn calibration(s: &engram_common::settings::AbstainSettings) -> Calibration 
     }
 }
 
-fn words(text: &str) -> impl Iterator<Item = &str> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| w.chars().count() >= 3)
-}
-
-fn content(word: &str) -> Option<String> {
-    let lower = word.to_lowercase();
-    (!STOPWORDS.contains(&lower.as_str())).then_some(lower)
-}
-
-/// The query's names (capitalised content words after the first word) and
-/// all its content words, lowercased.
-fn query_words(query: &str) -> (HashSet<String>, HashSet<String>) {
-    let mut names = HashSet::new();
-    let mut terms = HashSet::new();
-    for (i, w) in words(query).enumerate() {
-        let Some(lower) = content(w) else { continue };
-        if i > 0 && w.chars().next().is_some_and(char::is_uppercase) {
-            names.insert(lower.clone());
-        }
-        terms.insert(lower);
-    }
-    (names, terms)
-}
-
-fn coverage(wanted: &HashSet<String>, have: &HashSet<String>) -> f32 {
-    if wanted.is_empty() {
-        return 1.0;
-    }
-    let found = wanted
-        .iter()
-        .filter(|w| have.contains(*w) || have.contains(w.trim_end_matches('s')))
-        .count();
-    found as f32 / wanted.len() as f32
-}
-
 pub fn features(query: &str, records: &[ScoredMemory]) -> Features {
     let (names, terms) = query_words(query);
     let mut have: HashSet<String> = HashSet::new();
     let mut cosine = 0.0f32;
     for r in records.iter().take(TOP) {
         if let Some(m) = &r.memory {
-            for w in words(&m.title).chain(words(&m.content)) {
-                let lower = w.to_lowercase();
-                have.insert(lower.trim_end_matches('s').to_string());
-                have.insert(lower);
-            }
+            collect_words(&m.title, &mut have);
+            collect_words(&m.content, &mut have);
         }
         let dense = (r.provenance.iter())
             .flat_map(|p| &p.strategies)
@@ -174,12 +129,5 @@ mod tests {
         assert!(!nothing_relevant(score(&f_own, &c), 1, &c));
         assert!(nothing_relevant(score(&f_foreign, &c), 1, &c));
         assert!(nothing_relevant(1.0, 0, &c));
-    }
-
-    #[test]
-    fn the_first_word_and_stopwords_are_not_names() {
-        let (names, terms) = query_words("Where did The Beatles play in Hamburg?");
-        assert!(names.contains("beatles") && names.contains("hamburg"));
-        assert!(!names.contains("where") && !terms.contains("the"));
     }
 }

@@ -1,0 +1,81 @@
+//! Words of a query and of a memory, shared by the stages that compare
+//! them lexically (abstention's evidence, the ranker's coverage features).
+//! A leaf: it imports nothing from the pipeline.
+
+use std::collections::HashSet;
+
+const STOPWORDS: &[&str] = &[
+    "about", "after", "and", "are", "before", "but", "can", "could", "did", "does", "for", "from",
+    "had", "has", "have", "her", "his", "how", "into", "its", "kind", "many", "much", "not", "of",
+    "one", "onto", "other", "over", "she", "some", "than", "that", "the", "their", "them", "then",
+    "there", "these", "they", "this", "those", "through", "was", "were", "what", "when", "where",
+    "which", "while", "who", "whom", "whose", "why", "will", "with", "would", "you", "your",
+];
+
+/// Alphanumeric runs of three or more characters.
+pub fn words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.chars().count() >= 3)
+}
+
+fn content(word: &str) -> Option<String> {
+    let lower = word.to_lowercase();
+    (!STOPWORDS.contains(&lower.as_str())).then_some(lower)
+}
+
+/// The query's names (capitalised content words after the first word) and
+/// all its content words, lowercased.
+pub fn query_words(query: &str) -> (HashSet<String>, HashSet<String>) {
+    let mut names = HashSet::new();
+    let mut terms = HashSet::new();
+    for (i, w) in words(query).enumerate() {
+        let Some(lower) = content(w) else { continue };
+        if i > 0 && w.chars().next().is_some_and(char::is_uppercase) {
+            names.insert(lower.clone());
+        }
+        terms.insert(lower);
+    }
+    (names, terms)
+}
+
+/// Adds the lowercased words of `text` to `have`, each also without a
+/// trailing "s", so "groups" meets "group".
+pub fn collect_words(text: &str, have: &mut HashSet<String>) {
+    for w in words(text) {
+        let lower = w.to_lowercase();
+        have.insert(lower.trim_end_matches('s').to_string());
+        have.insert(lower);
+    }
+}
+
+/// Share of `wanted` found in `have` (1 when nothing is wanted).
+pub fn coverage(wanted: &HashSet<String>, have: &HashSet<String>) -> f32 {
+    if wanted.is_empty() {
+        return 1.0;
+    }
+    let found = wanted
+        .iter()
+        .filter(|w| have.contains(*w) || have.contains(w.trim_end_matches('s')))
+        .count();
+    found as f32 / wanted.len() as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_word_and_stopwords_are_not_names() {
+        let (names, terms) = query_words("Where did The Beatles play in Hamburg?");
+        assert!(names.contains("beatles") && names.contains("hamburg"));
+        assert!(!names.contains("where") && !terms.contains("the"));
+    }
+
+    #[test]
+    fn plurals_meet_their_singular() {
+        let mut have = HashSet::new();
+        collect_words("the support groups met", &mut have);
+        let (_, terms) = query_words("support group");
+        assert_eq!(coverage(&terms, &have), 1.0);
+    }
+}
