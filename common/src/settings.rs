@@ -269,6 +269,9 @@ pub struct SearchSettings {
     /// Seconds between two passes of search-svc's decay job over every
     /// memory; 0 turns the job off (`engram decay --once` still works).
     pub decay_interval_secs: u64,
+    /// Days the Stage 4 training examples (feedback with the features of
+    /// the answer it judged) are kept; the decay pass deletes older ones.
+    pub ranker_examples_days: u32,
     /// Rows per decay UPDATE: each batch is its own short statement, so the
     /// job never holds many row locks or one long transaction.
     pub decay_batch_size: u32,
@@ -314,6 +317,7 @@ impl Default for SearchSettings {
             // -1 point (docs/decisions.md).
             keyword_candidates: 1000,
             decay_interval_secs: 600,
+            ranker_examples_days: 90,
             decay_batch_size: 1000,
             // Events fade in weeks, facts in months, procedures in a year;
             // with the 0.1 floor a memory is hidden after ~3.3 half-lives
@@ -480,6 +484,33 @@ pub struct PipelineSettings {
     pub anchor_max_df_ratio: f32,
     pub weights: FusionWeights,
     pub abstain: AbstainSettings,
+    pub ranker: RankerSettings,
+}
+
+/// The learned Stage 4 ranker (retrieval-svc pipeline/ranker.rs). On by
+/// default with the model the repository ships (models/ranker/), which
+/// leave-one-dataset-out lifts 2Wiki and HotpotQA R@2 by 5 and 10 points
+/// and leaves LoCoMo as it was (docs/benchmarks.md, "Stage 4"). A model
+/// file, when given, replaces it and is re-read when it changes, so a new
+/// fit (`engram tune --ranker-out`) goes live without a restart; a file
+/// that does not load leaves the previous model in place.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RankerSettings {
+    pub enabled: bool,
+    pub model_path_opt: Option<PathBuf>,
+    /// How often the model file is checked for a change.
+    pub reload_ms: u64,
+}
+
+impl Default for RankerSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            model_path_opt: None,
+            reload_ms: 5_000,
+        }
+    }
 }
 
 /// Calibrated abstention (retrieval-svc pipeline/abstain.rs): the weights
@@ -533,6 +564,7 @@ impl Default for PipelineSettings {
             anchor_max_df_ratio: 0.02,
             weights: FusionWeights::default(),
             abstain: AbstainSettings::default(),
+            ranker: RankerSettings::default(),
         }
     }
 }

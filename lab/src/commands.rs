@@ -32,6 +32,10 @@ pub enum LabCommand {
         /// Only the first N questions per data set (per conversation for LoCoMo).
         #[arg(long)]
         limit: Option<usize>,
+        /// Also write the Stage 4 ranker fitted on all four dev sets (JSON;
+        /// the repository's is models/ranker/default.json).
+        #[arg(long)]
+        ranker_out: Option<PathBuf>,
     },
     /// Latency and throughput on a synthetic tenant (see docs/benchmarks.md).
     Bench {
@@ -60,7 +64,15 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
             samples,
             skip_rerank,
             limit,
-        } => tune(settings, &out, samples.as_deref(), limit, skip_rerank).await,
+            ranker_out,
+        } => {
+            let files = TuneFiles {
+                out: &out,
+                samples_opt: samples.as_deref(),
+                ranker_opt: ranker_out.as_deref(),
+            };
+            tune(settings, files, limit, skip_rerank).await
+        }
         LabCommand::Bench {
             memories,
             queries,
@@ -268,12 +280,16 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
 /// `out` as a config file; prints the per-data-set report as JSON.
 async fn tune(
     settings: Settings,
-    out: &std::path::Path,
-    samples_opt: Option<&std::path::Path>,
+    files: TuneFiles<'_>,
     limit_opt: Option<usize>,
     skip_rerank: bool,
 ) -> anyhow::Result<()> {
     use crate::eval as ev;
+    let TuneFiles {
+        out,
+        samples_opt,
+        ranker_opt,
+    } = files;
     let mut sets: Vec<(&'static str, Vec<ev::Part>)> = vec![
         (
             "2wiki",
@@ -395,6 +411,7 @@ async fn tune(
         "before": crate::tune::report(&samples, &current, default_k),
         "after": crate::tune::report(&samples, &tuned, default_k),
         "cross_fitted": crate::tune::cross_fitted(&samples, &current, default_k),
+        "ranker": ranker_report(&samples, &sets, &tuned, default_k, ranker_opt)?,
         "rerank": rerank_opt.as_ref().map(|(f, r)| serde_json::json!({
             "top_n": f.top_n,
             "relevance_threshold": f.threshold,
@@ -405,6 +422,36 @@ async fn tune(
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
+}
+
+/// Where `engram tune` writes what it fitted.
+struct TuneFiles<'a> {
+    out: &'a std::path::Path,
+    samples_opt: Option<&'a std::path::Path>,
+    ranker_opt: Option<&'a std::path::Path>,
+}
+
+/// The Stage 4 ranker, leave-one-dataset-out over the candidates of the
+/// fusion being shipped (`tuned`), and the fit on all four sets written
+/// to `ranker_opt`.
+fn ranker_report(
+    samples: &[crate::tune::Sample],
+    sets: &[(&'static str, Vec<crate::eval::Part>)],
+    tuned: &engram_common::settings::FusionWeights,
+    default_k: f32,
+    ranker_opt: Option<&std::path::Path>,
+) -> anyhow::Result<serde_json::Value> {
+    let parts: Vec<&crate::eval::Part> = sets.iter().flat_map(|(_, p)| p.iter()).collect();
+    let labelled = crate::ranker::label_all(samples, &parts, tuned, default_k)?;
+    let all_features: Vec<&str> = retrieval_svc::lab::RANK_FEATURES.to_vec();
+    let report = serde_json::json!({
+        "shipped_features": crate::ranker::cross_fitted(&labelled, &crate::ranker::SHIPPED)?,
+        "all_features": crate::ranker::cross_fitted(&labelled, &all_features)?,
+    });
+    if let Some(path) = ranker_opt {
+        crate::ranker::write_models(&labelled, path)?;
+    }
+    Ok(report)
 }
 
 /// `engram eval abstain`: every question of its own tenant and of a foreign

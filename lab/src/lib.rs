@@ -13,6 +13,7 @@ mod abstain;
 mod bench;
 mod commands;
 mod eval;
+mod ranker;
 mod split;
 mod tune;
 

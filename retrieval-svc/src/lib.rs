@@ -28,6 +28,10 @@ pub mod lab {
     pub use crate::pipeline::distill::blend;
     pub use crate::pipeline::evidence::{Evidence, route as route_by_evidence};
     pub use crate::pipeline::fusion::{StrategyList, rank_fusion, rrf, weights_for};
+    pub use crate::pipeline::ranker::{
+        Model, NAMES as RANK_FEATURES, Ranker, Row as RankRow, Signals as RankSignals,
+        features as rank_features,
+    };
     pub use crate::pipeline::route::classify;
     pub use crate::pipeline::validate::passage;
     pub use crate::query::Route;

@@ -80,6 +80,8 @@ pub struct Policy {
     default_half_life_days: f64,
     batch_size: u32,
     timeout_ms: u64,
+    /// Stage 4 training examples older than this are deleted by the pass.
+    examples_days: u32,
 }
 
 impl Policy {
@@ -99,6 +101,7 @@ impl Policy {
             default_half_life_days: f64::from(s.decay_default_half_life_days),
             batch_size: s.decay_batch_size.max(1),
             timeout_ms: s.statement_timeout_decay_ms,
+            examples_days: s.ranker_examples_days,
         }
     }
 
@@ -159,7 +162,20 @@ async fn pass(
             _ => break,
         }
     }
+    expire_examples(pool, policy).await?;
     Ok(report)
+}
+
+/// Keeps the ranker's training examples bounded in time
+/// (migrations/0003_ranker_examples.sql).
+async fn expire_examples(pool: &PgPool, policy: &Policy) -> Result<()> {
+    let mut tx = bounds::begin(pool, policy.timeout_ms).await?;
+    sqlx::query("DELETE FROM ranker_examples WHERE created_at < now() - make_interval(days => $1)")
+        .bind(i32::try_from(policy.examples_days).unwrap_or(i32::MAX))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Scores one batch; returns (rows read, rows updated, last id read).

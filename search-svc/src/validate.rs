@@ -687,13 +687,70 @@ pub struct FeedbackItem {
     pub value: bool,
 }
 
+/// A Stage 4 training example (migrations/0003_ranker_examples.sql).
 #[derive(Debug)]
-pub struct FeedbackBatch(pub Vec<FeedbackItem>);
+pub struct RankExample {
+    pub query_id: String,
+    pub memory_id: Uuid,
+    pub features: Vec<f32>,
+    pub relevant: bool,
+}
+
+/// Features per example: the gateway computes 13; room to grow, no room
+/// for a payload.
+const MAX_RANK_FEATURES: usize = 64;
+
+#[derive(Debug)]
+pub struct FeedbackBatch(pub Vec<FeedbackItem>, pub Vec<RankExample>);
+
+fn rank_example(i: usize, e: pb::RankExample) -> Result<RankExample> {
+    let pb::RankExample {
+        query_id,
+        memory_id,
+        features,
+        relevant,
+    } = e;
+    check_plain(&format!("examples[{i}].query_id"), &query_id)?;
+    if query_id.is_empty() || query_id.len() > 128 {
+        return Err(Error::invalid(
+            format!("examples[{i}].query_id"),
+            "must be 1..=128 bytes",
+        ));
+    }
+    let memory_id = parse_uuid(&format!("examples[{i}].memory_id"), &memory_id)?;
+    if features.is_empty() || features.len() > MAX_RANK_FEATURES {
+        return Err(Error::invalid(
+            format!("examples[{i}].features"),
+            format!("must hold 1..={MAX_RANK_FEATURES} values"),
+        ));
+    }
+    if features.iter().any(|x| !x.is_finite()) {
+        return Err(Error::invalid(
+            format!("examples[{i}].features"),
+            "must be finite numbers",
+        ));
+    }
+    Ok(RankExample {
+        query_id,
+        memory_id,
+        features,
+        relevant,
+    })
+}
 
 impl TryFrom<pb::StoreFeedbackRequest> for FeedbackBatch {
     type Error = Error;
     fn try_from(r: pb::StoreFeedbackRequest) -> Result<Self> {
-        let pb::StoreFeedbackRequest { items } = r;
+        let pb::StoreFeedbackRequest { items, examples } = r;
+        if examples.len() > MAX_FEEDBACK {
+            return Err(Error::invalid(
+                "examples",
+                format!("must have at most {MAX_FEEDBACK} items"),
+            ));
+        }
+        let examples = (examples.into_iter().enumerate())
+            .map(|(i, e)| rank_example(i, e))
+            .collect::<Result<Vec<_>>>()?;
         if items.is_empty() {
             return Err(Error::invalid("items", "must not be empty"));
         }
@@ -727,7 +784,7 @@ impl TryFrom<pb::StoreFeedbackRequest> for FeedbackBatch {
                 value,
             });
         }
-        Ok(Self(out))
+        Ok(Self(out, examples))
     }
 }
 

@@ -40,7 +40,7 @@ use uuid::Uuid;
 use crate::bounds;
 use crate::embed::Embeddings;
 use crate::error::{Error, Result};
-use crate::validate::{DeleteIds, EdgeBatch, FeedbackBatch, NewMemory, UpsertBatch};
+use crate::validate::{DeleteIds, EdgeBatch, FeedbackBatch, NewMemory, RankExample, UpsertBatch};
 
 pub const CHANNEL: &str = "engram_changes";
 const MAX_NOTIFY_BYTES: usize = 7000;
@@ -788,8 +788,9 @@ pub async fn store_feedback(
     batch: FeedbackBatch,
     timeout_ms: u64,
 ) -> Result<u32> {
+    let FeedbackBatch(items, examples) = batch;
     let (mut q, mut m, mut s, mut v) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for it in batch.0 {
+    for it in items {
         q.push(it.query_id);
         m.push(it.memory_id);
         s.push(it.signal);
@@ -809,8 +810,33 @@ pub async fn store_feedback(
     .execute(&mut *tx)
     .await?
     .rows_affected();
+    store_examples(&mut tx, identity, examples).await?;
     tx.commit().await?;
     Ok(u32::try_from(stored).unwrap_or(u32::MAX))
+}
+
+/// The answer's Stage 4 training examples, beside the feedback that made
+/// them (one row each; features as a real[]).
+async fn store_examples(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    identity: &Identity,
+    examples: Vec<RankExample>,
+) -> Result<()> {
+    for e in examples {
+        sqlx::query(
+            "INSERT INTO ranker_examples (tenant_id, agent_id, query_id, memory_id, features, relevant) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&identity.tenant)
+        .bind(&identity.agent_id)
+        .bind(&e.query_id)
+        .bind(e.memory_id)
+        .bind(&e.features)
+        .bind(e.relevant)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

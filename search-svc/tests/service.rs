@@ -736,6 +736,12 @@ async fn delete_cascades_and_edges_need_visible_ends() {
                     signal: "helpful".into(),
                     value: true,
                 }],
+                examples: vec![pb::RankExample {
+                    query_id: "q1".into(),
+                    memory_id: y.to_string(),
+                    features: vec![0.5, 1.0],
+                    relevant: true,
+                }],
             },
             &me,
         ))
@@ -743,6 +749,42 @@ async fn delete_cascades_and_edges_need_visible_ends() {
         .expect("feedback")
         .into_inner();
     assert_eq!(stored.stored, 1);
+    let (features, relevant): (Vec<f32>, bool) = sqlx::query_as(
+        "SELECT features, relevant FROM ranker_examples WHERE tenant_id = $1 AND memory_id = $2",
+    )
+    .bind(&t)
+    .bind(y)
+    .fetch_one(&h.pool)
+    .await
+    .expect("the example is stored with the feedback");
+    assert_eq!((features, relevant), (vec![0.5, 1.0], true));
+    let bad = h
+        .client
+        .store_feedback(req(
+            pb::StoreFeedbackRequest {
+                items: vec![pb::StoredFeedback {
+                    query_id: "q2".into(),
+                    memory_id: y.to_string(),
+                    signal: "helpful".into(),
+                    value: true,
+                }],
+                examples: vec![pb::RankExample {
+                    query_id: "q2".into(),
+                    memory_id: y.to_string(),
+                    features: vec![f32::NAN],
+                    relevant: true,
+                }],
+            },
+            &me,
+        ))
+        .await
+        .expect_err("a NaN feature is refused");
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    assert!(
+        bad.message().contains("examples[0].features"),
+        "{}",
+        bad.message()
+    );
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ use engram_common::{Identity, Settings};
 use engram_proto::{DroppedCandidate, Memory, StageLatency};
 use tokio::time::Instant;
 
+use super::ranker::Ranker;
 use crate::downstream::Downstreams;
 use crate::metrics::Metrics;
 use crate::query::Query;
@@ -26,6 +27,8 @@ pub struct Ctx<'a> {
     /// Cross-encoder scores already computed in this request: a retry
     /// re-ranks mostly the same memories.
     pub memo: ScoreMemo,
+    /// The Stage 4 model, taken once so every attempt ranks with the same.
+    pub ranker_opt: Option<Arc<Ranker>>,
 }
 
 impl Ctx<'_> {

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use engram_common::Identity;
-use engram_proto::{FeedbackRequest, FeedbackSignal, StoreFeedbackRequest, StoredFeedback};
+use engram_proto::{
+    FeedbackRequest, FeedbackSignal, RankExample, StoreFeedbackRequest, StoredFeedback,
+};
 use tokio::sync::mpsc;
 
 use crate::downstream::{Downstreams, call};
@@ -108,7 +110,7 @@ impl Feedback {
     }
 }
 
-type Batch = (Arc<Identity>, Vec<StoredFeedback>);
+type Batch = (Arc<Identity>, Vec<StoredFeedback>, Vec<RankExample>);
 
 #[derive(Clone)]
 pub struct FeedbackQueue {
@@ -124,12 +126,12 @@ impl FeedbackQueue {
         let dropped = Arc::new(AtomicU64::new(0));
         let counter = dropped.clone();
         tokio::spawn(async move {
-            while let Some((identity, items)) = rx.recv().await {
+            while let Some((identity, items, examples)) = rx.recv().await {
                 let n = items.len();
                 match call(
                     &ds.store_feedback,
                     &identity,
-                    StoreFeedbackRequest { items },
+                    StoreFeedbackRequest { items, examples },
                 )
                 .await
                 {
@@ -152,8 +154,13 @@ impl FeedbackQueue {
     }
 
     /// Never waits; false when the batch was dropped.
-    pub fn submit(&self, identity: Arc<Identity>, items: Vec<StoredFeedback>) -> bool {
-        match self.tx.try_send((identity, items)) {
+    pub fn submit(
+        &self,
+        identity: Arc<Identity>,
+        items: Vec<StoredFeedback>,
+        examples: Vec<RankExample>,
+    ) -> bool {
+        match self.tx.try_send((identity, items, examples)) {
             Ok(()) => true,
             Err(_) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);

@@ -15,17 +15,21 @@ pub mod distill;
 pub mod evidence;
 pub mod feedback;
 pub mod fusion;
+pub mod ranker;
 pub mod retry;
 pub mod route;
 pub mod search;
+pub mod text;
 pub mod validate;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use engram_common::{Identity, Settings};
 use engram_proto::{
-    ConflictPair, EmbedRequest, Filters, QueryRoute, RetrieveResponse, ScoredMemory, SkipReason,
+    ConflictPair, EmbedRequest, Filters, QueryRoute, RankExample, RetrieveResponse, ScoredMemory,
+    SkipReason,
 };
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -49,6 +53,7 @@ pub struct Pipeline {
     caches: Caches,
     feedback: FeedbackQueue,
     answers: Answers,
+    ranker: Arc<ranker::Slot>,
 }
 
 /// What each recent answer returned, by query id, so feedback can be read
@@ -60,6 +65,31 @@ struct Answered {
     tenant: String,
     agent_id: String,
     ids: Vec<String>,
+    /// Stage 4 features per returned memory (same order as `ids`).
+    rows: Vec<Option<ranker::Row>>,
+    /// The first feedback on an answer makes its training examples; later
+    /// ones would only repeat them (one caller cannot outweigh others by
+    /// sending the same judgement again).
+    examples_taken: AtomicBool,
+}
+
+/// The training examples one feedback makes of a known answer: every
+/// returned memory with features, relevant when marked used or helpful.
+fn examples(a: &Answered, feedback: &Feedback) -> Vec<RankExample> {
+    if a.examples_taken.swap(true, Ordering::Relaxed) {
+        return Vec::new();
+    }
+    let useful = feedback.useful_ids();
+    (a.ids.iter().zip(&a.rows))
+        .filter_map(|(id, row_opt)| {
+            row_opt.map(|row| RankExample {
+                query_id: feedback.query_id().to_string(),
+                memory_id: id.clone(),
+                features: row.to_vec(),
+                relevant: useful.contains(id.as_str()),
+            })
+        })
+        .collect()
 }
 
 const ANSWERS_MAX_BYTES: u64 = 16 << 20;
@@ -70,10 +100,30 @@ fn answers() -> Answers {
         .max_capacity(ANSWERS_MAX_BYTES)
         .weigher(|k: &String, v: &Arc<Answered>| {
             let ids: usize = v.ids.iter().map(|i| i.len() + 24).sum();
+            let ids = ids + v.rows.len() * std::mem::size_of::<Option<ranker::Row>>();
             u32::try_from(k.len() + v.tenant.len() + ids + 64).unwrap_or(u32::MAX)
         })
         .time_to_live(ANSWERS_TTL)
         .build()
+}
+
+/// What `run` answers with: the response, the candidate counts of its
+/// attempt and the Stage 4 features of its candidates (none when it came
+/// from a cache or a shortcut).
+struct Ran {
+    response: RetrieveResponse,
+    counts: Vec<(&'static str, usize)>,
+    rows: Vec<(String, ranker::Row)>,
+}
+
+impl Ran {
+    fn cached(response: RetrieveResponse) -> Self {
+        Self {
+            response,
+            counts: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
 }
 
 /// What one attempt produced.
@@ -88,6 +138,8 @@ struct Attempt {
     query_embedding_opt: Option<Vec<f32>>,
     /// Built on a graph older than the latest change (see `Candidates`).
     stale: bool,
+    /// Stage 4 features per candidate, by memory id.
+    rows: Vec<(String, ranker::Row)>,
 }
 
 impl Pipeline {
@@ -96,6 +148,11 @@ impl Pipeline {
         let p = &settings.pipeline;
         let caches = Caches::new(CacheLimits::from_settings(p));
         let feedback = FeedbackQueue::spawn(ds.clone(), QUEUE_CAPACITY);
+        let ranker = Arc::new(ranker::Slot::from_settings(&p.ranker));
+        if let (true, Some(path)) = (p.ranker.enabled, &p.ranker.model_path_opt) {
+            let every = Duration::from_millis(p.ranker.reload_ms);
+            ranker::spawn_reload(Arc::downgrade(&ranker), path.clone(), every);
+        }
         Self {
             settings,
             ds,
@@ -103,6 +160,7 @@ impl Pipeline {
             caches,
             feedback,
             answers: answers(),
+            ranker,
         }
     }
 
@@ -141,14 +199,14 @@ impl Pipeline {
         let r = self.run(identity, q, start, deadline).await;
         let err_opt = r.as_ref().err().map(ToString::to_string);
         let (result, candidate_counts) = match (&r, &err_opt) {
-            (Ok((resp, counts)), _) => (Ok(resp), counts.as_slice()),
+            (Ok(ran), _) => (Ok(&ran.response), ran.counts.as_slice()),
             (Err(_), Some(e)) => (Err(e), &[][..]),
-            (Err(_), None) => return r.map(|(resp, _)| resp),
+            (Err(_), None) => return r.map(|ran| ran.response),
         };
-        if let Ok((resp, _)) = &r
-            && !resp.records.is_empty()
+        if let Ok(ran) = &r
+            && !ran.response.records.is_empty()
         {
-            self.remember_answer(&who, resp);
+            self.remember_answer(&who, &ran.response, &ran.rows);
         }
         self.metrics.observe_retrieval(&RetrievalOutcome {
             identity: &who,
@@ -158,7 +216,7 @@ impl Pipeline {
             candidate_counts,
             query_log_opt,
         });
-        r.map(|(resp, _)| resp)
+        r.map(|ran| ran.response)
     }
 
     /// Stage 6: records feedback on an earlier answer; never waits. Returns
@@ -172,32 +230,46 @@ impl Pipeline {
         if let Some(a) = &known_opt {
             check_feedback(a, &identity, &feedback)?;
         }
-        let judged_opt = known_opt.map(|a| {
+        let judged_opt = known_opt.as_ref().map(|a| {
             let useful = feedback.useful_ids();
             let hits = a.ids.iter().filter(|id| useful.contains(id.as_str()));
             (hits.count(), a.ids.len())
         });
         self.metrics
             .observe_feedback(&feedback.signals(), judged_opt);
+        let examples = known_opt
+            .map(|a| examples(&a, &feedback))
+            .unwrap_or_default();
         let n = feedback.len();
         match self
             .feedback
-            .submit(Arc::new(identity), feedback.into_items())
+            .submit(Arc::new(identity), feedback.into_items(), examples)
         {
             true => Ok(n),
             false => Ok(0),
         }
     }
 
-    /// Keeps which memories an answer returned, for precision@k.
-    fn remember_answer(&self, identity: &Identity, resp: &RetrieveResponse) {
-        let ids = (resp.records.iter())
+    /// Keeps which memories an answer returned (for precision@k and the
+    /// feedback guard) and the features they were ranked with.
+    fn remember_answer(
+        &self,
+        identity: &Identity,
+        resp: &RetrieveResponse,
+        rows: &[(String, ranker::Row)],
+    ) {
+        let ids: Vec<String> = (resp.records.iter())
             .filter_map(|s| s.memory.as_ref().map(|m| m.id.clone()))
+            .collect();
+        let rows = (ids.iter())
+            .map(|id| rows.iter().find(|(r, _)| r == id).map(|(_, row)| *row))
             .collect();
         let answered = Answered {
             tenant: identity.tenant.clone(),
             agent_id: identity.agent_id.clone(),
             ids,
+            rows,
+            examples_taken: AtomicBool::new(false),
         };
         self.answers
             .insert(resp.query_id.clone(), Arc::new(answered));
@@ -210,19 +282,19 @@ impl Pipeline {
         q: Query,
         start: Instant,
         deadline: Instant,
-    ) -> Result<(RetrieveResponse, Vec<(&'static str, usize)>), Error> {
+    ) -> Result<Ran, Error> {
         let query_id = uuid::Uuid::new_v4().to_string();
         // Read before any search: what this request answers is as of now.
         let generation = self.caches.generation(&identity.tenant);
         if let Some(r) = self.shortcut(&identity, &q, &query_id, start) {
-            return Ok((r, Vec::new()));
+            return Ok(Ran::cached(r));
         }
         let identity = Arc::new(identity);
         let key = CacheKey::new(&identity, &q);
         if !q.no_cache
             && let Some(hit) = self.cache_lookup(&identity, &q, &key, deadline).await
         {
-            return Ok((cache::answer(hit, query_id, start), Vec::new()));
+            return Ok(Ran::cached(cache::answer(hit, query_id, start)));
         }
         let mut ctx = self.ctx(identity, q, start, deadline);
         let outer = deadline + Duration::from_millis(50);
@@ -234,6 +306,7 @@ impl Pipeline {
         let ceiling_hit = Instant::now() >= deadline;
         let cacheable = best.trace.degraded.is_empty() && !ceiling_hit && !best.stale;
         let embedding_opt = best.query_embedding_opt.take();
+        let rows = std::mem::take(&mut best.rows);
         let (response, counts) = answer(&mut ctx, best, retries, query_id, ceiling_hit);
         if cacheable && !ctx.query.no_cache {
             self.caches.put(
@@ -248,7 +321,11 @@ impl Pipeline {
             self.caches
                 .put_turn(&ctx.identity, turn, generation, &response);
         }
-        Ok((response, counts))
+        Ok(Ran {
+            response,
+            counts,
+            rows,
+        })
     }
 
     /// Answers that need no search: this turn's answer already given, a
@@ -318,6 +395,7 @@ impl Pipeline {
             deadline,
             timings: Vec::new(),
             memo: Default::default(),
+            ranker_opt: self.ranker.get(),
         }
     }
 
@@ -407,9 +485,14 @@ impl Pipeline {
         let checked = validate::run(ctx, &mut trace, found.candidates, filters, rerank)
             .instrument(stage_span("validate"))
             .await;
-        let ranked = stage_span("distill")
-            .in_scope(|| distill::run(checked, &ctx.settings.pipeline, step.is_raw()));
-        let (records, conflicts) = assemble::run(ctx, &mut trace, ranked, !step.is_raw())
+        let learned = distill::Learned {
+            ranker_opt: ctx.ranker_opt.as_deref(),
+            query: &ctx.query.text,
+        };
+        let distilled = stage_span("distill")
+            .in_scope(|| distill::run(checked, &ctx.settings.pipeline, step.is_raw(), learned));
+        let rows = distilled.rows;
+        let (records, conflicts) = assemble::run(ctx, &mut trace, distilled.ranked, !step.is_raw())
             .instrument(stage_span("assemble"))
             .await;
         Ok(Attempt {
@@ -421,6 +504,7 @@ impl Pipeline {
             trace,
             query_embedding_opt: found.query_embedding_opt,
             stale: found.stale,
+            rows,
         })
     }
 }

@@ -1,0 +1,493 @@
+//! The learned Stage 4 ranker: per-candidate features that mean the same on
+//! any corpus (ranks, normalised scores, how much of the query a memory
+//! covers), scored by a linear model. Pure, so `engram tune` and
+//! `engram ranker` fit and judge the model with the very features the
+//! gateway computes; the model is data (JSON), so a new one is loaded
+//! without a restart, and the heuristic composite stays the fallback when
+//! none is loaded or a model does not match these features.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::{Duration, SystemTime};
+
+use engram_common::settings::RankerSettings;
+use serde::{Deserialize, Serialize};
+
+use super::text::{collect_words, coverage, query_words};
+
+/// Every feature the gateway computes, by name; a model names the ones it
+/// uses, so a model asking for a feature this gateway does not compute is
+/// refused, never misread.
+///
+/// `linked_from_top` is the multi-hop bridge: the candidate's title (an
+/// entity's name, in wiki-like memories) appears in the text of the fused
+/// #1, e.g. the director's page for "Where was the director of X born?"
+/// when X's page is on top. Leave-one-dataset-out it is the one feature
+/// beside the fused rank that transfers (docs/benchmarks.md, "Stage 4").
+pub const NAMES: [&str; 13] = [
+    "vector_rr",
+    "keyword_rr",
+    "graph_rr",
+    "vector_cosine",
+    "keyword_rel",
+    "graph_rel",
+    "fused_rr",
+    "lists",
+    "term_cover",
+    "name_cover",
+    "title_cover",
+    "log_len",
+    "linked_from_top",
+];
+pub const N: usize = NAMES.len();
+
+pub type Row = [f32; N];
+
+/// What Stage 4 knows of one candidate, the same online and in the lab.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Signals<'a> {
+    /// 1-based rank and score in each strategy's list: vector, keyword, graph.
+    pub hits: [Option<(u32, f32)>; 3],
+    /// 0-based position in the fused list.
+    pub fused_pos: usize,
+    pub title: &'a str,
+    pub content: &'a str,
+}
+
+/// Each strategy slot's name as the gateway reports hits (HyDE is a dense
+/// list: it fills the vector slot when the plain one did not run).
+pub fn slot_of(strategy: &str) -> Option<usize> {
+    match strategy {
+        "vector" | "hyde" => Some(0),
+        "keyword" => Some(1),
+        "graph" => Some(2),
+        _ => None,
+    }
+}
+
+/// One row per candidate. Keyword and graph scores live on scales that
+/// depend on the corpus, so they enter relative to the best among these
+/// candidates; dense cosines are comparable as they are.
+pub fn features(query: &str, cands: &[Signals<'_>]) -> Vec<Row> {
+    let (names, terms) = query_words(query);
+    let best = |slot: usize| {
+        cands
+            .iter()
+            .filter_map(|c| c.hits[slot].map(|(_, s)| s))
+            .fold(0.0f32, f32::max)
+    };
+    let (kw_best, graph_best) = (best(1), best(2));
+    let top_opt = cands.iter().find(|c| c.fused_pos == 0);
+    let top_text = top_opt
+        .map(|c| c.content.to_lowercase())
+        .unwrap_or_default();
+    let top_title = top_opt
+        .map(|c| c.title.trim().to_lowercase())
+        .unwrap_or_default();
+    cands
+        .iter()
+        .map(|c| {
+            let mut r = row(c, &names, &terms, kw_best, graph_best);
+            r[12] = f32::from(u8::from(linked(c, &top_title, &top_text)));
+            r
+        })
+        .collect()
+}
+
+/// Whether the top candidate's text names this candidate (by its title).
+fn linked(c: &Signals<'_>, top_title: &str, top_text: &str) -> bool {
+    let title = c.title.trim().to_lowercase();
+    c.fused_pos != 0
+        && title.chars().count() >= 3
+        && title != top_title
+        && top_text.contains(&title)
+}
+
+fn row(
+    c: &Signals<'_>,
+    names: &HashSet<String>,
+    terms: &HashSet<String>,
+    kw_best: f32,
+    graph_best: f32,
+) -> Row {
+    let rr = |slot: usize| c.hits[slot].map_or(0.0, |(r, _)| 1.0 / r.max(1) as f32);
+    let rel = |slot: usize, top: f32| match c.hits[slot] {
+        Some((_, s)) if top > 0.0 => (s / top).clamp(0.0, 1.0),
+        _ => 0.0,
+    };
+    let mut body = HashSet::new();
+    collect_words(c.content, &mut body);
+    let mut title = HashSet::new();
+    collect_words(c.title, &mut title);
+    body.extend(title.iter().cloned());
+    let words = c.content.split_whitespace().count() + c.title.split_whitespace().count();
+    [
+        rr(0),
+        rr(1),
+        rr(2),
+        c.hits[0].map_or(0.0, |(_, s)| s.clamp(-1.0, 1.0)),
+        rel(1, kw_best),
+        rel(2, graph_best),
+        1.0 / (c.fused_pos + 1) as f32,
+        c.hits.iter().flatten().count() as f32 / 3.0,
+        coverage(terms, &body),
+        coverage(names, &body),
+        if terms.is_empty() {
+            0.0
+        } else {
+            coverage(terms, &title)
+        },
+        ((1 + words) as f32).ln() / 10.0,
+        0.0,
+    ]
+}
+
+/// A fitted linear model over standardised features, the ones it names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Model {
+    /// Shown in `explain` and logs; a new fit gets a new version.
+    pub version: String,
+    /// The features it uses, each one of [`NAMES`], in the order of
+    /// `mean`, `scale` and `weights`.
+    pub features: Vec<String>,
+    pub mean: Vec<f32>,
+    pub scale: Vec<f32>,
+    pub weights: Vec<f32>,
+    pub intercept: f32,
+    /// What it was fitted on and how (free text, for people).
+    #[serde(default)]
+    pub trained_on: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ModelError {
+    #[error("model {0}: feature {1:?} is not one this gateway computes")]
+    Features(String, String),
+    #[error("model {0}: {1} has {2} values, expected one per feature ({3})")]
+    Shape(String, &'static str, usize, usize),
+    #[error("model {0}: a weight, mean or scale is not finite")]
+    NotFinite(String),
+}
+
+/// A checked model with its features resolved to columns: the only way to
+/// score, so an unchecked model never ranks anything.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ranker {
+    model: Model,
+    cols: Vec<usize>,
+}
+
+impl Ranker {
+    /// Refuses a model asking for unknown features or with broken numbers,
+    /// so a bad file can only ever leave the fallback in place.
+    pub fn new(model: Model) -> Result<Self, ModelError> {
+        let cols = (model.features.iter())
+            .map(|f| {
+                NAMES
+                    .iter()
+                    .position(|n| n == f)
+                    .ok_or_else(|| ModelError::Features(model.version.clone(), f.clone()))
+            })
+            .collect::<Result<Vec<usize>, _>>()?;
+        for (what, v) in [
+            ("mean", &model.mean),
+            ("scale", &model.scale),
+            ("weights", &model.weights),
+        ] {
+            if v.len() != cols.len() {
+                return Err(ModelError::Shape(
+                    model.version.clone(),
+                    what,
+                    v.len(),
+                    cols.len(),
+                ));
+            }
+        }
+        let all = (model.mean.iter())
+            .chain(&model.scale)
+            .chain(&model.weights)
+            .chain(std::iter::once(&model.intercept));
+        if all.clone().any(|x| !x.is_finite()) {
+            return Err(ModelError::NotFinite(model.version.clone()));
+        }
+        Ok(Self { model, cols })
+    }
+
+    pub fn version(&self) -> &str {
+        &self.model.version
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The model's probability that the candidate is relevant.
+    pub fn score(&self, x: &Row) -> f32 {
+        let m = &self.model;
+        let z = (self.cols.iter().zip(&m.mean).zip(&m.scale).zip(&m.weights))
+            .map(|(((&c, mu), s), w)| w * (x[c] - mu) / if *s > 0.0 { *s } else { 1.0 })
+            .sum::<f32>()
+            + m.intercept;
+        1.0 / (1.0 + (-z).exp())
+    }
+}
+
+/// The model the repository ships (`models/ranker/`), fitted by
+/// `engram ranker fit` on the dev halves.
+pub fn shipped() -> Result<Ranker, String> {
+    let m: Model = serde_json::from_str(include_str!("../../../models/ranker/default.json"))
+        .map_err(|e| format!("shipped ranker model: {e}"))?;
+    Ranker::new(m).map_err(|e| e.to_string())
+}
+
+/// Reads and checks a model file.
+pub fn load_file(path: &Path) -> Result<Ranker, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read ranker model {}: {e}", path.display()))?;
+    let m: Model =
+        serde_json::from_str(&text).map_err(|e| format!("ranker model {}: {e}", path.display()))?;
+    Ranker::new(m).map_err(|e| e.to_string())
+}
+
+/// The model Stage 4 uses now. A request takes it once at its start, so a
+/// swap never mixes two models in one answer.
+#[derive(Debug, Default)]
+pub struct Slot(RwLock<Option<Arc<Ranker>>>);
+
+impl Slot {
+    pub fn get(&self) -> Option<Arc<Ranker>> {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn set(&self, ranker_opt: Option<Arc<Ranker>>) {
+        match self.0.write() {
+            Ok(mut g) => *g = ranker_opt,
+            Err(poisoned) => *poisoned.into_inner() = ranker_opt,
+        }
+    }
+
+    /// The configured model: the file when one is set (the shipped model
+    /// when it does not load, said once), else the shipped one; none when
+    /// the ranker is off.
+    pub fn from_settings(s: &RankerSettings) -> Self {
+        let slot = Self::default();
+        if !s.enabled {
+            return slot;
+        }
+        let loaded = match &s.model_path_opt {
+            Some(path) => load_file(path).or_else(|e| {
+                tracing::warn!(error = %e, "ranker model not loaded; using the shipped one");
+                shipped()
+            }),
+            None => shipped(),
+        };
+        match loaded {
+            Ok(r) => {
+                tracing::info!(version = r.version(), "stage 4 ranker loaded");
+                slot.set(Some(Arc::new(r)));
+            }
+            Err(e) => tracing::warn!(error = %e, "no stage 4 ranker; fusion order kept"),
+        }
+        slot
+    }
+}
+
+/// Re-reads the model file whenever its modification time changes, until
+/// the slot is dropped. A file that does not load keeps the model in use.
+pub fn spawn_reload(slot: Weak<Slot>, path: PathBuf, every: Duration) {
+    tokio::spawn(async move {
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let mut seen: Option<SystemTime> = modified(&path);
+        let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(slot) = slot.upgrade() else { return };
+            let now = modified(&path);
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            match load_file(&path) {
+                Ok(r) => {
+                    tracing::info!(version = r.version(), "stage 4 ranker reloaded");
+                    slot.set(Some(Arc::new(r)));
+                }
+                Err(e) => tracing::warn!(error = %e, "ranker model change ignored"),
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig<'a>(
+        hits: [Option<(u32, f32)>; 3],
+        pos: usize,
+        title: &'a str,
+        content: &'a str,
+    ) -> Signals<'a> {
+        Signals {
+            hits,
+            fused_pos: pos,
+            title,
+            content,
+        }
+    }
+
+    #[test]
+    fn features_are_ranks_relative_scores_coverage_and_the_bridge() {
+        let q = "Where was the director of Inception born?";
+        let rows = features(
+            q,
+            &[
+                sig(
+                    [Some((1, 0.62)), Some((2, 4.0)), None],
+                    0,
+                    "Inception",
+                    "a film directed by Christopher Nolan",
+                ),
+                sig(
+                    [None, Some((1, 8.0)), Some((3, 0.02))],
+                    1,
+                    "Christopher Nolan",
+                    "born in London",
+                ),
+                sig([None, None, Some((1, 0.05))], 2, "Tenet", "another film"),
+            ],
+        );
+        let (a, b, c) = (&rows[0], &rows[1], &rows[2]);
+        assert_eq!((a[0], a[1], a[2]), (1.0, 0.5, 0.0));
+        assert!((a[3] - 0.62).abs() < 1e-6);
+        assert_eq!(a[4], 0.5, "keyword score relative to the best (8.0)");
+        assert!(
+            (b[5] - 0.4).abs() < 1e-6,
+            "graph score relative to the best"
+        );
+        assert_eq!(b[6], 0.5);
+        assert!((a[7] - 2.0 / 3.0).abs() < 1e-6);
+        assert_eq!(a[9], 1.0, "the name Inception is covered");
+        assert!(a[10] > 0.0 && b[10] == 0.0);
+        assert!(b[8] > 0.0, "born");
+        assert_eq!(
+            (a[12], b[12], c[12]),
+            (0.0, 1.0, 0.0),
+            "only the page the top one names is linked"
+        );
+    }
+
+    fn model(features: &[&str], weights: &[f32]) -> Model {
+        Model {
+            version: "t".into(),
+            features: features.iter().map(|s| s.to_string()).collect(),
+            mean: vec![0.0; features.len()],
+            scale: vec![1.0; features.len()],
+            weights: weights.to_vec(),
+            intercept: 0.0,
+            trained_on: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_model_for_unknown_features_or_broken_numbers_is_refused() {
+        assert!(Ranker::new(model(&["fused_rr"], &[1.0])).is_ok());
+        assert_eq!(
+            Ranker::new(model(&["cosine"], &[1.0])),
+            Err(ModelError::Features("t".into(), "cosine".into()))
+        );
+        assert!(matches!(
+            Ranker::new(model(&["fused_rr", "lists"], &[1.0])),
+            Err(ModelError::Shape(_, "mean", 2, 2) | ModelError::Shape(_, "weights", 1, 2))
+        ));
+        let mut m = model(&["fused_rr"], &[1.0]);
+        m.intercept = f32::NAN;
+        assert_eq!(Ranker::new(m), Err(ModelError::NotFinite("t".into())));
+    }
+
+    #[test]
+    fn the_score_reads_only_the_models_features() {
+        let r = Ranker::new(model(&["term_cover"], &[2.0])).expect("model");
+        let mut lo = [0.0; N];
+        let mut hi = [0.0; N];
+        lo[8] = 0.1;
+        hi[8] = 0.9;
+        hi[0] = 100.0;
+        assert!(r.score(&hi) > r.score(&lo));
+        let zero = Ranker::new(model(&["term_cover"], &[0.0])).expect("model");
+        assert!((zero.score(&hi) - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_shipped_model_loads() {
+        assert!(shipped().is_ok());
+    }
+
+    #[test]
+    fn an_unloadable_file_falls_back_to_the_shipped_model_and_off_means_none() {
+        let dir = std::env::temp_dir().join(format!("engram-ranker-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("bad.json");
+        std::fs::write(&path, "{not json").expect("write");
+        let on = RankerSettings {
+            model_path_opt: Some(path),
+            ..Default::default()
+        };
+        let shipped_version = shipped().expect("shipped").version().to_string();
+        let got = Slot::from_settings(&on).get().expect("a model");
+        assert_eq!(got.version(), shipped_version);
+        let off = RankerSettings {
+            enabled: false,
+            ..Default::default()
+        };
+        assert!(Slot::from_settings(&off).get().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_changed_file_is_swapped_in_and_a_broken_one_ignored() {
+        let dir = std::env::temp_dir().join(format!("engram-ranker-swap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("m.json");
+        let write = |version: &str| {
+            let mut m = model(&["fused_rr"], &[1.0]);
+            m.version = version.into();
+            std::fs::write(&path, serde_json::to_string(&m).expect("json")).expect("write");
+        };
+        write("one");
+        let settings = RankerSettings {
+            model_path_opt: Some(path.clone()),
+            reload_ms: 100,
+            ..Default::default()
+        };
+        let slot = Arc::new(Slot::from_settings(&settings));
+        assert_eq!(slot.get().expect("model").version(), "one");
+        spawn_reload(
+            Arc::downgrade(&slot),
+            path.clone(),
+            Duration::from_millis(100),
+        );
+        // Modification times can be coarse: wait until the change is seen.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        write("two");
+        let mut version = String::new();
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            version = slot.get().expect("model").version().to_string();
+            if version == "two" {
+                break;
+            }
+        }
+        assert_eq!(version, "two");
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        std::fs::write(&path, "{broken").expect("write");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(slot.get().expect("model").version(), "two");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
