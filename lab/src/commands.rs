@@ -37,6 +37,11 @@ pub enum LabCommand {
         #[arg(long)]
         ranker_out: Option<PathBuf>,
     },
+    /// The learned Stage 4 ranker (see docs/benchmarks.md, "Stage 4").
+    Ranker {
+        #[command(subcommand)]
+        action: RankerAction,
+    },
     /// Latency and throughput on a synthetic tenant (see docs/benchmarks.md).
     Bench {
         #[arg(long, default_value_t = 10_000)]
@@ -51,6 +56,25 @@ pub enum LabCommand {
         /// child process per service.
         #[arg(long)]
         in_process: bool,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum RankerAction {
+    /// Fit a model from the feedback examples in Postgres and write it
+    /// where `pipeline.ranker.model_path_opt` points (the gateway reloads it).
+    Train {
+        /// Only this tenant's feedback (a per-tenant model).
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, default_value = "engram.ranker.json")]
+        out: PathBuf,
+        /// Every feature, not only the two that transfer across corpora.
+        #[arg(long)]
+        all_features: bool,
+        /// An identity counts at most this many times the median identity.
+        #[arg(long, default_value_t = 2.0)]
+        identity_share: f64,
     },
 }
 
@@ -72,6 +96,23 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
                 ranker_opt: ranker_out.as_deref(),
             };
             tune(settings, files, limit, skip_rerank).await
+        }
+        LabCommand::Ranker {
+            action:
+                RankerAction::Train {
+                    tenant,
+                    out,
+                    all_features,
+                    identity_share,
+                },
+        } => {
+            let opts = crate::ranker::TrainOptions {
+                tenant_opt: tenant,
+                out,
+                all_features,
+                identity_share,
+            };
+            ranker_train(settings, &opts).await
         }
         LabCommand::Bench {
             memories,
@@ -421,6 +462,23 @@ async fn tune(
         })),
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// `engram ranker train`: the model from the feedback in this deployment's
+/// Postgres (embedded or DATABASE_URL), written to `opts.out`.
+async fn ranker_train(
+    settings: Settings,
+    opts: &crate::ranker::TrainOptions,
+) -> anyhow::Result<()> {
+    let db = engram_common::db::Database::open(&settings)
+        .await
+        .context("database")?;
+    let result = crate::ranker::train_from_feedback(&db.pool, opts).await;
+    db.close().await;
+    let report = result?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    eprintln!("ranker: wrote {} ({})", opts.out.display(), report.version);
     Ok(())
 }
 

@@ -13,8 +13,8 @@ mod abstain;
 mod bench;
 mod commands;
 mod eval;
-mod ranker;
+pub mod ranker;
 mod split;
 mod tune;
 
-pub use commands::{CorpusFiles, EvalCommon, EvalDataset, LabCommand, run};
+pub use commands::{CorpusFiles, EvalCommon, EvalDataset, LabCommand, RankerAction, run};

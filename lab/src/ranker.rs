@@ -304,6 +304,171 @@ pub fn write_models(labelled: &[Labelled], path: &std::path::Path) -> anyhow::Re
     Ok(())
 }
 
+/// What `engram ranker train` is asked for.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// One tenant's examples only (a per-tenant model); all when unset.
+    pub tenant_opt: Option<String>,
+    pub out: std::path::PathBuf,
+    /// Fit every feature the gateway computes, not only the two that
+    /// transfer across corpora: for a model that serves the data it was
+    /// trained on.
+    pub all_features: bool,
+    /// An identity's answers count at most this many times the median
+    /// identity's (at least `MIN_CAP` answers each).
+    pub identity_share: f64,
+}
+
+/// Answers an identity may always contribute, however few others did.
+const MIN_CAP: usize = 50;
+/// Examples read per training run, newest first.
+const MAX_EXAMPLES: i64 = 500_000;
+
+/// What a training run used and wrote.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TrainReport {
+    pub answers: usize,
+    pub examples: usize,
+    pub identities: usize,
+    /// Answers left out by the per-identity cap.
+    pub capped: usize,
+    pub version: String,
+    pub weights: Vec<f32>,
+}
+
+/// One answer's stored examples.
+struct Answer {
+    identity: (String, String),
+    rows: Vec<RankRow>,
+    relevant: Vec<bool>,
+}
+
+type ExampleRow = (String, String, String, Vec<f32>, bool);
+
+/// Trains the Stage 4 ranker from the feedback examples in Postgres
+/// (migrations/0003_ranker_examples.sql) and writes it to `opts.out`
+/// atomically (a gateway polling the file never reads half of it).
+pub async fn train_from_feedback(
+    pool: &sqlx::PgPool,
+    opts: &TrainOptions,
+) -> anyhow::Result<TrainReport> {
+    let rows: Vec<ExampleRow> = sqlx::query_as(
+        "SELECT tenant_id, agent_id, query_id, features, relevant FROM ranker_examples \
+         WHERE ($1::text IS NULL OR tenant_id = $1) ORDER BY created_at DESC, id DESC LIMIT $2",
+    )
+    .bind(&opts.tenant_opt)
+    .bind(MAX_EXAMPLES)
+    .fetch_all(pool)
+    .await
+    .context("cannot read ranker_examples")?;
+    let answers = group_answers(rows);
+    let (kept, capped) = cap_per_identity(answers, opts.identity_share);
+    let labelled: Vec<Labelled> = kept.iter().map(to_labelled).collect();
+    let informative: Vec<&Labelled> = (labelled.iter())
+        .filter(|l| !l.gold.is_empty() && l.gold.len() < l.docs.len())
+        .collect();
+    anyhow::ensure!(
+        !informative.is_empty(),
+        "no feedback to learn from: no answer has both a helpful and an unhelpful memory"
+    );
+    let scope = opts.tenant_opt.as_deref().unwrap_or("all-tenants");
+    let version = format!(
+        "engram-ranker-feedback-{scope}-{}",
+        chrono::Utc::now().format("%Y%m%dT%H%M%S")
+    );
+    let features: Vec<&str> = if opts.all_features {
+        RANK_FEATURES.to_vec()
+    } else {
+        SHIPPED.to_vec()
+    };
+    let trained_on = format!(
+        "engram ranker train: {} answers with feedback ({scope})",
+        informative.len()
+    );
+    let spec = FitSpec {
+        features: &features,
+        version: &version,
+        trained_on: &trained_on,
+    };
+    let model = fit(&informative, &spec)?;
+    let tmp = opts.out.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(model.model())? + "\n")
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &opts.out)
+        .with_context(|| format!("cannot write {}", opts.out.display()))?;
+    let identities: std::collections::HashSet<_> = kept.iter().map(|a| &a.identity).collect();
+    Ok(TrainReport {
+        answers: informative.len(),
+        examples: informative.iter().map(|l| l.docs.len()).sum(),
+        identities: identities.len(),
+        capped,
+        version,
+        weights: model.model().weights.clone(),
+    })
+}
+
+/// Rows (newest first) grouped per answer; rows of another feature set
+/// (another gateway version) are skipped.
+fn group_answers(rows: Vec<ExampleRow>) -> Vec<Answer> {
+    let mut order: Vec<(String, String)> = Vec::new();
+    let mut by: HashMap<(String, String), Answer> = HashMap::new();
+    for (tenant, agent, query_id, features, relevant) in rows {
+        let Ok(row) = RankRow::try_from(features.as_slice()) else {
+            continue;
+        };
+        let key = (tenant.clone(), query_id);
+        let a = by.entry(key.clone()).or_insert_with(|| {
+            order.push(key);
+            Answer {
+                identity: (tenant, agent),
+                rows: Vec::new(),
+                relevant: Vec::new(),
+            }
+        });
+        a.rows.push(row);
+        a.relevant.push(relevant);
+    }
+    order.into_iter().filter_map(|k| by.remove(&k)).collect()
+}
+
+/// One caller cannot outweigh the rest: each identity keeps at most
+/// `share` × the median identity's answer count (and at least
+/// [`MIN_CAP`]), newest first. Returns the kept answers and how many were cut.
+fn cap_per_identity(answers: Vec<Answer>, share: f64) -> (Vec<Answer>, usize) {
+    let mut counts: HashMap<(String, String), usize> = HashMap::new();
+    for a in &answers {
+        *counts.entry(a.identity.clone()).or_default() += 1;
+    }
+    let mut sizes: Vec<usize> = counts.values().copied().collect();
+    sizes.sort_unstable();
+    let median = sizes.get(sizes.len() / 2).copied().unwrap_or(0);
+    let cap = ((median as f64 * share.max(1.0)).ceil() as usize).max(MIN_CAP);
+    let mut used: HashMap<(String, String), usize> = HashMap::new();
+    let total = answers.len();
+    let kept: Vec<Answer> = answers
+        .into_iter()
+        .filter(|a| {
+            let n = used.entry(a.identity.clone()).or_default();
+            *n += 1;
+            *n <= cap
+        })
+        .collect();
+    let capped = total - kept.len();
+    (kept, capped)
+}
+
+fn to_labelled(a: &Answer) -> Labelled {
+    Labelled {
+        dataset: "feedback",
+        docs: (0..a.rows.len()).collect(),
+        rows: a.rows.clone(),
+        gold: (a.relevant.iter().enumerate())
+            .filter(|(_, r)| **r)
+            .map(|(i, _)| i)
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,6 +508,45 @@ mod tests {
         assert!(w[1] > 0.0, "term coverage marks gold: {w:?}");
         let swapped = labelled("a", false);
         assert_eq!(order(&swapped, &m1), vec![1, 2]);
+    }
+
+    fn answer(agent: &str) -> Answer {
+        Answer {
+            identity: ("t".into(), agent.into()),
+            rows: vec![[0.0; RANK_FEATURES.len()]],
+            relevant: vec![true],
+        }
+    }
+
+    #[test]
+    fn one_loud_identity_is_capped_near_the_median() {
+        let mut answers: Vec<Answer> = (0..500).map(|_| answer("loud")).collect();
+        for agent in ["a", "b", "c"] {
+            answers.extend((0..60).map(|_| answer(agent)));
+        }
+        let (kept, capped) = cap_per_identity(answers, 2.0);
+        let loud = kept.iter().filter(|a| a.identity.1 == "loud").count();
+        assert_eq!(loud, 120, "2 × the median (60)");
+        assert_eq!(capped, 380);
+        let (alone, none_cut) = cap_per_identity((0..500).map(|_| answer("solo")).collect(), 2.0);
+        assert_eq!(
+            (alone.len(), none_cut),
+            (500, 0),
+            "a lone identity is its own median"
+        );
+    }
+
+    #[test]
+    fn rows_of_another_feature_set_are_skipped() {
+        let n = RANK_FEATURES.len();
+        let rows: Vec<ExampleRow> = vec![
+            ("t".into(), "a".into(), "q1".into(), vec![0.5; n], true),
+            ("t".into(), "a".into(), "q1".into(), vec![0.1; n], false),
+            ("t".into(), "a".into(), "q2".into(), vec![0.5; n + 1], true),
+        ];
+        let answers = group_answers(rows);
+        assert_eq!(answers.len(), 1);
+        assert_eq!(answers[0].relevant, vec![true, false]);
     }
 
     #[test]
