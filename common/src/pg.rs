@@ -2,11 +2,23 @@
 //! initdb refuses to run as root, so as root the server runs as a dedicated
 //! system user. `pg_ctl` daemonises the postmaster: if engram dies hard, the
 //! next start finds the running server through `postmaster.pid` and adopts it.
-//! An adopted server is never stopped by the adopter: another engram process
-//! (a second `engram serve`, a parallel test binary) may be using it, and
-//! stopping it under them turns their queries into "the database system is
-//! shutting down".
+//!
+//! Who stops the server: every live handle (started or adopted) holds a
+//! shared `flock` on `<data dir>/engram.users` (postgres ignores the file;
+//! removing the data dir removes it too), and the kernel drops it when its
+//! process exits, crash or not. [`EmbeddedPostgres::stop`] releases its own
+//! lock and stops the server only if it can then take the lock exclusively, i.e. no other live engram process (a second `engram
+//! serve`, a parallel test binary) still holds the server: stopping it under
+//! them would turn their queries into "the database system is shutting
+//! down". So a clean shutdown of `engram up` that adopted the orphan of a
+//! crashed run stops it, and the last of several users stops a shared one.
+//! The exclusive lock is held while `pg_ctl stop` runs, so a concurrent
+//! start waits and then starts a fresh server instead of adopting a dying
+//! one. [`EmbeddedPostgres::detach`] leaves the server running on purpose
+//! (the shared test Postgres) and records that by writing the postmaster's
+//! pid into the users file; no handle stops a server so marked.
 
+use std::fs::File;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -31,8 +43,9 @@ pub enum PgError {
     },
 }
 
-/// A running embedded server. One this handle started is stopped on
-/// [`EmbeddedPostgres::stop`] or drop; one it adopted is left running.
+/// A running embedded server, started or adopted. [`EmbeddedPostgres::stop`]
+/// (or drop) stops it when no other live engram process uses it and it was
+/// not detached (see the module docs).
 #[derive(Debug)]
 pub struct EmbeddedPostgres {
     bin: PathBuf,
@@ -40,6 +53,8 @@ pub struct EmbeddedPostgres {
     run_as: Option<(u32, u32)>,
     port: u16,
     stopped: bool,
+    /// This handle's shared lock on the users file, while it holds the server.
+    user_opt: Option<File>,
 }
 
 impl EmbeddedPostgres {
@@ -82,6 +97,10 @@ impl EmbeddedPostgres {
                 ));
             }
         }
+        // Blocks while another process is stopping the server (it holds the
+        // lock exclusively), so we never adopt a server that is going away.
+        let user = users_file(&data)?;
+        user.lock_shared().map_err(io(&users_path(&data)))?;
         if let Some(port) = running_port(&data) {
             tracing::info!(port, data_dir = %data.display(), "adopting running embedded postgres");
             let pg = Self {
@@ -89,8 +108,8 @@ impl EmbeddedPostgres {
                 data,
                 run_as,
                 port,
-                // Not ours to stop (see the module docs).
-                stopped: true,
+                stopped: false,
+                user_opt: Some(user),
             };
             pg.wait_ready()?;
             return Ok(pg);
@@ -134,6 +153,7 @@ impl EmbeddedPostgres {
             run_as,
             port,
             stopped: false,
+            user_opt: Some(user),
         };
         pg.wait_ready()?;
         Ok(pg)
@@ -188,9 +208,16 @@ impl EmbeddedPostgres {
         Ok(())
     }
 
-    /// Leaves the server running after this handle is dropped.
+    /// Leaves the server running after this handle is dropped, and marks it
+    /// so no other handle stops it either (until it is restarted).
     pub fn detach(&mut self) {
         self.stopped = true;
+        if let Some(pid) = postmaster_pid(&self.data)
+            && let Err(e) = std::fs::write(users_path(&self.data), pid.to_string())
+        {
+            tracing::warn!(error = %e, "cannot mark embedded postgres as detached");
+        }
+        self.user_opt = None;
     }
 
     pub fn port(&self) -> u16 {
@@ -205,12 +232,25 @@ impl EmbeddedPostgres {
         &self.data
     }
 
-    /// Fast shutdown: open transactions roll back, committed data is on disk.
+    /// Fast shutdown (open transactions roll back, committed data is on
+    /// disk), unless another live engram process still holds the server or it
+    /// was detached: then it is left running (see the module docs).
     pub fn stop(&mut self) {
         if self.stopped {
             return;
         }
         self.stopped = true;
+        // Ours first, so that of several handles stopping at once the last
+        // to try gets the exclusive lock.
+        self.user_opt = None;
+        let Some(_sole) = sole_user(&self.data) else {
+            tracing::info!(data_dir = %self.data.display(), "embedded postgres left running: another engram process uses it");
+            return;
+        };
+        if postmaster_pid(&self.data).is_some_and(|pid| detached_pid(&self.data) == Some(pid)) {
+            tracing::info!(data_dir = %self.data.display(), "embedded postgres left running: it was detached");
+            return;
+        }
         let res = pg_command(&self.bin, "pg_ctl", self.run_as)
             .arg("-D")
             .arg(&self.data)
@@ -335,6 +375,71 @@ fn running_port(data: &Path) -> Option<u16> {
     Path::new(&format!("/proc/{pid}")).exists().then_some(port)
 }
 
+/// `<data dir>/engram.users`: its flock counts the live handles, its
+/// content is the pid of a postmaster detached on purpose (or empty).
+fn users_path(data: &Path) -> PathBuf {
+    data.join("engram.users")
+}
+
+fn users_file(data: &Path) -> Result<File, PgError> {
+    let path = users_path(data);
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|source| PgError::Io { path, source })
+}
+
+/// The users file locked exclusively, when no other live handle holds it.
+fn sole_user(data: &Path) -> Option<File> {
+    let f = users_file(data).ok()?;
+    f.try_lock().ok()?;
+    Some(f)
+}
+
+fn detached_pid(data: &Path) -> Option<u32> {
+    std::fs::read_to_string(users_path(data))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The pid in `postmaster.pid` (line 1), whether or not it is alive.
+fn postmaster_pid(data: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
+    text.lines().next()?.trim().parse().ok()
+}
+
 fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The users file tells a server other live handles still hold from one
+    /// nobody holds (a crashed run's orphan), and finds detach marks.
+    #[test]
+    fn users_file_counts_live_handles() {
+        let dir = std::env::temp_dir().join(format!("engram-users-{}", uuid::Uuid::new_v4()));
+        let data = dir.join("pgdata");
+        std::fs::create_dir_all(&data).expect("data dir");
+        assert!(sole_user(&data).is_some(), "nobody holds an orphan");
+        let other = users_file(&data).expect("open");
+        other.lock_shared().expect("lock");
+        assert!(sole_user(&data).is_none(), "a live user holds it");
+        drop(other);
+        assert!(sole_user(&data).is_some(), "the lock goes with its holder");
+
+        std::fs::write(data.join("postmaster.pid"), "4242\n/x\n1\n5432\n").expect("pid");
+        assert_eq!(postmaster_pid(&data), Some(4242));
+        assert_eq!(detached_pid(&data), None);
+        std::fs::write(users_path(&data), "4242").expect("mark");
+        assert_eq!(detached_pid(&data), Some(4242));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

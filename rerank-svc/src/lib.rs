@@ -23,6 +23,10 @@ pub use service::RerankSvc;
 /// Health name: SERVING only while a cross-encoder is loaded.
 pub const SERVICE_NAME: &str = "engram.v1.RerankService";
 
+/// The installed cross-encoder's directory name under `<home>/models` and
+/// `../shared/models`.
+pub const CROSS_ENCODER_DIR: &str = "engram-ce-minilm-l6";
+
 /// Requests can carry 200 candidates of 64 KiB each; tonic's 4 MiB default
 /// would refuse legal requests.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -38,14 +42,43 @@ pub async fn run(
     let model = tokio::task::spawn_blocking(move || load_model(&s))
         .await
         .map_err(|e| anyhow::anyhow!("model loader panicked: {e}"))?;
-    let model = match model {
-        Ok(m) => Ok(Arc::new(m)),
-        Err(e) => {
-            tracing::error!(error = %e, "cross-encoder unavailable; rerank will report not serving");
-            Err(e.to_string())
-        }
-    };
+    let model = model.map(Arc::new).map_err(|e| {
+        report_unavailable(&settings, &e);
+        e.to_string()
+    });
     run_with_model(listener, settings, model, shutdown).await
+}
+
+/// Where the cross-encoder is looked for: `models.cross_encoder_dir_opt`, else
+/// the installed copy under `<home>/models`.
+pub fn model_dir(settings: &Settings) -> PathBuf {
+    match &settings.models.cross_encoder_dir_opt {
+        Some(d) => settings.home_path(d),
+        None => settings.home.join("models").join(CROSS_ENCODER_DIR),
+    }
+}
+
+/// The message for a cross-encoder that could not be loaded: where it was
+/// looked for and how to supply one, or how to stop asking for it.
+pub fn unavailable_message(settings: &Settings, e: &Error) -> String {
+    format!(
+        "pipeline.cross_encoder is on but no cross-encoder could be loaded from {} ({e}); \
+         the relevance check is skipped on every query. To supply one, copy \
+         ../shared/models/{CROSS_ENCODER_DIR} there (done automatically when ../shared exists) \
+         or point models.cross_encoder_dir_opt at any BERT-style sequence-classification \
+         ONNX dir (README, Configuration); or set pipeline.cross_encoder = false",
+        model_dir(settings).display()
+    )
+}
+
+/// Reports a missing cross-encoder once, at start: a warning when the
+/// pipeline asks for it, a debug line when it is off (nothing is lost).
+pub fn report_unavailable(settings: &Settings, e: &Error) {
+    if settings.pipeline.cross_encoder {
+        tracing::warn!("{}", unavailable_message(settings, e));
+    } else {
+        tracing::debug!(error = %e, "no cross-encoder; pipeline.cross_encoder is off");
+    }
 }
 
 /// [`run`] with the model supplied (or its absence and the reason), so tests
@@ -85,11 +118,36 @@ pub fn load_model(settings: &Settings) -> Result<CrossEncoder, Error> {
         Some(d) => settings.home_path(d),
         None => bootstrap::ensure_cross_encoder(&settings.home).ok_or_else(|| {
             Error::ModelUnavailable(format!(
-                "no cross-encoder under {} nor in a shared/ folder; set ENGRAM__MODELS__CROSS_ENCODER_DIR_OPT",
-                settings.home.join("models").display()
+                "no model.onnx and tokenizer.json in {} nor in a shared/ folder",
+                model_dir(settings).display()
             ))
         })?,
     };
     engram_models::init_ort(&lib).map_err(|e| Error::ModelUnavailable(e.to_string()))?;
     CrossEncoder::load(&dir, m.intra_threads).map_err(|e| Error::ModelUnavailable(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one start-up message names the path and both ways out.
+    #[test]
+    fn missing_model_message_says_how_to_supply_one() {
+        let mut s = Settings {
+            home: PathBuf::from("/nonexistent-home"),
+            ..Settings::default()
+        };
+        let e = Error::ModelUnavailable("no model.onnx".into());
+        let m = unavailable_message(&s, &e);
+        assert!(
+            m.contains("/nonexistent-home/models/engram-ce-minilm-l6"),
+            "{m}"
+        );
+        assert!(m.contains("../shared/models/engram-ce-minilm-l6"), "{m}");
+        assert!(m.contains("models.cross_encoder_dir_opt"), "{m}");
+        assert!(m.contains("pipeline.cross_encoder = false"), "{m}");
+        s.models.cross_encoder_dir_opt = Some(PathBuf::from("/m/ce"));
+        assert!(unavailable_message(&s, &e).contains("/m/ce"));
+    }
 }

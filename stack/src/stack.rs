@@ -208,6 +208,26 @@ impl Stack {
         };
         let http_addr_opt = http_listener_opt.as_ref().and_then(|l| l.local_addr().ok());
 
+        // The cross-encoder is loaded here rather than in rerank-svc's task so
+        // that, when it is missing, the gateway beside it skips the relevance
+        // check as if `pipeline.cross_encoder` were off: reported once now,
+        // not as a warning and `degraded=rerank` on every query.
+        let mut rerank_model_opt = None;
+        if opts.services.contains(&Service::Rerank) {
+            let s = settings.clone();
+            let model = tokio::task::spawn_blocking(move || rerank_svc::load_model(&s))
+                .await
+                .context("cross-encoder loader panicked")?;
+            let model = model.map(std::sync::Arc::new).map_err(|e| {
+                rerank_svc::report_unavailable(&settings, &e);
+                e.to_string()
+            });
+            if model.is_err() && opts.services.contains(&Service::Retrieval) {
+                settings.pipeline.cross_encoder = false;
+            }
+            rerank_model_opt = Some(model);
+        }
+
         let mut tasks = Vec::new();
         {
             let stop = shutdown.clone().cancelled_owned();
@@ -237,7 +257,12 @@ impl Stack {
                     tokio::spawn(async move { graph_svc::run(listener, s, pool, stop).await })
                 }
                 Service::Rerank => {
-                    tokio::spawn(async move { rerank_svc::run(listener, s, stop).await })
+                    let model = rerank_model_opt
+                        .take()
+                        .context("rerank needs its model loaded")?;
+                    tokio::spawn(async move {
+                        rerank_svc::run_with_model(listener, s, model, stop).await
+                    })
                 }
                 Service::Retrieval => {
                     let gw = retrieval_svc::Gateway::new(s)?;
@@ -290,7 +315,7 @@ impl Stack {
 
     /// Polls grpc.health.v1 until every started service reports SERVING.
     /// rerank may stay NOT_SERVING (no cross-encoder installed): the gateway
-    /// then skips the relevance check, so that is a warning, not a failure.
+    /// then skips the relevance check, so that is not a failure.
     async fn wait_serving(&self, within: Duration) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + within;
         for (svc, addr) in &self.addrs {
@@ -304,12 +329,8 @@ impl Stack {
                 let status = health_status(*addr, *svc, &self.settings.tls).await;
                 match status {
                     Some(1) => break,
-                    Some(2) if *svc == Service::Rerank => {
-                        tracing::warn!(
-                            "rerank-svc has no cross-encoder: the relevance check will be skipped"
-                        );
-                        break;
-                    }
+                    // Reported once when the model failed to load.
+                    Some(2) if *svc == Service::Rerank => break,
                     _ => {}
                 }
                 if tokio::time::Instant::now() > deadline {
