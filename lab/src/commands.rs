@@ -108,6 +108,7 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
         } => {
             let opts = crate::ranker::TrainOptions {
                 tenant_opt: tenant,
+                tenants: Vec::new(),
                 out,
                 all_features,
                 identity_share,
@@ -200,6 +201,17 @@ pub struct EvalCommon {
     /// decomposition, reasoning_effort medium), reported as `agentic`.
     #[arg(long)]
     pub agentic: bool,
+    /// After the eval, replay every question through the public API and
+    /// send its gold memories as helpful (the rest as not) through the real
+    /// Feedback RPC, then train the Stage 4 ranker from that feedback and
+    /// write it here; evaluate it on another set with
+    /// `ENGRAM__PIPELINE__RANKER__MODEL_PATH_OPT=FILE engram eval <other>`.
+    #[arg(long)]
+    pub feedback_out: Option<PathBuf>,
+    /// With --feedback-out: fit every feature, not only the two that
+    /// transfer across corpora.
+    #[arg(long)]
+    pub all_features: bool,
 }
 
 /// (api key, tenant, agent, trust): one fresh key per evaluation tenant.
@@ -302,6 +314,16 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
                 progress,
             )
             .await?;
+            if common.feedback_out.is_some() {
+                let client = clients.get(&part.tenant).context("client")?;
+                ev::send_gold_feedback(client, part).await?;
+            }
+        }
+        if let Some(out) = &common.feedback_out {
+            let tenants: Vec<String> = parts.iter().map(|p| p.tenant.clone()).collect();
+            let url = stack.database_url_opt().context("no database")?;
+            let report = train_on_tenants(url, &tenants, out, common.all_features).await?;
+            eprintln!("ranker trained from feedback: {report:?}");
         }
         anyhow::Ok(tally)
     }
@@ -480,6 +502,27 @@ async fn ranker_train(
     println!("{}", serde_json::to_string_pretty(&report)?);
     eprintln!("ranker: wrote {} ({})", opts.out.display(), report.version);
     Ok(())
+}
+
+/// The ranker from the feedback the eval just sent: its tenants' examples
+/// only (another run's tenants may share the database).
+async fn train_on_tenants(
+    url: &str,
+    tenants: &[String],
+    out: &std::path::Path,
+    all_features: bool,
+) -> anyhow::Result<crate::ranker::TrainReport> {
+    let pool = engram_common::db::connect(url, 2).await?;
+    let opts = crate::ranker::TrainOptions {
+        tenant_opt: None,
+        tenants: tenants.to_vec(),
+        out: out.to_path_buf(),
+        all_features,
+        identity_share: 2.0,
+    };
+    let report = crate::ranker::train_from_feedback(&pool, &opts).await;
+    pool.close().await;
+    report
 }
 
 /// Where `engram tune` writes what it fitted.

@@ -648,6 +648,47 @@ pub async fn run_part(
     Ok(())
 }
 
+/// Replays every question of `part` (AUTO, limit 10, as the pipeline
+/// setting asks it) and sends feedback on each answer through the real
+/// Feedback RPC: every returned gold memory helpful, every other one not.
+/// The gateway turns each into training examples (ranker_examples).
+pub async fn send_gold_feedback(client: &Client, part: &Part) -> anyhow::Result<()> {
+    use engram_proto::{FeedbackItem, FeedbackRequest, FeedbackSignal};
+    let gold_ids = |q: &Question| -> std::collections::HashSet<String> {
+        q.gold.iter().map(|&i| doc_id(&part.tenant, i)).collect()
+    };
+    for q in &part.questions {
+        let mut c = client.clone();
+        let req = RetrieveRequest {
+            text: q.text.clone(),
+            limit: Some(10),
+            no_cache: true,
+            ..Default::default()
+        };
+        let r = c.retrieval.retrieve(req).await?.into_inner();
+        let gold = gold_ids(q);
+        let items: Vec<FeedbackItem> = (r.records.iter())
+            .filter_map(|s| s.memory.as_ref())
+            .map(|m| FeedbackItem {
+                memory_id: m.id.clone(),
+                signal: FeedbackSignal::Helpful as i32,
+                value: gold.contains(&m.id),
+            })
+            .collect();
+        if items.is_empty() {
+            continue;
+        }
+        let fb = FeedbackRequest {
+            query_id: r.query_id,
+            items,
+        };
+        c.retrieval.feedback(fb).await?;
+    }
+    // The gateway stores feedback in the background: let it drain.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    Ok(())
+}
+
 /// The contract JSON of design.md.
 /// The settings a report shows: every strategy, then agentic when run.
 fn reported(tally: &Tally) -> Vec<&'static str> {

@@ -309,6 +309,8 @@ pub fn write_models(labelled: &[Labelled], path: &std::path::Path) -> anyhow::Re
 pub struct TrainOptions {
     /// One tenant's examples only (a per-tenant model); all when unset.
     pub tenant_opt: Option<String>,
+    /// Or these tenants' (empty: no such filter).
+    pub tenants: Vec<String>,
     pub out: std::path::PathBuf,
     /// Fit every feature the gateway computes, not only the two that
     /// transfer across corpora: for a model that serves the data it was
@@ -354,10 +356,13 @@ pub async fn train_from_feedback(
 ) -> anyhow::Result<TrainReport> {
     let rows: Vec<ExampleRow> = sqlx::query_as(
         "SELECT tenant_id, agent_id, query_id, features, relevant FROM ranker_examples \
-         WHERE ($1::text IS NULL OR tenant_id = $1) ORDER BY created_at DESC, id DESC LIMIT $2",
+         WHERE ($1::text IS NULL OR tenant_id = $1) \
+           AND (cardinality($3::text[]) = 0 OR tenant_id = ANY($3)) \
+         ORDER BY created_at DESC, id DESC LIMIT $2",
     )
     .bind(&opts.tenant_opt)
     .bind(MAX_EXAMPLES)
+    .bind(&opts.tenants)
     .fetch_all(pool)
     .await
     .context("cannot read ranker_examples")?;

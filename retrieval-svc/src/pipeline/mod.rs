@@ -489,8 +489,10 @@ impl Pipeline {
             ranker_opt: ctx.ranker_opt.as_deref(),
             query: &ctx.query.text,
         };
+        let t = Instant::now();
         let distilled = stage_span("distill")
             .in_scope(|| distill::run(checked, &ctx.settings.pipeline, step.is_raw(), learned));
+        ctx.timed("distill", t);
         let rows = distilled.rows;
         let (records, conflicts) = assemble::run(ctx, &mut trace, distilled.ranked, !step.is_raw())
             .instrument(stage_span("assemble"))
