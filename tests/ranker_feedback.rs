@@ -107,6 +107,7 @@ async fn feedback_trains_a_model_the_gateway_swaps_in() -> anyhow::Result<()> {
     let opts = engram_lab::ranker::TrainOptions {
         tenant_opt: Some(ts.tenant.clone()),
         tenants: Vec::new(),
+        since_opt: None,
         out: model_path.clone(),
         all_features: true,
         identity_share: 2.0,

@@ -109,6 +109,7 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
             let opts = crate::ranker::TrainOptions {
                 tenant_opt: tenant,
                 tenants: Vec::new(),
+                since_opt: None,
                 out,
                 all_features,
                 identity_share,
@@ -290,6 +291,8 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
     let progress = !common.json;
     let keys = tenant_keys(parts.iter(), "eval");
     let stack = Stack::start(settings, keyed_stack(&keys)).await?;
+    // Feedback this run sends is what --feedback-out trains on.
+    let started = chrono::Utc::now();
     let result = async {
         let uri = stack.gateway_uri().context("no gateway")?;
         let mut clients = std::collections::HashMap::new();
@@ -320,9 +323,16 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
             }
         }
         if let Some(out) = &common.feedback_out {
-            let tenants: Vec<String> = parts.iter().map(|p| p.tenant.clone()).collect();
+            let opts = crate::ranker::TrainOptions {
+                tenant_opt: None,
+                tenants: parts.iter().map(|p| p.tenant.clone()).collect(),
+                since_opt: Some(started),
+                out: out.clone(),
+                all_features: common.all_features,
+                identity_share: 2.0,
+            };
             let url = stack.database_url_opt().context("no database")?;
-            let report = train_on_tenants(url, &tenants, out, common.all_features).await?;
+            let report = train_on(url, &opts).await?;
             eprintln!("ranker trained from feedback: {report:?}");
         }
         anyhow::Ok(tally)
@@ -504,23 +514,14 @@ async fn ranker_train(
     Ok(())
 }
 
-/// The ranker from the feedback the eval just sent: its tenants' examples
-/// only (another run's tenants may share the database).
-async fn train_on_tenants(
+/// The ranker from the feedback the eval just sent (its own tenants,
+/// since it started: another run's examples may share the database).
+async fn train_on(
     url: &str,
-    tenants: &[String],
-    out: &std::path::Path,
-    all_features: bool,
+    opts: &crate::ranker::TrainOptions,
 ) -> anyhow::Result<crate::ranker::TrainReport> {
     let pool = engram_common::db::connect(url, 2).await?;
-    let opts = crate::ranker::TrainOptions {
-        tenant_opt: None,
-        tenants: tenants.to_vec(),
-        out: out.to_path_buf(),
-        all_features,
-        identity_share: 2.0,
-    };
-    let report = crate::ranker::train_from_feedback(&pool, &opts).await;
+    let report = crate::ranker::train_from_feedback(&pool, opts).await;
     pool.close().await;
     report
 }

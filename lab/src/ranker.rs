@@ -311,6 +311,8 @@ pub struct TrainOptions {
     pub tenant_opt: Option<String>,
     /// Or these tenants' (empty: no such filter).
     pub tenants: Vec<String>,
+    /// Only examples written since (an eval's own feedback, not an earlier run's).
+    pub since_opt: Option<chrono::DateTime<chrono::Utc>>,
     pub out: std::path::PathBuf,
     /// Fit every feature the gateway computes, not only the two that
     /// transfer across corpora: for a model that serves the data it was
@@ -358,11 +360,13 @@ pub async fn train_from_feedback(
         "SELECT tenant_id, agent_id, query_id, features, relevant FROM ranker_examples \
          WHERE ($1::text IS NULL OR tenant_id = $1) \
            AND (cardinality($3::text[]) = 0 OR tenant_id = ANY($3)) \
+           AND ($4::timestamptz IS NULL OR created_at >= $4) \
          ORDER BY created_at DESC, id DESC LIMIT $2",
     )
     .bind(&opts.tenant_opt)
     .bind(MAX_EXAMPLES)
     .bind(&opts.tenants)
+    .bind(opts.since_opt)
     .fetch_all(pool)
     .await
     .context("cannot read ranker_examples")?;
