@@ -499,6 +499,10 @@ pub struct PipelineSettings {
 pub struct RankerSettings {
     pub enabled: bool,
     pub model_path_opt: Option<PathBuf>,
+    /// A directory of per-tenant models, `<tenant>.json` each (what
+    /// `engram ranker train --tenant T` writes): a tenant with a file is
+    /// ranked by its own model, every other by the global one.
+    pub tenant_models_dir_opt: Option<PathBuf>,
     /// How often the model file is checked for a change.
     pub reload_ms: u64,
 }
@@ -508,6 +512,7 @@ impl Default for RankerSettings {
         Self {
             enabled: true,
             model_path_opt: None,
+            tenant_models_dir_opt: None,
             reload_ms: 5_000,
         }
     }

@@ -64,7 +64,8 @@ pub enum RankerAction {
     /// Fit a model from the feedback examples in Postgres and write it
     /// where `pipeline.ranker.model_path_opt` points (the gateway reloads it).
     Train {
-        /// Only this tenant's feedback (a per-tenant model).
+        /// Only this tenant's feedback (a per-tenant model: write it to
+        /// `<pipeline.ranker.tenant_models_dir_opt>/<tenant>.json`).
         #[arg(long)]
         tenant: Option<String>,
         #[arg(long, default_value = "engram.ranker.json")]

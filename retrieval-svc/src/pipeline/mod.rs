@@ -149,10 +149,7 @@ impl Pipeline {
         let caches = Caches::new(CacheLimits::from_settings(p));
         let feedback = FeedbackQueue::spawn(ds.clone(), QUEUE_CAPACITY);
         let ranker = Arc::new(ranker::Slot::from_settings(&p.ranker));
-        if let (true, Some(path)) = (p.ranker.enabled, &p.ranker.model_path_opt) {
-            let every = Duration::from_millis(p.ranker.reload_ms);
-            ranker::spawn_reload(Arc::downgrade(&ranker), path.clone(), every);
-        }
+        ranker::spawn_reload(Arc::downgrade(&ranker), &p.ranker);
         Self {
             settings,
             ds,
@@ -385,6 +382,7 @@ impl Pipeline {
     }
 
     fn ctx(&self, identity: Arc<Identity>, q: Query, start: Instant, deadline: Instant) -> Ctx<'_> {
+        let ranker_opt = self.ranker.get_for(&identity.tenant);
         Ctx {
             settings: &self.settings,
             ds: &self.ds,
@@ -395,7 +393,7 @@ impl Pipeline {
             deadline,
             timings: Vec::new(),
             memo: Default::default(),
-            ranker_opt: self.ranker.get(),
+            ranker_opt,
         }
     }
 

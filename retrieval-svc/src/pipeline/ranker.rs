@@ -6,7 +6,7 @@
 //! without a restart, and the heuristic composite stays the fallback when
 //! none is loaded or a model does not match these features.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, SystemTime};
@@ -250,29 +250,63 @@ pub fn load_file(path: &Path) -> Result<Ranker, String> {
     Ranker::new(m).map_err(|e| e.to_string())
 }
 
-/// The model Stage 4 uses now. A request takes it once at its start, so a
-/// swap never mixes two models in one answer.
+/// The models Stage 4 uses now: the global one and any tenant's own. A
+/// request takes its model once at its start, so a swap never mixes two
+/// models in one answer.
 #[derive(Debug, Default)]
-pub struct Slot(RwLock<Option<Arc<Ranker>>>);
+pub struct Slot {
+    global: RwLock<Option<Arc<Ranker>>>,
+    /// By tenant, from `<tenant>.json` in `pipeline.ranker.tenant_models_dir_opt`.
+    tenants: RwLock<HashMap<String, Arc<Ranker>>>,
+}
+
+fn read<T: Clone>(lock: &RwLock<T>) -> T {
+    match lock.read() {
+        Ok(g) => g.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    }
+}
+
+fn write<T>(lock: &RwLock<T>, f: impl FnOnce(&mut T)) {
+    match lock.write() {
+        Ok(mut g) => f(&mut g),
+        Err(poisoned) => f(&mut poisoned.into_inner()),
+    }
+}
 
 impl Slot {
+    /// The global model.
     pub fn get(&self) -> Option<Arc<Ranker>> {
-        match self.0.read() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        read(&self.global)
+    }
+
+    /// `tenant`'s own model when it has one, else the global one.
+    pub fn get_for(&self, tenant: &str) -> Option<Arc<Ranker>> {
+        let own = match self.tenants.read() {
+            Ok(g) => g.get(tenant).cloned(),
+            Err(poisoned) => poisoned.into_inner().get(tenant).cloned(),
+        };
+        own.or_else(|| self.get())
     }
 
     pub fn set(&self, ranker_opt: Option<Arc<Ranker>>) {
-        match self.0.write() {
-            Ok(mut g) => *g = ranker_opt,
-            Err(poisoned) => *poisoned.into_inner() = ranker_opt,
-        }
+        write(&self.global, |g| *g = ranker_opt);
+    }
+
+    fn set_tenant(&self, tenant: &str, ranker_opt: Option<Arc<Ranker>>) {
+        write(&self.tenants, |m| match ranker_opt {
+            Some(r) => {
+                m.insert(tenant.to_string(), r);
+            }
+            None => {
+                m.remove(tenant);
+            }
+        });
     }
 
     /// The configured model: the file when one is set (the shipped model
     /// when it does not load, said once), else the shipped one; none when
-    /// the ranker is off.
+    /// the ranker is off. Tenant models arrive with the first reload.
     pub fn from_settings(s: &RankerSettings) -> Self {
         let slot = Self::default();
         if !s.enabled {
@@ -296,30 +330,85 @@ impl Slot {
     }
 }
 
-/// Re-reads the model file whenever its modification time changes, until
-/// the slot is dropped. A file that does not load keeps the model in use.
-pub fn spawn_reload(slot: Weak<Slot>, path: PathBuf, every: Duration) {
+fn modified(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// Re-reads the model files whenever their modification times change,
+/// until the slot is dropped: the global file, and in the tenant directory
+/// each `<tenant>.json` (a removed file drops that tenant's model). A file
+/// that does not load keeps the model in use.
+pub fn spawn_reload(slot: Weak<Slot>, s: &RankerSettings) {
+    let global_opt = s.model_path_opt.clone();
+    let dir_opt = s.tenant_models_dir_opt.clone();
+    if !s.enabled || (global_opt.is_none() && dir_opt.is_none()) {
+        return;
+    }
+    let every = Duration::from_millis(s.reload_ms).max(Duration::from_millis(100));
     tokio::spawn(async move {
-        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let mut seen: Option<SystemTime> = modified(&path);
-        let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+        let mut seen_global = global_opt.as_deref().and_then(modified);
+        let mut seen_tenants: HashMap<String, Option<SystemTime>> = HashMap::new();
+        let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
             let Some(slot) = slot.upgrade() else { return };
-            let now = modified(&path);
-            if now == seen {
-                continue;
-            }
-            seen = now;
-            match load_file(&path) {
-                Ok(r) => {
-                    tracing::info!(version = r.version(), "stage 4 ranker reloaded");
-                    slot.set(Some(Arc::new(r)));
+            if let Some(path) = &global_opt {
+                let now = modified(path);
+                if now != seen_global {
+                    seen_global = now;
+                    reload_one(path, |r| slot.set(Some(r)));
                 }
-                Err(e) => tracing::warn!(error = %e, "ranker model change ignored"),
+            }
+            if let Some(dir) = &dir_opt {
+                reload_tenants(&slot, dir, &mut seen_tenants);
             }
         }
+    });
+}
+
+fn reload_one(path: &Path, install: impl FnOnce(Arc<Ranker>)) {
+    match load_file(path) {
+        Ok(r) => {
+            tracing::info!(version = r.version(), path = %path.display(), "stage 4 ranker reloaded");
+            install(Arc::new(r));
+        }
+        Err(e) => tracing::warn!(error = %e, "ranker model change ignored"),
+    }
+}
+
+/// One scan of the tenant directory.
+fn reload_tenants(slot: &Slot, dir: &Path, seen: &mut HashMap<String, Option<SystemTime>>) {
+    let mut present: HashMap<String, PathBuf> = HashMap::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let tenant_opt = (path.extension().is_some_and(|e| e == "json"))
+                .then(|| {
+                    path.file_stem()
+                        .and_then(|s| s.to_str())
+                        .map(str::to_string)
+                })
+                .flatten();
+            if let Some(tenant) = tenant_opt {
+                present.insert(tenant, path);
+            }
+        }
+    }
+    for (tenant, path) in &present {
+        let now = modified(path);
+        if seen.get(tenant) != Some(&now) {
+            seen.insert(tenant.clone(), now);
+            reload_one(path, |r| slot.set_tenant(tenant, Some(r)));
+        }
+    }
+    seen.retain(|tenant, _| {
+        let keep = present.contains_key(tenant);
+        if !keep {
+            tracing::info!(%tenant, "tenant ranker removed; global model in use");
+            slot.set_tenant(tenant, None);
+        }
+        keep
     });
 }
 
@@ -467,11 +556,7 @@ mod tests {
         };
         let slot = Arc::new(Slot::from_settings(&settings));
         assert_eq!(slot.get().expect("model").version(), "one");
-        spawn_reload(
-            Arc::downgrade(&slot),
-            path.clone(),
-            Duration::from_millis(100),
-        );
+        spawn_reload(Arc::downgrade(&slot), &settings);
         // Modification times can be coarse: wait until the change is seen.
         tokio::time::sleep(Duration::from_millis(1100)).await;
         write("two");
@@ -488,6 +573,32 @@ mod tests {
         std::fs::write(&path, "{broken").expect("write");
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(slot.get().expect("model").version(), "two");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_tenants_own_model_serves_only_that_tenant_until_removed() {
+        let dir =
+            std::env::temp_dir().join(format!("engram-ranker-tenants-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut m = model(&["fused_rr"], &[1.0]);
+        m.version = "acme-own".into();
+        let own = dir.join("acme.json");
+        std::fs::write(&own, serde_json::to_string(&m).expect("json")).expect("write");
+        let settings = RankerSettings {
+            tenant_models_dir_opt: Some(dir.clone()),
+            reload_ms: 100,
+            ..Default::default()
+        };
+        let slot = Arc::new(Slot::from_settings(&settings));
+        let global = slot.get().expect("shipped").version().to_string();
+        spawn_reload(Arc::downgrade(&slot), &settings);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(slot.get_for("acme").expect("model").version(), "acme-own");
+        assert_eq!(slot.get_for("other").expect("model").version(), global);
+        std::fs::remove_file(&own).expect("remove");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(slot.get_for("acme").expect("model").version(), global);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
