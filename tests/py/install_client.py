@@ -28,6 +28,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.dont_write_bytecode = True  # no __pycache__ beside the scripts
+from _pinned import fresh_tmp, install_pins, is_current, pip_target, read, swap_in
+
 # The closure of grpcio, grpcio-tools, protobuf, hatchling, build, pytest and
 # pytest-asyncio for CPython 3.11 on Linux, resolved once and pinned.
 PINS = [
@@ -55,52 +58,8 @@ PACKAGE_INPUTS = ["pyproject.toml", "hatch_build.py", "README.md", "src"]
 PROTOS = ["common.proto", "retrieval.proto", "foundry.proto"]
 
 
-def _read(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _swap_in(tmp, target, wanted):
-    """Renames the finished `tmp` to `target` unless an equal one is there."""
-    with open(os.path.join(tmp, MARKER), "w") as f:
-        f.write(wanted)
-    if _read(os.path.join(target, MARKER)) == wanted:
-        shutil.rmtree(tmp, ignore_errors=True)
-        return
-    old = f"{target}.old.{os.getpid()}"
-    if os.path.exists(target):
-        os.rename(target, old)
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        # Lost a race to a concurrent installer with the same inputs.
-        shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _pip_target(target_dir, args):
-    subprocess.check_call(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "--no-deps", "--no-warn-script-location", "--root-user-action=ignore",
-         "--target", target_dir] + args,
-        stdout=sys.stderr,
-    )
-
-
 def install_tools(home):
-    target = os.path.join(home, "pyclient-tools")
-    wanted = "\n".join(PINS)
-    if _read(os.path.join(target, MARKER)) == wanted:
-        return target
-    os.makedirs(home, exist_ok=True)
-    tmp = f"{target}.tmp.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    _pip_target(tmp, PINS)
-    _swap_in(tmp, target, wanted)
-    return target
+    return install_pins(os.path.join(home, "pyclient-tools"), PINS, MARKER)
 
 
 def fingerprint(client_dir, proto_dir):
@@ -127,11 +86,9 @@ def fingerprint(client_dir, proto_dir):
 def install_client(home, tools, client_dir, proto_dir):
     target = os.path.join(home, "pyclient", "site")
     wanted = fingerprint(client_dir, proto_dir)
-    if _read(os.path.join(target, MARKER)) == wanted:
-        return target, _read(os.path.join(target, ".wheel")) or ""
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = f"{target}.tmp.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    if is_current(target, MARKER, wanted):
+        return target, read(os.path.join(target, ".wheel")) or ""
+    tmp = fresh_tmp(target)
     dist = os.path.join(home, "pyclient", "dist")
     os.makedirs(dist, exist_ok=True)
     out = tempfile.mkdtemp(prefix="build.", dir=dist)
@@ -147,10 +104,10 @@ def install_client(home, tools, client_dir, proto_dir):
     wheel = os.path.join(dist, wheels[0])
     os.replace(os.path.join(out, wheels[0]), wheel)
     shutil.rmtree(out, ignore_errors=True)
-    _pip_target(tmp, [wheel])
+    pip_target(tmp, [wheel])
     with open(os.path.join(tmp, ".wheel"), "w") as f:
         f.write(wheel)
-    _swap_in(tmp, target, wanted)
+    swap_in(tmp, target, MARKER, wanted)
     return target, wheel
 
 

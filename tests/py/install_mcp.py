@@ -12,9 +12,10 @@ marker differs from the pins below.
 """
 
 import os
-import shutil
-import subprocess
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ beside the scripts
+from _pinned import install_pins
 
 PKGS = [
     "mcp==2.3.0",
@@ -49,43 +50,9 @@ PKGS = [
 MARKER = ".engram-mcptools"
 
 
-def _read(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def install(home):
     """Into HOME/mcptools, atomically: a half-finished install is never seen."""
-    target = os.path.join(home, "mcptools")
-    wanted = "\n".join(PKGS)
-    if _read(os.path.join(target, MARKER)) == wanted:
-        return target
-    os.makedirs(home, exist_ok=True)
-    tmp = f"{target}.tmp.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.check_call(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "--no-deps", "--no-warn-script-location", "--root-user-action=ignore", "--target", tmp] + PKGS
-    )
-    with open(os.path.join(tmp, MARKER), "w") as f:
-        f.write(wanted)
-    # Another installer may have finished first, or an old pin set is there.
-    if _read(os.path.join(target, MARKER)) == wanted:
-        shutil.rmtree(tmp, ignore_errors=True)
-        return target
-    old = f"{target}.old.{os.getpid()}"
-    if os.path.exists(target):
-        os.rename(target, old)
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        # Lost a race to a concurrent installer with the same pins.
-        shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
-    return target
+    return install_pins(os.path.join(home, "mcptools"), PKGS, MARKER)
 
 
 if __name__ == "__main__":

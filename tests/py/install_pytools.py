@@ -14,6 +14,9 @@ import shutil
 import subprocess
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ beside the scripts
+from _pinned import install_pins, read
+
 # Exact pins, dependencies included, installed with --no-deps so a fresh
 # machine gets exactly what was tested.
 PY_PKGS = [
@@ -27,43 +30,9 @@ BUF_PKG = "@bufbuild/buf@1.75.0"
 MARKER = ".engram-pytools"
 
 
-def _read(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def install_python(home):
     """Into HOME/pytools, atomically: a half-finished install is never seen."""
-    target = os.path.join(home, "pytools")
-    wanted = "\n".join(PY_PKGS)
-    if _read(os.path.join(target, MARKER)) == wanted:
-        return target
-    os.makedirs(home, exist_ok=True)
-    tmp = f"{target}.tmp.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.check_call(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "--no-deps", "--no-warn-script-location", "--root-user-action=ignore", "--target", tmp] + PY_PKGS
-    )
-    with open(os.path.join(tmp, MARKER), "w") as f:
-        f.write(wanted)
-    # Another installer may have finished first, or an old pin set is there.
-    if _read(os.path.join(target, MARKER)) == wanted:
-        shutil.rmtree(tmp, ignore_errors=True)
-        return target
-    old = f"{target}.old.{os.getpid()}"
-    if os.path.exists(target):
-        os.rename(target, old)
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        # Lost a race to a concurrent installer with the same pins.
-        shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
-    return target
+    return install_pins(os.path.join(home, "pytools"), PY_PKGS, MARKER)
 
 
 def install_buf(home):
@@ -74,7 +43,7 @@ def install_buf(home):
     prefix = os.path.join(home, "node")
     buf = os.path.join(prefix, "node_modules", ".bin", "buf")
     marker = os.path.join(prefix, MARKER)
-    if _read(marker) == BUF_PKG and os.access(buf, os.X_OK):
+    if read(marker) == BUF_PKG and os.access(buf, os.X_OK):
         return buf
     try:
         subprocess.check_call(

@@ -14,36 +14,16 @@ offending ``field`` and its ``rule``.
 """
 
 from .client import DEFAULT_TARGET, DEFAULT_TIMEOUT, VERSION, AsyncEngram, Engram
-from .errors import (
-    DeadlineExceeded,
-    EngramError,
-    FailedPrecondition,
-    Internal,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    ResourceExhausted,
-    Unauthenticated,
-    Unavailable,
-)
+from . import errors as _errors
+from .errors import *  # noqa: F401,F403
 from .types import *  # noqa: F401,F403
 from .types import __all__ as _types_all
 
 __version__ = VERSION
 
-__all__ = [
-    "Engram",
-    "AsyncEngram",
-    "DEFAULT_TARGET",
-    "DEFAULT_TIMEOUT",
-    "EngramError",
-    "InvalidArgument",
-    "Unauthenticated",
-    "PermissionDenied",
-    "NotFound",
-    "ResourceExhausted",
-    "FailedPrecondition",
-    "Unavailable",
-    "DeadlineExceeded",
-    "Internal",
-] + list(_types_all)
+__all__ = (
+    ["Engram", "AsyncEngram", "DEFAULT_TARGET", "DEFAULT_TIMEOUT"]
+    # The exception types; parse_invalid_argument stays in engram_client.errors.
+    + [n for n in _errors.__all__ if n != "parse_invalid_argument"]
+    + list(_types_all)
+)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
@@ -61,12 +62,14 @@ class _ProtoEnum(str, enum.Enum):
     """A str enum whose members map to ``<PREFIX>_<VALUE.upper()>`` in proto."""
 
     @classmethod
-    def _prefix(cls) -> str:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def _prefix(cls) -> str:
+        """``AccessLevel`` -> ``ACCESS_LEVEL``."""
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).upper()
 
     @classmethod
-    def _pb(cls) -> Any:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def _pb(cls) -> Any:
+        """The proto enum of the same name."""
+        return getattr(retrieval_pb2, cls.__name__, None) or getattr(common_pb2, cls.__name__)
 
     @classmethod
     def coerce(cls, value: Union["_ProtoEnum", str, int, None]):
@@ -112,14 +115,6 @@ class AccessLevel(_ProtoEnum):
     CONFIDENTIAL = "confidential"
     SENSITIVE = "sensitive"
 
-    @classmethod
-    def _prefix(cls):
-        return "ACCESS_LEVEL"
-
-    @classmethod
-    def _pb(cls):
-        return common_pb2.AccessLevel
-
 
 class RetrievalMode(_ProtoEnum):
     """Overrides routing. VECTOR, KEYWORD, GRAPH and HYBRID return raw
@@ -134,14 +129,6 @@ class RetrievalMode(_ProtoEnum):
     GRAPH = "graph"
     HYBRID = "hybrid"
 
-    @classmethod
-    def _prefix(cls):
-        return "RETRIEVAL_MODE"
-
-    @classmethod
-    def _pb(cls):
-        return retrieval_pb2.RetrievalMode
-
 
 class QueryRoute(_ProtoEnum):
     UNSPECIFIED = "unspecified"
@@ -150,28 +137,12 @@ class QueryRoute(_ProtoEnum):
     EXPLORATORY = "exploratory"
     SKIP = "skip"
 
-    @classmethod
-    def _prefix(cls):
-        return "QUERY_ROUTE"
-
-    @classmethod
-    def _pb(cls):
-        return retrieval_pb2.QueryRoute
-
 
 class SkipReason(_ProtoEnum):
     NONE = "none"
     CACHE_HIT = "cache_hit"
     CONTEXT_SUFFICIENT = "context_sufficient"
     NO_RETRIEVAL_NEEDED = "no_retrieval_needed"
-
-    @classmethod
-    def _prefix(cls):
-        return "SKIP_REASON"
-
-    @classmethod
-    def _pb(cls):
-        return retrieval_pb2.SkipReason
 
 
 class ConflictResolution(_ProtoEnum):
@@ -180,14 +151,6 @@ class ConflictResolution(_ProtoEnum):
     CONFIDENCE = "confidence"
     UNRESOLVED = "unresolved"
 
-    @classmethod
-    def _prefix(cls):
-        return "CONFLICT_RESOLUTION"
-
-    @classmethod
-    def _pb(cls):
-        return retrieval_pb2.ConflictResolution
-
 
 class FeedbackSignal(_ProtoEnum):
     UNSPECIFIED = "unspecified"
@@ -195,28 +158,12 @@ class FeedbackSignal(_ProtoEnum):
     HELPFUL = "helpful"
     SUFFICIENT = "sufficient"
 
-    @classmethod
-    def _prefix(cls):
-        return "FEEDBACK_SIGNAL"
-
-    @classmethod
-    def _pb(cls):
-        return retrieval_pb2.FeedbackSignal
-
 
 class MemoryOrigin(_ProtoEnum):
     UNSPECIFIED = "unspecified"
     NONE = "none"
     WORKING = "working"
     GRAPH = "graph"
-
-    @classmethod
-    def _prefix(cls):
-        return "MEMORY_ORIGIN"
-
-    @classmethod
-    def _pb(cls):
-        return retrieval_pb2.MemoryOrigin
 
 
 # ---------------------------------------------------------------- helpers
@@ -261,6 +208,19 @@ def _opt(msg: Any, name: str) -> Any:
     return getattr(msg, name) if msg.HasField(name) else None
 
 
+def _from(cls: Any, msg: Any, **special: Any) -> Any:
+    """``cls`` from ``msg``: each dataclass field from the proto field of
+    the same name (repeated ones as lists), unless ``special`` gives it."""
+    values = {}
+    for f in fields(cls):
+        if f.name in special:
+            values[f.name] = special[f.name]
+            continue
+        v = getattr(msg, f.name)
+        values[f.name] = v if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") else list(v)
+    return cls(**values)
+
+
 # ---------------------------------------------------------------- memories
 
 
@@ -277,7 +237,7 @@ class Triple:
 
     @classmethod
     def from_proto(cls, m: common_pb2.Triple) -> "Triple":
-        return cls(subject=m.subject, relation=m.relation, object=m.object)
+        return _from(cls, m)
 
 
 @dataclass
@@ -339,31 +299,14 @@ class Memory:
 
     @classmethod
     def from_proto(cls, m: common_pb2.Memory) -> "Memory":
-        return cls(
-            content=m.content,
-            id=m.id,
-            namespace=m.namespace,
-            memory_type=m.memory_type,
-            title=m.title,
+        times = ("event_time", "valid_from", "valid_to", "retracted_at", "ingestion_time",
+                 "recorded_at")
+        return _from(
+            cls, m, **{t: _ts_out(m, t) for t in times},
             access_level=AccessLevel.from_proto(m.access_level),
             source_confidence=_opt(m, "source_confidence"),
-            event_time=_ts_out(m, "event_time"),
-            valid_from=_ts_out(m, "valid_from"),
-            valid_to=_ts_out(m, "valid_to"),
-            retracted_at=_ts_out(m, "retracted_at"),
-            supersedes=m.supersedes,
-            consolidated=m.consolidated,
             metadata=_struct_out(m, "metadata"),
-            source=m.source,
-            entities=list(m.entities),
             triples=[Triple.from_proto(t) for t in m.triples],
-            embedding=list(m.embedding),
-            agent_id=m.agent_id,
-            decay_score=m.decay_score,
-            ingestion_time=_ts_out(m, "ingestion_time"),
-            recorded_at=_ts_out(m, "recorded_at"),
-            version=m.version,
-            tenant_id=m.tenant_id,
         )
 
 
@@ -410,7 +353,7 @@ class UpsertResult:
 
     @classmethod
     def from_proto(cls, m: common_pb2.UpsertResult) -> "UpsertResult":
-        return cls(id=m.id, version=m.version, created=m.created, embedded=m.embedded)
+        return _from(cls, m)
 
 
 @dataclass
@@ -424,11 +367,7 @@ class MemoryPage:
 
     @classmethod
     def from_proto(cls, r: Any) -> "MemoryPage":
-        return cls(
-            memories=[Memory.from_proto(m) for m in r.memories],
-            next_page_token=r.next_page_token,
-            tenant=r.tenant,
-        )
+        return _from(cls, r, memories=[Memory.from_proto(m) for m in r.memories])
 
 
 # ---------------------------------------------------------------- retrieval
@@ -475,16 +414,8 @@ class Provenance:
 
     @classmethod
     def from_proto(cls, p: retrieval_pb2.Provenance) -> "Provenance":
-        return cls(
-            strategies=[StrategyHit(s.strategy, s.rank, s.score) for s in p.strategies],
-            rrf_score=p.rrf_score,
-            checks_passed=list(p.checks_passed),
-            confidence=p.confidence,
-            citation=p.citation,
-            relevance=_opt(p, "relevance"),
-            temporal_score=p.temporal_score,
-            via_entities=list(p.via_entities),
-        )
+        return _from(cls, p, strategies=[_from(StrategyHit, s) for s in p.strategies],
+                     relevance=_opt(p, "relevance"))
 
 
 @dataclass
@@ -515,13 +446,7 @@ class ConflictPair:
 
     @classmethod
     def from_proto(cls, c: retrieval_pb2.ConflictPair) -> "ConflictPair":
-        return cls(
-            memory_a=c.memory_a,
-            memory_b=c.memory_b,
-            resolution=ConflictResolution.from_proto(c.resolution),
-            winner_id=c.winner_id,
-            edge_type=c.edge_type,
-        )
+        return _from(cls, c, resolution=ConflictResolution.from_proto(c.resolution))
 
 
 @dataclass
@@ -567,31 +492,18 @@ class RetrieveResult:
 
     @classmethod
     def from_proto(cls, r: retrieval_pb2.RetrieveResponse) -> "RetrieveResult":
-        return cls(
+        return _from(
+            cls, r,
             records=[
-                ScoredMemory(
-                    memory=Memory.from_proto(s.memory),
-                    score=s.score,
-                    provenance=Provenance.from_proto(s.provenance),
-                    rank=s.rank,
-                )
+                _from(ScoredMemory, s, memory=Memory.from_proto(s.memory),
+                      provenance=Provenance.from_proto(s.provenance))
                 for s in r.records
             ],
             route=QueryRoute.from_proto(r.route),
-            total_candidates=r.total_candidates,
-            retrieval_confidence=r.retrieval_confidence,
             conflicts=[ConflictPair.from_proto(c) for c in r.conflicts],
-            retry_count=r.retry_count,
             skip_reason=SkipReason.from_proto(r.skip_reason),
-            latency_ms=r.latency_ms,
-            stage_latencies=[StageLatency(s.stage, s.ms) for s in r.stage_latencies],
-            degraded_stages=list(r.degraded_stages),
-            query_id=r.query_id,
-            context_block=r.context_block,
-            context_tokens=r.context_tokens,
-            dropped=[DroppedCandidate(d.memory_id, d.stage, d.reason) for d in r.dropped],
-            nothing_relevant=r.nothing_relevant,
-            evidence_score=r.evidence_score,
+            stage_latencies=[_from(StageLatency, s) for s in r.stage_latencies],
+            dropped=[_from(DroppedCandidate, d) for d in r.dropped],
         )
 
 
@@ -645,18 +557,8 @@ class MemoryItem:
 
     @classmethod
     def from_proto(cls, m: retrieval_pb2.MemoryItem) -> "MemoryItem":
-        return cls(
-            id=m.id,
-            content=m.content,
-            memory_type=m.memory_type,
-            confidence=m.confidence,
-            score=m.score,
-            session_id=m.session_id,
-            written_at=_ts_out(m, "written_at"),
-            expires_at=_ts_out(m, "expires_at"),
-            text_match=m.text_match,
-            similarity=_opt(m, "similarity"),
-        )
+        return _from(cls, m, written_at=_ts_out(m, "written_at"),
+                     expires_at=_ts_out(m, "expires_at"), similarity=_opt(m, "similarity"))
 
 
 @dataclass
@@ -693,22 +595,13 @@ class WorkingMemoryResult:
 
     @classmethod
     def from_proto(cls, r: retrieval_pb2.GetMemoryResponse) -> "WorkingMemoryResult":
-        return cls(
+        return _from(
+            cls, r,
             origin=MemoryOrigin.from_proto(r.origin),
             items=[MemoryItem.from_proto(i) for i in r.items],
-            causal_chain=[
-                CausalLink(c.memory_id, c.edge_type, c.depth, c.content, c.confidence)
-                for c in r.causal_chain
-            ],
-            sources=[
-                SourceRef(s.memory_id, s.citation, list(s.found_by), s.namespace, s.session_id)
-                for s in r.sources
-            ],
+            causal_chain=[_from(CausalLink, c) for c in r.causal_chain],
+            sources=[_from(SourceRef, s) for s in r.sources],
             contradictions=[ConflictPair.from_proto(c) for c in r.contradictions],
-            working_candidates=r.working_candidates,
-            degraded_stages=list(r.degraded_stages),
-            latency_ms=r.latency_ms,
-            query_id=r.query_id,
         )
 
 
@@ -730,16 +623,7 @@ class DemandResult:
 
     @classmethod
     def from_proto(cls, r: retrieval_pb2.GetDemandResponse) -> "DemandResult":
-        return cls(
-            shapes=[
-                DemandShape(s.shape, list(s.requested), list(s.observed_types), s.count,
-                            s.concept_candidate)
-                for s in r.shapes
-            ],
-            observations=r.observations,
-            concept_candidates=r.concept_candidates,
-            threshold=r.threshold,
-        )
+        return _from(cls, r, shapes=[_from(DemandShape, s) for s in r.shapes])
 
 
 # ---------------------------------------------------------------- knowledge foundry
@@ -784,23 +668,10 @@ class FoundryResponse:
 
     @classmethod
     def from_proto(cls, r: foundry_pb2.FoundryResponse) -> "FoundryResponse":
-        return cls(
-            request_id=r.request_id,
-            answer=r.answer,
-            results=[
-                FoundryResult(x.chunk_id, x.document_id, x.text, x.score,
-                              _struct_out(x, "metadata"))
-                for x in r.results
-            ],
-            steps=[
-                FoundryStep(s.step_number, s.action, s.input, s.result_count, s.tokens,
-                            s.latency_ms, s.detail)
-                for s in r.steps
-            ],
-            total_tokens_used=r.total_tokens_used,
-            total_latency_ms=r.total_latency_ms,
-            truncated=r.truncated,
-            truncated_reason=r.truncated_reason,
-            context=r.context,
+        return _from(
+            cls, r,
+            results=[_from(FoundryResult, x, metadata=_struct_out(x, "metadata"))
+                     for x in r.results],
+            steps=[_from(FoundryStep, s) for s in r.steps],
         )
 
