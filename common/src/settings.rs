@@ -269,6 +269,14 @@ pub struct SearchSettings {
     /// Seconds between two passes of search-svc's decay job over every
     /// memory; 0 turns the job off (`engram decay --once` still works).
     pub decay_interval_secs: u64,
+    /// Detect at write time when a new memory updates an older one and
+    /// write a system-detected `contradicts` edge (search-svc updates.rs).
+    pub update_detection: bool,
+    /// The score a pair must reach to count as an update.
+    pub update_threshold: f32,
+    /// Memory types judged for updates (not documents, conversation turns
+    /// or working memory: see search-svc updates.rs).
+    pub update_types: Vec<String>,
     /// Days the Stage 4 training examples (feedback with the features of
     /// the answer it judged) are kept; the decay pass deletes older ones.
     pub ranker_examples_days: u32,
@@ -317,6 +325,11 @@ impl Default for SearchSettings {
             // -1 point (docs/decisions.md).
             keyword_candidates: 1000,
             decay_interval_secs: 600,
+            update_detection: true,
+            update_threshold: 0.6,
+            update_types: ["semantic", "episodic", "procedural"]
+                .map(String::from)
+                .to_vec(),
             ranker_examples_days: 90,
             decay_batch_size: 1000,
             // Events fade in weeks, facts in months, procedures in a year;

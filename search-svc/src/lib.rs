@@ -18,6 +18,7 @@ pub mod get;
 pub mod keyword;
 pub mod list;
 pub mod rows;
+pub mod updates;
 pub mod validate;
 pub mod writes;
 
@@ -64,6 +65,7 @@ struct Inner {
     admission: Admission,
     serve_opts: engram_common::server::ServeOptions,
     feed: changes::Feed,
+    updates: updates::Policy,
 }
 
 impl SearchSvc {
@@ -86,6 +88,12 @@ impl SearchSvc {
                 timeouts: Timeouts::from_settings(&settings.search),
                 admission: Admission::new(settings.search.max_concurrent_requests),
                 serve_opts: engram_common::server::ServeOptions::internal(settings)?,
+                updates: updates::Policy {
+                    enabled: settings.search.update_detection,
+                    threshold: settings.search.update_threshold,
+                    types: settings.search.update_types.clone(),
+                    timeout_ms: settings.search.statement_timeout_write_ms,
+                },
             }),
         })
     }
@@ -162,6 +170,14 @@ impl SearchService for SearchSvc {
         let (pool, timeout_ms) = (&self.inner.pool, self.inner.timeouts.write_ms);
         let results =
             writes::upsert(pool, &self.inner.embeddings, &identity, batch, timeout_ms).await?;
+        // After the commit: the write is acknowledged whatever detection does.
+        let created: Vec<uuid::Uuid> = (results.iter())
+            .filter(|r| r.created)
+            .filter_map(|r| r.id.parse().ok())
+            .collect();
+        if let Err(e) = updates::detect(pool, &identity, &created, &self.inner.updates).await {
+            tracing::warn!(tenant = %identity.tenant, error = %e, "update detection skipped");
+        }
         Ok(Response::new(pb::UpsertResponse { results }))
     }
 

@@ -56,7 +56,7 @@ pub fn change_payload(tenant: &str, op: &str, ids: &[Uuid]) -> String {
     }
 }
 
-async fn notify(
+pub(crate) async fn notify(
     tx: &mut Transaction<'_, Postgres>,
     tenant: &str,
     op: &str,

@@ -1,0 +1,165 @@
+//! Memories that stay current (issue 21): a write that changes a fact an
+//! older memory states is detected without an LLM, recorded as a
+//! system-detected `contradicts` edge, and the answer is what is true now.
+
+use engram::client::Client;
+use engram_proto::{Memory, RetrieveRequest, UpsertRequest};
+use engram_tests::TestStack;
+
+fn at(days_ago: i64) -> prost_types::Timestamp {
+    let t = chrono::Utc::now() - chrono::Duration::days(days_ago);
+    prost_types::Timestamp {
+        seconds: t.timestamp(),
+        nanos: 0,
+    }
+}
+
+async fn write(c: &mut Client, content: &str, days_ago: i64) -> anyhow::Result<String> {
+    let m = Memory {
+        content: content.into(),
+        memory_type: "semantic".into(),
+        event_time: Some(at(days_ago)),
+        ..Default::default()
+    };
+    let r = c
+        .memories
+        .upsert(UpsertRequest { memories: vec![m] })
+        .await?
+        .into_inner();
+    Ok(r.results.first().map(|r| r.id.clone()).unwrap_or_default())
+}
+
+/// Old facts (five months ago), unrelated facts, then the three updates.
+const OLD: [&str; 3] = [
+    "Priya lives in Berlin.",
+    "The team standup is at 9:30 every morning.",
+    "Code reviews happen in the mornings.",
+];
+const OTHER: [&str; 5] = [
+    "Priya likes hiking on weekends.",
+    "Priya's manager is Tom Becker.",
+    "The team uses Rust for the backend services.",
+    "Priya prefers tea over coffee.",
+    "The quarterly planning happens in January.",
+];
+const NEW: [&str; 3] = [
+    "Priya moved to Amsterdam.",
+    "The standup moved to 10:00.",
+    "Code reviews are now at 15:00.",
+];
+
+#[tokio::test]
+async fn an_implicit_update_is_detected_and_the_current_fact_answers() -> anyhow::Result<()> {
+    let ts = TestStack::start("sensitive").await?;
+    let mut c = ts.client().await?;
+    let mut old_ids = Vec::new();
+    for (i, fact) in OLD.iter().enumerate() {
+        old_ids.push(write(&mut c, fact, 150 - i as i64).await?);
+    }
+    for (i, fact) in OTHER.iter().enumerate() {
+        write(&mut c, fact, 120 - i as i64).await?;
+    }
+    let mut new_ids = Vec::new();
+    for (i, fact) in NEW.iter().enumerate() {
+        new_ids.push(write(&mut c, fact, 10 - i as i64).await?);
+    }
+    let pool = engram_common::db::test_database().await?;
+    let detected: Vec<(uuid::Uuid, uuid::Uuid, f32, String)> = sqlx::query_as(
+        "SELECT src_id, dst_id, weight, coalesce(reason, '') FROM edges \
+         WHERE tenant_id = $1 AND origin = 'detected' AND edge_type = 'contradicts' ORDER BY weight DESC",
+    )
+    .bind(&ts.tenant)
+    .fetch_all(&pool)
+    .await?;
+    for (s, d, w, r) in &detected {
+        eprintln!("detected {s} -> {d} {w:.3} {r}");
+    }
+    let pairs: Vec<(String, String)> = detected
+        .iter()
+        .map(|(s, d, _, _)| (s.to_string(), d.to_string()))
+        .collect();
+    for (new, old) in new_ids.iter().zip(&old_ids) {
+        assert!(
+            pairs.contains(&(new.clone(), old.clone())),
+            "{new} updates {old}: {detected:?}"
+        );
+    }
+    assert_eq!(pairs.len(), 3, "nothing else is an update: {detected:?}");
+
+    // The default answer is what is true now; the old version is a conflict.
+    let mut current = None;
+    for _ in 0..40 {
+        let r = c
+            .retrieval
+            .retrieve(RetrieveRequest {
+                text: "Where does Priya live?".into(),
+                limit: Some(5),
+                no_cache: true,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        let texts: Vec<&str> = (r.records.iter())
+            .filter_map(|s| s.memory.as_ref().map(|m| m.content.as_str()))
+            .collect();
+        if !r.conflicts.is_empty() {
+            current = Some((
+                texts.contains(&NEW[0]),
+                texts.contains(&OLD[0]),
+                r.conflicts.clone(),
+            ));
+            break;
+        }
+        // graph-svc picks the new edges up from the change feed.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (new_returned, old_returned, conflicts) =
+        current.ok_or_else(|| anyhow::anyhow!("no conflict reported"))?;
+    assert!(new_returned, "the current fact is in the answer");
+    assert!(
+        !old_returned,
+        "the outdated fact is not in the default answer"
+    );
+    assert!(conflicts.iter().any(
+        |p| p.winner_id == new_ids[0] && (p.memory_a == old_ids[0] || p.memory_b == old_ids[0])
+    ));
+    ts.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lower_trust_writer_never_flags_a_higher_trust_memory() -> anyhow::Result<()> {
+    let settings = engram_tests::settings().await?;
+    let (stack, uri, keys) =
+        engram_tests::stack_with_keys(settings, &[("t", "sensitive"), ("t", "public")]).await?;
+    let mut high = Client::connect(&uri, &keys[0]).await?;
+    let mut low = Client::connect(&uri, &keys[1]).await?;
+    let secret = Memory {
+        content: "Priya lives in Berlin.".into(),
+        memory_type: "semantic".into(),
+        access_level: engram_proto::AccessLevel::Sensitive as i32,
+        event_time: Some(at(100)),
+        ..Default::default()
+    };
+    let r = high
+        .memories
+        .upsert(UpsertRequest {
+            memories: vec![secret],
+        })
+        .await?
+        .into_inner();
+    let secret_id: uuid::Uuid = r.results[0].id.parse()?;
+    write(&mut low, "Priya moved to Amsterdam.", 1).await?;
+    let pool = engram_common::db::test_database().await?;
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM edges WHERE dst_id = $1 AND origin = 'detected'")
+            .bind(secret_id)
+            .fetch_one(&pool)
+            .await?;
+    assert_eq!(
+        n, 0,
+        "a public writer cannot mark a sensitive memory outdated"
+    );
+    stack.shutdown().await;
+    Ok(())
+}
