@@ -166,7 +166,7 @@ pub async fn upsert(
         let plan = (sorted.as_slice(), entity_plans.as_slice());
         match write_batch(pool, timeout_ms, identity, plan, &mut computed).await {
             Ok(results) => {
-                tracing::info!(tenant = %identity.tenant, count = results.len(), attempt, "upserted memories");
+                tracing::debug!(tenant = %identity.tenant, count = results.len(), attempt, "upserted memories");
                 return Ok(results);
             }
             Err(e) if e.is_retryable() => {
@@ -594,7 +594,7 @@ pub async fn delete(
         notify(&mut tx, &identity.tenant, "delete", &deleted).await?;
     }
     tx.commit().await?;
-    tracing::info!(tenant = %identity.tenant, count = deleted.len(), "deleted memories");
+    tracing::debug!(tenant = %identity.tenant, count = deleted.len(), "deleted memories");
     Ok(u32::try_from(deleted.len()).unwrap_or(u32::MAX))
 }
 
@@ -778,7 +778,7 @@ pub async fn add_edges(
     .rows_affected();
     notify(&mut tx, &identity.tenant, "edges", &ends).await?;
     tx.commit().await?;
-    tracing::info!(tenant = %identity.tenant, count = added, "added edges");
+    tracing::debug!(tenant = %identity.tenant, count = added, "added edges");
     Ok(u32::try_from(added).unwrap_or(u32::MAX))
 }
 
