@@ -209,14 +209,8 @@ async fn listed_services(addr: std::net::SocketAddr) -> anyhow::Result<[Vec<Stri
 /// Issue 24: reflection on the public port lists what the port answers,
 /// not the internal services (Search, Listing, Graph, Rerank) that answer
 /// Unimplemented there.
-///
-/// Ignored until the fix lands where reflection is built: `serve_with` in
-/// common/src/server.rs registers the whole `engram_proto` descriptor set
-/// with no `with_service_name` filter, so every port lists every service,
-/// and the gateway cannot narrow it from retrieval-svc (it cannot add a
-/// second reflection route). Run with `--ignored` once it does.
+/// The gateway names its services in `ServeOptions::reflect`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs reflection filtered to the served services in common/src/server.rs (issue 24)"]
 async fn reflection_on_the_public_port_lists_only_public_services() -> anyhow::Result<()> {
     let ts = TestStack::start("sensitive").await?;
     let gw = ts

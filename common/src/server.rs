@@ -176,6 +176,11 @@ pub struct ServeOptions {
     pub drain_delay: Duration,
     pub drain_grace: Duration,
     pub tls_opt: Option<tonic::transport::ServerTlsConfig>,
+    /// The services reflection lists (fully qualified); empty lists every
+    /// service in the descriptor sets. The public port names its own, so a
+    /// client exploring it never sees internal services that would answer
+    /// Unimplemented there.
+    pub reflect: Vec<&'static str>,
 }
 
 impl ServeOptions {
@@ -201,6 +206,7 @@ impl From<&ListenSettings> for ServeOptions {
             drain_delay: Duration::from_millis(l.drain_delay_ms),
             drain_grace: Duration::from_millis(l.drain_grace_ms),
             tls_opt: None,
+            reflect: Vec::new(),
         }
     }
 }
@@ -232,10 +238,17 @@ pub async fn serve_with(
     opts: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    let reflect = opts.reflect.clone();
     let builder = || {
-        tonic_reflection::server::Builder::configure()
+        let b = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(engram_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+        if reflect.is_empty() {
+            return b;
+        }
+        (reflect.iter().copied())
+            .chain(["grpc.health.v1.Health"])
+            .fold(b, |b, name| b.with_service_name(name))
     };
     let Health {
         server: health_server,
@@ -717,6 +730,7 @@ mod tests {
             drain_delay: Duration::from_millis(400),
             drain_grace: Duration::from_secs(2),
             tls_opt: None,
+            reflect: Vec::new(),
         };
         let server = tokio::spawn(serve_with(
             listener,

@@ -80,7 +80,15 @@ pub async fn serve_gateway(
     gateway: Gateway,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let opts = engram_common::server::ServeOptions::from(&gateway.settings().listen);
+    let opts = engram_common::server::ServeOptions {
+        reflect: vec![
+            "engram.v1.RetrievalService",
+            "engram.v1.MemoryService",
+            "engram.v1.WorkingMemoryService",
+            "engram.v1.KnowledgeFoundryService",
+        ],
+        ..engram_common::server::ServeOptions::from(&gateway.settings().listen)
+    };
     let (reporter, health) = engram_common::server::health();
     reporter
         .set_serving::<RetrievalServiceServer<Retrieval>>()
