@@ -778,8 +778,11 @@ async fn conversation_window_and_context_block() -> anyhow::Result<()> {
         .expect("the superseding memory is retrieved");
     assert!(
         block.contains(&format!(
-            "\n\n**[semantic | team | v{}]**\n_Supersedes memory {old_id}._\nAlice Chen now leads",
-            alice.version
+            "\n\n**[semantic | team | v{} | {}]**\n_Supersedes memory {old_id}._\nAlice Chen now leads",
+            alice.version,
+            chrono::DateTime::from_timestamp(alice.event_time.as_ref().map_or(0, |t| t.seconds), 0)
+                .map(|d| d.format("%Y-%m-%d").to_string())
+                .unwrap_or_default()
         )),
         "{block}"
     );

@@ -283,21 +283,71 @@ fn scope(m: &Memory) -> String {
     })
 }
 
-/// One memory of the context block: `**[type | scope | vN]**`, the note
-/// when it replaces another memory, then the content.
-pub fn context_entry(m: &Memory) -> String {
+/// One memory of the context block: `**[type | scope | vN | date]**` (the
+/// event date, so an LLM can tell time), a note when it replaces another
+/// memory or has been replaced, then the content. `others` are the
+/// answer's other records: a replacement among them is named by its date
+/// and words rather than a bare id.
+pub fn context_entry(m: &Memory, others: &[ScoredMemory]) -> String {
     let kind = if m.memory_type.is_empty() {
         "episodic"
     } else {
         m.memory_type.as_str()
     };
-    let mut e = format!("\n**[{kind} | {} | v{}]**\n", scope(m), m.version);
+    let date = m.event_time.as_ref().map(day).unwrap_or_default();
+    let mut e = match date.is_empty() {
+        true => format!("\n**[{kind} | {} | v{}]**\n", scope(m), m.version),
+        false => format!("\n**[{kind} | {} | v{} | {date}]**\n", scope(m), m.version),
+    };
+    let find = |pred: &dyn Fn(&Memory) -> bool| {
+        others
+            .iter()
+            .filter_map(|r| r.memory.as_ref())
+            .find(|o| pred(o))
+    };
     if !m.supersedes.is_empty() {
-        e.push_str(&format!("_Supersedes memory {}._\n", m.supersedes));
+        match find(&|o| o.id == m.supersedes) {
+            Some(old) => e.push_str(&format!(
+                "_Replaces the version of {}: \"{}\"._\n",
+                old.event_time.as_ref().map(day).unwrap_or_default(),
+                short(&old.content)
+            )),
+            None => e.push_str(&format!("_Supersedes memory {}._\n", m.supersedes)),
+        }
+    }
+    if let Some(newer) = find(&|o| o.supersedes == m.id) {
+        e.push_str(&format!(
+            "_Outdated: superseded on {} by: \"{}\"._\n",
+            newer.event_time.as_ref().map(day).unwrap_or_default(),
+            short(&newer.content)
+        ));
+    } else if let Some(until) = m
+        .valid_to
+        .as_ref()
+        .filter(|t| t.seconds <= chrono::Utc::now().timestamp())
+    {
+        e.push_str(&format!("_Outdated: valid until {}._\n", day(until)));
     }
     e.push_str(m.content.trim());
     e.push('\n');
     e
+}
+
+/// A timestamp's UTC date, `YYYY-MM-DD`.
+fn day(t: &prost_types::Timestamp) -> String {
+    chrono::DateTime::from_timestamp(t.seconds, 0)
+        .map(|d| d.format("%Y-%m-%d").to_string())
+        .unwrap_or_default()
+}
+
+/// The first words of a memory, for a note about it.
+fn short(text: &str) -> String {
+    const MAX: usize = 80;
+    let t = text.trim();
+    match t.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &t[..cut]),
+        None => t.to_string(),
+    }
 }
 
 /// Most relevant first; an entry that does not fit is skipped and smaller
@@ -308,7 +358,7 @@ pub fn pack_context(records: &[ScoredMemory], budget: u32) -> (String, u32) {
     let mut entries = 0;
     for r in records {
         let Some(m) = &r.memory else { continue };
-        let candidate = format!("{block}{}", context_entry(m));
+        let candidate = format!("{block}{}", context_entry(m, records));
         if tokens(&candidate) <= budget {
             block = candidate;
             entries += 1;
@@ -449,7 +499,7 @@ mod tests {
         let (block, t) = pack_context(&records, 1000);
         assert_eq!(
             block,
-            "## Relevant Long-Term Memories\n\n**[semantic | kb-1 | v3]**\n_Supersedes memory old._\nAlice now leads billing.\n\n**[episodic | user | v1]**\ncontent of s\n"
+            "## Relevant Long-Term Memories\n\n**[semantic | kb-1 | v3 | 1970-01-01]**\n_Supersedes memory old._\nAlice now leads billing.\n\n**[episodic | user | v1 | 1970-01-01]**\ncontent of s\n"
         );
         assert_eq!(t, tokens(&block));
     }
@@ -497,5 +547,35 @@ mod tests {
             })
             .collect();
         assert_eq!(ranks, [("new".to_string(), 1), ("other".to_string(), 2)]);
+    }
+
+    #[test]
+    fn the_context_block_tells_time_and_names_what_replaced_what() {
+        let day0 = 1_736_150_400; // 2025-01-06
+        let old = Memory {
+            content: "Priya lives in Berlin.".into(),
+            valid_to: Some(Timestamp {
+                seconds: day0 + 86_400 * 100,
+                nanos: 0,
+            }),
+            ..mem("old", day0, 1.0)
+        };
+        let new = Memory {
+            content: "Priya moved to Amsterdam.".into(),
+            supersedes: "old".into(),
+            ..mem("new", day0 + 86_400 * 100, 1.0)
+        };
+        let rec = |m: &Memory| ScoredMemory {
+            memory: Some(m.clone()),
+            ..Default::default()
+        };
+        let (block, _) = pack_context(&[rec(&new), rec(&old)], 500);
+        assert!(block.contains("**[episodic | default | v1 | 2025-04-16]**\n_Replaces the version of 2025-01-06: \"Priya lives in Berlin.\"._\nPriya moved to Amsterdam."), "{block}");
+        assert!(block.contains("**[episodic | default | v1 | 2025-01-06]**\n_Outdated: superseded on 2025-04-16 by: \"Priya moved to Amsterdam.\"._\nPriya lives in Berlin."), "{block}");
+        let (alone, _) = pack_context(&[rec(&old)], 500);
+        assert!(
+            alone.contains("_Outdated: valid until 2025-04-16._"),
+            "{alone}"
+        );
     }
 }
