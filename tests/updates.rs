@@ -163,3 +163,61 @@ async fn a_lower_trust_writer_never_flags_a_higher_trust_memory() -> anyhow::Res
     stack.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn auto_supersede_closes_the_old_version_which_history_still_shows() -> anyhow::Result<()> {
+    let mut settings = engram_tests::settings().await?;
+    settings.search.update_auto_supersede = 0.6;
+    let ts = TestStack::start_with(
+        settings,
+        engram::stack::Service::ALL.into_iter().collect(),
+        "sensitive",
+    )
+    .await?;
+    let mut c = ts.client().await?;
+    let old = write(&mut c, OLD[0], 150).await?;
+    let new = write(&mut c, NEW[0], 10).await?;
+    let ask = |historical: bool| RetrieveRequest {
+        text: "Where does Priya live?".into(),
+        limit: Some(5),
+        no_cache: true,
+        include_historical: historical,
+        token_budget: 400,
+        ..Default::default()
+    };
+    let now = c.retrieval.retrieve(ask(false)).await?.into_inner();
+    let ids: Vec<&str> = (now.records.iter())
+        .filter_map(|s| s.memory.as_ref().map(|m| m.id.as_str()))
+        .collect();
+    assert!(
+        ids.contains(&new.as_str()) && !ids.contains(&old.as_str()),
+        "{now:?}"
+    );
+    let history = c.retrieval.retrieve(ask(true)).await?.into_inner();
+    let was = (history.records.iter())
+        .filter_map(|s| s.memory.as_ref())
+        .find(|m| m.id == old)
+        .ok_or_else(|| anyhow::anyhow!("history keeps the old version: {history:?}"))?;
+    assert!(was.valid_to.is_some(), "closed at the update's event time");
+    assert!(
+        history.context_block.contains(&format!(
+            "_Outdated: superseded on {} by: \"{}\"._\n{}",
+            chrono::DateTime::from_timestamp(
+                (history.records.iter())
+                    .filter_map(|s| s.memory.as_ref())
+                    .find(|m| m.id == new)
+                    .and_then(|m| m.event_time.as_ref())
+                    .map_or(0, |t| t.seconds),
+                0
+            )
+            .map(|d| d.format("%Y-%m-%d").to_string())
+            .unwrap_or_default(),
+            NEW[0],
+            OLD[0]
+        )),
+        "{}",
+        history.context_block
+    );
+    ts.shutdown().await;
+    Ok(())
+}

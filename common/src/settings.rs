@@ -277,6 +277,10 @@ pub struct SearchSettings {
     /// Memory types judged for updates (not documents, conversation turns
     /// or working memory: see search-svc updates.rs).
     pub update_types: Vec<String>,
+    /// Detect only (0, the default), or also close the old memory's
+    /// validity when an update says so ("now", "moved", …) and scores at
+    /// least this: off / detect-only / auto-supersede.
+    pub update_auto_supersede: f32,
     /// Days the Stage 4 training examples (feedback with the features of
     /// the answer it judged) are kept; the decay pass deletes older ones.
     pub ranker_examples_days: u32,
@@ -330,6 +334,7 @@ impl Default for SearchSettings {
             update_types: ["semantic", "episodic", "procedural"]
                 .map(String::from)
                 .to_vec(),
+            update_auto_supersede: 0.0,
             ranker_examples_days: 90,
             decay_batch_size: 1000,
             // Events fade in weeks, facts in months, procedures in a year;

@@ -92,6 +92,7 @@ impl SearchSvc {
                     enabled: settings.search.update_detection,
                     threshold: settings.search.update_threshold,
                     types: settings.search.update_types.clone(),
+                    auto_supersede: settings.search.update_auto_supersede,
                     timeout_ms: settings.search.statement_timeout_write_ms,
                 },
             }),

@@ -216,6 +216,10 @@ pub struct Policy {
     /// events about the user, not documents (passages on a shared topic)
     /// nor conversation turns (each is its own event) nor working memory.
     pub types: Vec<String>,
+    /// A clear update (update wording) scoring at least this closes the
+    /// old memory's validity at the new one's event time, as `supersedes`
+    /// would; 0 = detect only (`search.update_auto_supersede`).
+    pub auto_supersede: f32,
     pub timeout_ms: u64,
 }
 
@@ -264,13 +268,48 @@ pub async fn detect(
         .execute(&mut *tx)
         .await?;
     }
+    let closed = close_replaced(&mut tx, &edges, policy.auto_supersede).await?;
     if !edges.is_empty() {
         let ends: Vec<Uuid> = edges.iter().flat_map(|(s, d, _)| [*s, *d]).collect();
         crate::writes::notify(&mut tx, &identity.tenant, "edges", &ends).await?;
-        tracing::info!(tenant = %identity.tenant, count = edges.len(), "updates detected");
+        if !closed.is_empty() {
+            crate::writes::notify(&mut tx, &identity.tenant, "upsert", &closed).await?;
+        }
+        tracing::info!(tenant = %identity.tenant, count = edges.len(), closed = closed.len(), "updates detected");
     }
     tx.commit().await?;
     Ok(edges.len())
+}
+
+/// Auto-supersede: the old memory of each clear, high-scoring update stops
+/// being valid when the new one's event happened (kept, as history).
+async fn close_replaced(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    edges: &[(Uuid, Uuid, Verdict)],
+    at_least: f32,
+) -> Result<Vec<Uuid>> {
+    let mut closed = Vec::new();
+    if at_least <= 0.0 {
+        return Ok(closed);
+    }
+    for (new, old, v) in edges {
+        if !v.cue || v.score < at_least {
+            continue;
+        }
+        let done = sqlx::query(
+            "UPDATE memories o SET valid_to = n.event_time FROM memories n \
+             WHERE o.id = $1 AND n.id = $2 AND o.valid_to IS NULL",
+        )
+        .bind(old)
+        .bind(new)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        if done > 0 {
+            closed.push(*old);
+        }
+    }
+    Ok(closed)
 }
 
 #[cfg(test)]

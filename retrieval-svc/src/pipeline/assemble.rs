@@ -34,6 +34,11 @@ pub async fn run(
         (pairs, losers) = contradictions(ctx, trace, &ranked).await;
         ctx.timed("conflicts", t);
     }
+    // History asked for: a contradiction's loser stays, labelled outdated
+    // in the context block; the pair is still reported.
+    if ctx.query.filters.include_historical {
+        losers.clear();
+    }
     let t = Instant::now();
     let records = assemble(
         ranked,
@@ -288,7 +293,7 @@ fn scope(m: &Memory) -> String {
 /// memory or has been replaced, then the content. `others` are the
 /// answer's other records: a replacement among them is named by its date
 /// and words rather than a bare id.
-pub fn context_entry(m: &Memory, others: &[ScoredMemory]) -> String {
+pub fn context_entry(m: &Memory, others: &[ScoredMemory], conflicts: &[ConflictPair]) -> String {
     let kind = if m.memory_type.is_empty() {
         "episodic"
     } else {
@@ -315,7 +320,12 @@ pub fn context_entry(m: &Memory, others: &[ScoredMemory]) -> String {
             None => e.push_str(&format!("_Supersedes memory {}._\n", m.supersedes)),
         }
     }
-    if let Some(newer) = find(&|o| o.supersedes == m.id) {
+    let lost_to = |o: &Memory| {
+        conflicts.iter().any(|p| {
+            p.winner_id == o.id && o.id != m.id && (p.memory_a == m.id || p.memory_b == m.id)
+        })
+    };
+    if let Some(newer) = find(&|o| o.supersedes == m.id || lost_to(o)) {
         e.push_str(&format!(
             "_Outdated: superseded on {} by: \"{}\"._\n",
             newer.event_time.as_ref().map(day).unwrap_or_default(),
@@ -353,12 +363,16 @@ fn short(text: &str) -> String {
 /// Most relevant first; an entry that does not fit is skipped and smaller
 /// later ones may still fit. Never over `budget`, header included; no
 /// entry fits = no block at all (a bare header would only cost tokens).
-pub fn pack_context(records: &[ScoredMemory], budget: u32) -> (String, u32) {
+pub fn pack_context(
+    records: &[ScoredMemory],
+    conflicts: &[ConflictPair],
+    budget: u32,
+) -> (String, u32) {
     let mut block = String::from(CONTEXT_HEADER);
     let mut entries = 0;
     for r in records {
         let Some(m) = &r.memory else { continue };
-        let candidate = format!("{block}{}", context_entry(m, records));
+        let candidate = format!("{block}{}", context_entry(m, records, conflicts));
         if tokens(&candidate) <= budget {
             block = candidate;
             entries += 1;
@@ -464,15 +478,15 @@ mod tests {
             })
             .collect();
         for budget in [0, 1, 5, 17, 64, 100, 333, 1000, 100_000] {
-            let (block, t) = pack_context(&records, budget);
+            let (block, t) = pack_context(&records, &[], budget);
             assert!(t <= budget, "budget {budget}: {t}");
             assert_eq!(t, tokens(&block));
         }
-        let (block, _) = pack_context(&records, 100_000);
+        let (block, _) = pack_context(&records, &[], 100_000);
         assert!(block.starts_with(
             "## Relevant Long-Term Memories\n\n**[episodic | default | v0]**\nxxxxxxxxxx"
         ));
-        assert_eq!(pack_context(&records, 8), (String::new(), 0));
+        assert_eq!(pack_context(&records, &[], 8), (String::new(), 0));
     }
 
     #[test]
@@ -496,7 +510,7 @@ mod tests {
                 rank: 0,
             })
             .collect();
-        let (block, t) = pack_context(&records, 1000);
+        let (block, t) = pack_context(&records, &[], 1000);
         assert_eq!(
             block,
             "## Relevant Long-Term Memories\n\n**[semantic | kb-1 | v3 | 1970-01-01]**\n_Supersedes memory old._\nAlice now leads billing.\n\n**[episodic | user | v1 | 1970-01-01]**\ncontent of s\n"
@@ -569,10 +583,10 @@ mod tests {
             memory: Some(m.clone()),
             ..Default::default()
         };
-        let (block, _) = pack_context(&[rec(&new), rec(&old)], 500);
+        let (block, _) = pack_context(&[rec(&new), rec(&old)], &[], 500);
         assert!(block.contains("**[episodic | default | v1 | 2025-04-16]**\n_Replaces the version of 2025-01-06: \"Priya lives in Berlin.\"._\nPriya moved to Amsterdam."), "{block}");
         assert!(block.contains("**[episodic | default | v1 | 2025-01-06]**\n_Outdated: superseded on 2025-04-16 by: \"Priya moved to Amsterdam.\"._\nPriya lives in Berlin."), "{block}");
-        let (alone, _) = pack_context(&[rec(&old)], 500);
+        let (alone, _) = pack_context(&[rec(&old)], &[], 500);
         assert!(
             alone.contains("_Outdated: valid until 2025-04-16._"),
             "{alone}"

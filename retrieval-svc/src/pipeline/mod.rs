@@ -543,7 +543,7 @@ fn answer(
         confidence *= 0.5;
     }
     let (context_block, context_tokens) = if q.token_budget > 0 {
-        assemble::pack_context(&best.records, q.token_budget)
+        assemble::pack_context(&best.records, &best.conflicts, q.token_budget)
     } else {
         (String::new(), 0)
     };
