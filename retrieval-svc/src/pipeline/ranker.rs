@@ -23,7 +23,8 @@ use super::text::{collect_words, coverage, query_words};
 /// `linked_from_top` is the multi-hop bridge: the candidate's title (an
 /// entity's name, in wiki-like memories) appears in the text of the fused
 /// #1, e.g. the director's page for "Where was the director of X born?"
-/// when X's page is on top. Leave-one-dataset-out it is the one feature
+/// when X's page is on top; weighted by how much of the question's names
+/// the #1 covers. Leave-one-dataset-out it is the one feature
 /// beside the fused rank that transfers (docs/benchmarks.md, "Stage 4").
 pub const NAMES: [&str; 13] = [
     "vector_rr",
@@ -85,14 +86,18 @@ pub fn features(query: &str, cands: &[Signals<'_>]) -> Vec<Row> {
     let top_title = top_opt
         .map(|c| c.title.trim().to_lowercase())
         .unwrap_or_default();
-    cands
+    let mut rows: Vec<Row> = cands
         .iter()
-        .map(|c| {
-            let mut r = row(c, &names, &terms, kw_best, graph_best);
-            r[12] = f32::from(u8::from(linked(c, &top_title, &top_text)));
-            r
-        })
-        .collect()
+        .map(|c| row(c, &names, &terms, kw_best, graph_best))
+        .collect();
+    // The bridge counts as much as the top passage covers the question's
+    // names: a neighbour of a #1 that is not about the question's subject
+    // is no second hop (LODO: this gate keeps MuSiQue's R@2).
+    let top_names = (cands.iter().position(|c| c.fused_pos == 0)).map_or(0.0, |i| rows[i][9]);
+    for (r, c) in rows.iter_mut().zip(cands) {
+        r[12] = f32::from(u8::from(linked(c, &top_title, &top_text))) * top_names;
+    }
+    rows
 }
 
 /// Whether the top candidate's text names this candidate (by its title).
@@ -469,6 +474,29 @@ mod tests {
             (0.0, 1.0, 0.0),
             "only the page the top one names is linked"
         );
+    }
+
+    #[test]
+    fn the_bridge_counts_only_from_a_top_passage_about_the_question() {
+        let q = "Where was the director of Inception born?";
+        let rows = features(
+            q,
+            &[
+                sig(
+                    [Some((1, 0.6)), None, None],
+                    0,
+                    "Tenet",
+                    "directed by Christopher Nolan",
+                ),
+                sig(
+                    [Some((2, 0.5)), None, None],
+                    1,
+                    "Christopher Nolan",
+                    "born in London",
+                ),
+            ],
+        );
+        assert_eq!(rows[1][12], 0.0, "the #1 is not about Inception");
     }
 
     fn model(features: &[&str], weights: &[f32]) -> Model {
