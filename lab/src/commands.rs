@@ -161,6 +161,15 @@ pub enum EvalDataset {
         #[arg(long, default_value_t = 150)]
         limit: usize,
     },
+    /// Write-time update detection: precision / recall per domain on the
+    /// labelled pairs of lab/data/updates_dev.jsonl (the committed copy
+    /// unless --data is given), at `search.update_threshold` and a sweep.
+    Updates {
+        #[arg(long)]
+        data: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 // The arguments of a data set in HippoRAG's layout: a corpus file and a
@@ -251,6 +260,9 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
     use crate::eval as ev;
     let (name, parts, common) = match dataset {
         EvalDataset::Abstain { limit } => return abstain(settings, limit).await,
+        EvalDataset::Updates { data, json } => {
+            return crate::updates_eval::run(settings, data.as_deref(), json).await;
+        }
         EvalDataset::TwoWiki(files) => {
             let (c, q) = files.paths(
                 "hipporag/2wikimultihopqa_corpus.json",

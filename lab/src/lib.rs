@@ -16,5 +16,6 @@ mod eval;
 pub mod ranker;
 mod split;
 mod tune;
+mod updates_eval;
 
 pub use commands::{CorpusFiles, EvalCommon, EvalDataset, LabCommand, RankerAction, run};
