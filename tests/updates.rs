@@ -50,7 +50,14 @@ const NEW: [&str; 3] = [
 
 #[tokio::test]
 async fn an_implicit_update_is_detected_and_the_current_fact_answers() -> anyhow::Result<()> {
-    let ts = TestStack::start("sensitive").await?;
+    let mut settings = engram_tests::settings().await?;
+    settings.search.update_detection = true;
+    let ts = TestStack::start_with(
+        settings,
+        engram::stack::Service::ALL.into_iter().collect(),
+        "sensitive",
+    )
+    .await?;
     let mut c = ts.client().await?;
     let mut old_ids = Vec::new();
     for (i, fact) in OLD.iter().enumerate() {
@@ -129,7 +136,8 @@ async fn an_implicit_update_is_detected_and_the_current_fact_answers() -> anyhow
 
 #[tokio::test]
 async fn a_lower_trust_writer_never_flags_a_higher_trust_memory() -> anyhow::Result<()> {
-    let settings = engram_tests::settings().await?;
+    let mut settings = engram_tests::settings().await?;
+    settings.search.update_detection = true;
     let (stack, uri, keys) =
         engram_tests::stack_with_keys(settings, &[("t", "sensitive"), ("t", "public")]).await?;
     let mut high = Client::connect(&uri, &keys[0]).await?;
@@ -167,6 +175,7 @@ async fn a_lower_trust_writer_never_flags_a_higher_trust_memory() -> anyhow::Res
 #[tokio::test]
 async fn auto_supersede_closes_the_old_version_which_history_still_shows() -> anyhow::Result<()> {
     let mut settings = engram_tests::settings().await?;
+    settings.search.update_detection = true;
     settings.search.update_auto_supersede = 0.6;
     let ts = TestStack::start_with(
         settings,

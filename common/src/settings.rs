@@ -271,6 +271,9 @@ pub struct SearchSettings {
     pub decay_interval_secs: u64,
     /// Detect at write time when a new memory updates an older one and
     /// write a system-detected `contradicts` edge (search-svc updates.rs).
+    /// Off by default: on the labelled dev set (`engram eval updates`) the
+    /// detector's precision is 0.59 at recall 0.77, and a false pair makes
+    /// Stage 5 hide a true memory.
     pub update_detection: bool,
     /// The score a pair must reach to count as an update.
     pub update_threshold: f32,
@@ -329,7 +332,7 @@ impl Default for SearchSettings {
             // -1 point (docs/decisions.md).
             keyword_candidates: 1000,
             decay_interval_secs: 600,
-            update_detection: true,
+            update_detection: false,
             update_threshold: 0.6,
             update_types: ["semantic", "episodic", "procedural"]
                 .map(String::from)
