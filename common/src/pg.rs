@@ -65,7 +65,10 @@ impl EmbeddedPostgres {
         let bin = installed.pg_bin();
         let data = absolute(&settings.home_path(&settings.database.embedded_data_dir));
         let run_as = if is_root() {
-            Some(ensure_pg_user()?)
+            let ids = ensure_pg_user()?;
+            traversable(&absolute(&bin))?;
+            traversable(&data)?;
+            Some(ids)
         } else {
             None
         };
@@ -344,6 +347,28 @@ fn ensure_pg_user() -> Result<(u32, u32), PgError> {
             format!("user {PG_USER} not found after creating it"),
         )
     })
+}
+
+/// Lets the server's user reach `path`: every existing ancestor directory
+/// gets the "others may traverse" bit (x, never r or w) when it lacks it.
+/// A checkout under a private directory (`mktemp -d` is 0700) would
+/// otherwise make initdb fail as `engram-pg` with "permission denied".
+fn traversable(path: &Path) -> Result<(), PgError> {
+    use std::os::unix::fs::PermissionsExt;
+    for dir in path.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(dir) else {
+            continue;
+        };
+        let mode = meta.permissions().mode();
+        if meta.is_dir() && mode & 0o001 == 0 {
+            let perms = std::fs::Permissions::from_mode(mode | 0o001);
+            std::fs::set_permissions(dir, perms).map_err(|source| PgError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+    }
+    Ok(())
 }
 
 fn chown_tree(path: &Path, run_as: Option<(u32, u32)>) -> Result<(), PgError> {
