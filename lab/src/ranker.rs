@@ -20,7 +20,7 @@ use retrieval_svc::lab::{
     Model, RANK_FEATURES, RankRow, RankSignals, Ranker, rank_features, rank_fusion, weights_for,
 };
 
-use crate::eval::{Part, recall_at};
+use crate::eval::Part;
 use crate::tune::Sample;
 
 /// Fused candidates per question that reach Stage 4 (the gateway's pool at
@@ -33,7 +33,6 @@ const ALPHA: f64 = 1.0;
 /// coverage or length cost recall on the held-out set (they fit how each
 /// corpus looks, not what relevance is; docs/benchmarks.md, "Stage 4").
 pub const SHIPPED: [&str; 2] = ["fused_rr", "linked_from_top"];
-const KS: [usize; 3] = [2, 5, 10];
 
 /// One question's candidates with their features and gold.
 #[derive(Debug, Clone)]
@@ -187,27 +186,11 @@ pub fn order(l: &Labelled, model: &Ranker) -> Vec<usize> {
 }
 
 fn recall_json(ls: &[&Labelled], ranked: impl Fn(&Labelled) -> Vec<usize>) -> serde_json::Value {
-    let n = ls.len().max(1) as f64;
-    let mut at = serde_json::Map::new();
-    for k in KS {
-        let r: f64 = ls
-            .iter()
-            .map(|l| recall_at(&ranked(l), &l.gold, k))
-            .sum::<f64>()
-            / n;
-        at.insert(
-            k.to_string(),
-            serde_json::json!((r * 1000.0).round() / 10.0),
-        );
-    }
-    serde_json::Value::Object(at)
+    crate::tune::recall_json(ls, |l| l.gold.clone(), |l| ranked(l))
 }
 
 fn mean_quality(ls: &[&Labelled], ranked: impl Fn(&Labelled) -> Vec<usize>) -> f64 {
-    let per = |l: &&Labelled| {
-        let r = ranked(l);
-        KS.iter().map(|&k| recall_at(&r, &l.gold, k)).sum::<f64>() / KS.len() as f64
-    };
+    let per = |l: &&Labelled| crate::tune::quality(&ranked(l), &l.gold);
     ls.iter().map(per).sum::<f64>() / ls.len().max(1) as f64
 }
 

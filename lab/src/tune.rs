@@ -175,7 +175,7 @@ pub fn fuse(s: &Sample, w: [f32; 3], k: f32) -> Vec<usize> {
 }
 
 /// Mean of recall@2/5/10.
-fn quality(ranked: &[usize], gold: &[usize]) -> f64 {
+pub(crate) fn quality(ranked: &[usize], gold: &[usize]) -> f64 {
     KS.iter().map(|&k| recall_at(ranked, gold, k)).sum::<f64>() / KS.len() as f64
 }
 
@@ -539,7 +539,7 @@ pub fn rerank_report(
 }
 
 /// Recall@2/5/10 (in percent, one decimal) of `rank` over `rows`.
-fn recall_json<T>(
+pub(crate) fn recall_json<T>(
     rows: &[T],
     gold: impl Fn(&T) -> Vec<usize>,
     rank: impl Fn(&T) -> Vec<usize>,

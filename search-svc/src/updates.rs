@@ -254,19 +254,21 @@ pub async fn detect(
             edges.push((c.new_id, c.old_id, v));
         }
     }
-    for (src, dst, v) in &edges {
-        sqlx::query(
-            "INSERT INTO edges (tenant_id, src_id, dst_id, edge_type, weight, origin, reason) \
-             VALUES ($1, $2, $3, 'contradicts', $4, 'detected', $5) \
-             ON CONFLICT (src_id, dst_id, edge_type) DO NOTHING",
-        )
-        .bind(&identity.tenant)
-        .bind(src)
-        .bind(dst)
-        .bind(v.score)
-        .bind(&v.reason)
-        .execute(&mut *tx)
-        .await?;
+    if !edges.is_empty() {
+        let mut q = sqlx::QueryBuilder::<sqlx::Postgres>::new(
+            "INSERT INTO edges (tenant_id, src_id, dst_id, edge_type, weight, origin, reason) ",
+        );
+        q.push_values(&edges, |mut row, (src, dst, v)| {
+            row.push_bind(&identity.tenant)
+                .push_bind(*src)
+                .push_bind(*dst)
+                .push_bind("contradicts")
+                .push_bind(v.score)
+                .push_bind("detected")
+                .push_bind(&v.reason);
+        });
+        q.push(" ON CONFLICT (src_id, dst_id, edge_type) DO NOTHING");
+        q.build().execute(&mut *tx).await?;
     }
     let closed = close_replaced(&mut tx, &edges, policy.auto_supersede).await?;
     if !edges.is_empty() {

@@ -816,26 +816,27 @@ pub async fn store_feedback(
 }
 
 /// The answer's Stage 4 training examples, beside the feedback that made
-/// them (one row each; features as a real[]).
+/// them: one multi-row INSERT (an answer has up to `limit` of them).
 async fn store_examples(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     identity: &Identity,
     examples: Vec<RankExample>,
 ) -> Result<()> {
-    for e in examples {
-        sqlx::query(
-            "INSERT INTO ranker_examples (tenant_id, agent_id, query_id, memory_id, features, relevant) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(&identity.tenant)
-        .bind(&identity.agent_id)
-        .bind(&e.query_id)
-        .bind(e.memory_id)
-        .bind(&e.features)
-        .bind(e.relevant)
-        .execute(&mut **tx)
-        .await?;
+    if examples.is_empty() {
+        return Ok(());
     }
+    let mut q = sqlx::QueryBuilder::<Postgres>::new(
+        "INSERT INTO ranker_examples (tenant_id, agent_id, query_id, memory_id, features, relevant) ",
+    );
+    q.push_values(examples, |mut row, e| {
+        row.push_bind(&identity.tenant)
+            .push_bind(&identity.agent_id)
+            .push_bind(e.query_id)
+            .push_bind(e.memory_id)
+            .push_bind(e.features)
+            .push_bind(e.relevant);
+    });
+    q.build().execute(&mut **tx).await?;
     Ok(())
 }
 

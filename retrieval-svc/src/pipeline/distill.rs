@@ -75,7 +75,7 @@ fn signals_of(pos: usize, c: &Checked) -> Signals<'_> {
     let mut hits = [None; 3];
     for h in &c.cand.fused.hits {
         if let Some(slot) = slot_of(&h.strategy)
-            && (hits[slot].is_none() || h.strategy == "vector")
+            && (hits[slot].is_none() || h.strategy == super::search::VECTOR)
         {
             hits[slot] = Some((h.rank, h.score));
         }

@@ -57,7 +57,9 @@ pub struct Signals<'a> {
 }
 
 /// Each strategy slot's name as the gateway reports hits (HyDE is a dense
-/// list: it fills the vector slot when the plain one did not run).
+/// list: it fills the vector slot when the plain one did not run). The
+/// names are search.rs's constants, spelled out: search imports the request
+/// context, which holds a `Ranker`, so this leaf cannot import search.
 pub fn slot_of(strategy: &str) -> Option<usize> {
     match strategy {
         "vector" | "hyde" => Some(0),
