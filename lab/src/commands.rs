@@ -57,6 +57,26 @@ pub enum LabCommand {
         #[arg(long)]
         in_process: bool,
     },
+    /// Reliability in figures: noisy neighbour, kill -9 mid-load, a slowed
+    /// downstream and a soak, one process per service (docs/reliability.md).
+    Soak {
+        /// Seconds per phase of noisy and per service of faults / slow.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Seconds of the soak scenario's mixed load.
+        #[arg(long, default_value_t = 300)]
+        soak_seconds: u64,
+        /// Tenant B's steady read rate.
+        #[arg(long, default_value_t = 20.0)]
+        qps: f64,
+        /// Scenarios to run, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "noisy,faults,slow,soak")]
+        only: Vec<String>,
+        /// Stage 3 on, so a rerank-svc fault reaches answers (off by
+        /// default, as in the product).
+        #[arg(long)]
+        cross_encoder: bool,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -124,6 +144,23 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
             json,
             in_process,
         } => bench(settings, memories, queries, concurrency, json, in_process).await,
+        LabCommand::Soak {
+            seconds,
+            soak_seconds,
+            qps,
+            only,
+            cross_encoder,
+        } => {
+            let args = crate::soak::SoakArgs {
+                seconds,
+                soak_seconds,
+                qps,
+                scenarios: only,
+                cross_encoder,
+                ..Default::default()
+            };
+            crate::soak::run(settings, args).await
+        }
     }
 }
 

@@ -14,6 +14,7 @@ mod bench;
 mod commands;
 mod eval;
 pub mod ranker;
+pub mod soak;
 mod split;
 mod tune;
 mod updates_eval;

@@ -1,0 +1,688 @@
+//! `engram soak`: reliability in figures. The stack runs as one process per
+//! service on the embedded Postgres (bench's split stack), loopback only,
+//! and four scenarios run against it through the public API, each bounded
+//! by `--seconds`:
+//!
+//! * `noisy`: tenant B reads at a steady rate alone, then while tenant A
+//!   floods (far over its rate, limit 100 with huge token budgets, NUL
+//!   bytes, 1 ms deadlines, oversized fields and messages, agentic
+//!   fan-out); B's latency and errors in both phases, A's answers by code.
+//! * `faults`: steady reads and writes while search-, graph- and rerank-svc
+//!   are killed with SIGKILL in turn and restarted; failed reads, p100,
+//!   time until answers are whole again, acknowledged writes missing after
+//!   recovery (every acknowledged id is read back).
+//! * `slow`: the gateway reaches search- and graph-svc through a delaying
+//!   proxy; each is slowed past its stage timeout in turn, then restored.
+//! * `soak`: half the measured saturation rate of reads plus writes,
+//!   sampling RSS, open fds and Postgres connections per process and the
+//!   p95 of each window.
+//!
+//! Postgres is not killed: the embedded server is shared with whatever else
+//! on the machine uses this `.engram` home (tests, evals), which a kill
+//! would take down too. The tests run the same scenarios, shortened, on an
+//! in-process deployment (tests/soak.rs).
+
+#[path = "soak_deploy.rs"]
+mod deploy;
+#[path = "soak_load.rs"]
+mod load;
+#[path = "soak_proxy.rs"]
+mod proxy;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use engram_common::Settings;
+use engram_stack::client::Client;
+use engram_stack::stack::Service;
+use serde_json::json;
+
+pub use deploy::{Deployment, Tenants};
+use load::{Sample, round1, summary};
+
+/// The scenarios, in the order they run.
+pub const SCENARIOS: [&str; 4] = ["noisy", "faults", "slow", "soak"];
+
+/// How long and how hard each scenario runs.
+#[derive(Debug, Clone)]
+pub struct SoakArgs {
+    /// Seconds per phase of `noisy` and per service of `faults` / `slow`.
+    pub seconds: u64,
+    /// Seconds of the `soak` scenario's mixed load.
+    pub soak_seconds: u64,
+    /// Tenant B's steady read rate.
+    pub qps: f64,
+    /// Writes per second during `faults` and `soak`.
+    pub writes_per_s: f64,
+    /// Tenant A's concurrent flood loops.
+    pub flood_workers: usize,
+    /// Memories seeded in tenant B (half as many in A).
+    pub corpus: usize,
+    /// Which of [`SCENARIOS`] to run.
+    pub scenarios: Vec<String>,
+    /// Services `faults` kills in turn.
+    pub kill: Vec<Service>,
+    /// Stage 3 on (off by default, as in the product): only then does a
+    /// rerank-svc kill or slowdown reach an answer.
+    pub cross_encoder: bool,
+}
+
+impl Default for SoakArgs {
+    fn default() -> Self {
+        Self {
+            seconds: 30,
+            soak_seconds: 300,
+            qps: 20.0,
+            writes_per_s: 5.0,
+            flood_workers: 8,
+            corpus: 300,
+            scenarios: SCENARIOS.iter().map(|s| s.to_string()).collect(),
+            kill: vec![Service::Search, Service::Graph, Service::Rerank],
+            cross_encoder: false,
+        }
+    }
+}
+
+/// `engram soak`: one process per service, the scenarios, then one JSON
+/// object on stdout and the figures table on stderr (or stdout with `table_only`).
+pub async fn run(mut settings: Settings, args: SoakArgs) -> anyhow::Result<()> {
+    settings.pipeline.cross_encoder = args.cross_encoder;
+    let mut dep = Deployment::processes(settings, Tenants::new("lab")).await?;
+    let result = async {
+        if args.cross_encoder {
+            rerank_or_off(&mut dep).await?;
+        }
+        run_on(&mut dep, &args).await
+    }
+    .await;
+    dep.shutdown().await;
+    let report = result?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    eprint!("{}", table(&report));
+    Ok(())
+}
+
+/// Without the cross-encoder model rerank-svc reports NOT_SERVING and
+/// every answer would count as degraded: run without Stage 3 instead.
+async fn rerank_or_off(dep: &mut Deployment) -> anyhow::Result<()> {
+    let addr = dep.addr(Service::Rerank)?;
+    let status = engram_stack::stack::health_status(addr, Service::Rerank, &dep.settings.tls).await;
+    if status != Some(1) {
+        tracing::warn!("cross-encoder not serving; soak runs without stage 3");
+        dep.settings.pipeline.cross_encoder = false;
+        dep.kill(Service::Retrieval).await?;
+        dep.restart(Service::Retrieval).await?;
+    }
+    Ok(())
+}
+
+/// Runs the chosen scenarios on a started deployment; the report.
+pub async fn run_on(dep: &mut Deployment, args: &SoakArgs) -> anyhow::Result<serde_json::Value> {
+    let mut b = dep.client(false).await?;
+    let mut a = dep.client(true).await?;
+    let questions = Arc::new(load::seed(&mut b, &dep.tenants.steady.1, args.corpus).await?);
+    load::seed(&mut a, &dep.tenants.attacker.1, args.corpus / 2).await?;
+    // Warm-up: first use builds the tenant's graph and warms the pools.
+    load::saturation_qps(&b, &questions, 2, 2.0).await;
+    let mut report = serde_json::Map::new();
+    report.insert(
+        "config".into(),
+        json!({
+            "seconds": args.seconds, "soak_seconds": args.soak_seconds, "b_qps": args.qps,
+            "writes_per_s": args.writes_per_s, "flood_workers": args.flood_workers,
+            "corpus": args.corpus, "cross_encoder": dep.settings.pipeline.cross_encoder,
+            "ceiling_ms": dep.settings.pipeline.ceiling_ms,
+            "tenant_limits": {
+                "requests_per_second": dep.settings.tenant.requests_per_second,
+                "burst": dep.settings.tenant.burst,
+                "max_concurrent": dep.settings.tenant.max_concurrent,
+            },
+        }),
+    );
+    let want = |s: &str| args.scenarios.iter().any(|x| x == s);
+    if want("noisy") {
+        let r = noisy((&b, &a, &dep.tenants.attacker.1), &questions, args).await;
+        report.insert("noisy".into(), r);
+    }
+    if want("faults") {
+        let r = faults(dep, &questions, args).await?;
+        report.insert("faults".into(), r);
+    }
+    if want("soak") {
+        let r = soak(dep, &questions, args).await?;
+        report.insert("soak".into(), r);
+    }
+    if want("slow") {
+        let r = slow(dep, &questions, args).await?;
+        report.insert("slow".into(), r);
+    }
+    Ok(serde_json::Value::Object(report))
+}
+
+/// Tenant B alone, then B while A floods.
+async fn noisy(
+    (b, a, tenant_a): (&Client, &Client, &str),
+    questions: &Arc<Vec<String>>,
+    args: &SoakArgs,
+) -> serde_json::Value {
+    let secs = Duration::from_secs(args.seconds.max(1));
+    let solo = timed_reads(b, args.qps, questions, secs).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = tokio::spawn(load::flood(
+        a.clone(),
+        tenant_a.to_string(),
+        args.flood_workers,
+        stop.clone(),
+    ));
+    let attack = timed_reads(b, args.qps, questions, secs).await;
+    stop.store(true, Ordering::Relaxed);
+    let counts = flood.await.unwrap_or_default();
+    let solo = summary(&solo.iter().collect::<Vec<_>>());
+    let attack = summary(&attack.iter().collect::<Vec<_>>());
+    let ratio = ratio(&attack["p95_ms"], &solo["p95_ms"]);
+    let mut by_code: BTreeMap<String, usize> = BTreeMap::new();
+    let mut by_attack: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    for ((kind, code), n) in &counts {
+        *by_code.entry(code.clone()).or_default() += n;
+        *by_attack
+            .entry(kind.clone())
+            .or_default()
+            .entry(code.clone())
+            .or_default() += n;
+    }
+    let sent: usize = counts.values().sum();
+    let met = ratio <= 1.5 && solo["errors"] == 0 && attack["errors"] == 0;
+    json!({
+        "b_solo": solo,
+        "b_under_attack": attack,
+        "b_p95_ratio": ratio,
+        "a_requests": sent,
+        "a_rate_per_s": round1(sent as f64 / secs.as_secs_f64()),
+        "a_by_code": by_code,
+        "a_by_attack": by_attack,
+        "target": "B p95 under attack <= 1.5 x solo; 0 errors for B",
+        "met": met,
+    })
+}
+
+fn ratio(x: &serde_json::Value, y: &serde_json::Value) -> f64 {
+    let (x, y) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
+    if y > 0.0 {
+        (x / y * 100.0).round() / 100.0
+    } else {
+        0.0
+    }
+}
+
+/// Open-loop reads for `secs`; the samples.
+async fn timed_reads(c: &Client, qps: f64, q: &Arc<Vec<String>>, secs: Duration) -> Vec<Sample> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let task = tokio::spawn(load::reads(c.clone(), qps, q.clone(), stop.clone()));
+    tokio::time::sleep(secs).await;
+    stop.store(true, Ordering::Relaxed);
+    task.await.unwrap_or_default()
+}
+
+/// Steady reads and writes of tenant B running in the background.
+struct Background {
+    stop: Arc<AtomicBool>,
+    reads: tokio::task::JoinHandle<Vec<Sample>>,
+    writes: tokio::task::JoinHandle<load::Writes>,
+}
+
+impl Background {
+    fn start(c: &Client, qps: f64, writes_per_s: f64, q: &Arc<Vec<String>>, tag: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        Self {
+            reads: tokio::spawn(load::reads(c.clone(), qps, q.clone(), stop.clone())),
+            writes: tokio::spawn(load::writes(
+                c.clone(),
+                writes_per_s,
+                tag.into(),
+                stop.clone(),
+            )),
+            stop,
+        }
+    }
+
+    async fn stop(self) -> (Vec<Sample>, load::Writes) {
+        self.stop.store(true, Ordering::Relaxed);
+        let reads = self.reads.await.unwrap_or_default();
+        let writes = self.writes.await.unwrap_or_default();
+        (reads, writes)
+    }
+}
+
+/// When a service was killed, restarted and serving again.
+struct FaultTimes {
+    svc: Service,
+    killed: Instant,
+    restarted: Instant,
+    serving: Instant,
+    end: Instant,
+}
+
+/// Kill -9 each service in turn under steady reads and writes.
+async fn faults(
+    dep: &mut Deployment,
+    questions: &Arc<Vec<String>>,
+    args: &SoakArgs,
+) -> anyhow::Result<serde_json::Value> {
+    let mut b = dep.client(false).await?;
+    let quarter = Duration::from_secs_f64(args.seconds.max(2) as f64 / 4.0);
+    let bg = Background::start(&b, args.qps, args.writes_per_s, questions, "faults");
+    let mut times = Vec::new();
+    let mut failure = None;
+    for svc in args.kill.clone() {
+        tokio::time::sleep(quarter).await;
+        let killed = Instant::now();
+        if let Err(e) = dep.kill(svc).await {
+            failure = Some(e);
+            break;
+        }
+        tokio::time::sleep(quarter).await;
+        let restarted = Instant::now();
+        if let Err(e) = dep.restart(svc).await {
+            failure = Some(e);
+            break;
+        }
+        let serving = Instant::now();
+        tokio::time::sleep(quarter * 2).await;
+        times.push(FaultTimes {
+            svc,
+            killed,
+            restarted,
+            serving,
+            end: Instant::now(),
+        });
+    }
+    let (reads, writes) = bg.stop().await;
+    if let Some(e) = failure {
+        return Err(e.context("faults scenario"));
+    }
+    let missing = load::missing(&mut b, &writes.acked).await?;
+    load::remove(&mut b, &writes.acked).await?;
+    let ceiling = dep.settings.pipeline.ceiling_ms as f64;
+    let per_service: Vec<serde_json::Value> = times
+        .iter()
+        .map(|t| fault_window(t, &reads, ceiling))
+        .collect();
+    let all = summary(&reads.iter().collect::<Vec<_>>());
+    let met = all["errors"] == 0
+        && missing.is_empty()
+        && all["p100_ms"].as_f64().is_some_and(|p| p <= ceiling);
+    Ok(json!({
+        "per_service": per_service,
+        "reads": all,
+        "writes": {
+            "acknowledged": writes.acked.len(),
+            "failed_by_code": writes.failed,
+            "missing_after_recovery": missing.len(),
+            "missing_ids": missing.iter().take(20).collect::<Vec<_>>(),
+        },
+        "postgres": "not killed: the embedded server is shared with other users of this .engram home",
+        "target": "0 failed reads (degraded allowed), p100 <= ceiling, 0 acknowledged writes missing",
+        "met": met,
+    }))
+}
+
+/// One killed service's window: its reads, and how long until whole answers.
+fn fault_window(t: &FaultTimes, reads: &[Sample], ceiling_ms: f64) -> serde_json::Value {
+    let window: Vec<&Sample> = reads
+        .iter()
+        .filter(|s| s.at >= t.killed && s.at < t.end)
+        .collect();
+    let s = summary(&window);
+    let whole = recovered_after(reads, t.restarted, t.svc);
+    json!({
+        "service": t.svc.name(),
+        "down_s": round1((t.restarted - t.killed).as_secs_f64()),
+        "restart_to_serving_s": round1((t.serving - t.restarted).as_secs_f64()),
+        "restart_to_whole_answers_s": whole,
+        "reads": s,
+        "p100_within_ceiling": s["p100_ms"].as_f64().is_some_and(|p| p <= ceiling_ms),
+    })
+}
+
+/// The answer stages a service's absence degrades (retrieval-svc's
+/// `degraded_stages` names).
+fn stages_of(svc: Service) -> &'static [&'static str] {
+    match svc {
+        Service::Search => &["vector", "keyword", "memory_fetch"],
+        Service::Graph => &["graph", "conflicts"],
+        Service::Rerank => &["rerank"],
+        Service::Retrieval => &[],
+    }
+}
+
+/// Seconds from `from` until the first answer, asked after it, that did not
+/// fail and is degraded by none of `svc`'s stages (`null` if none came).
+/// Only `svc`'s stages count: on a busy machine another stage may time out
+/// for reasons that have nothing to do with the restart.
+fn recovered_after(reads: &[Sample], from: Instant, svc: Service) -> Option<f64> {
+    let whole = |d: &Vec<String>| !d.iter().any(|x| stages_of(svc).contains(&x.as_str()));
+    reads
+        .iter()
+        .filter(|s| s.at >= from && matches!(&s.outcome, Ok(d) if whole(d)))
+        .map(|s| (s.at - from).as_secs_f64() + s.ms / 1000.0)
+        .min_by(|a, b| a.total_cmp(b))
+        .map(round1)
+}
+
+/// Search- and graph-svc behind a delaying proxy, slowed in turn.
+async fn slow(
+    dep: &mut Deployment,
+    questions: &Arc<Vec<String>>,
+    args: &SoakArgs,
+) -> anyhow::Result<serde_json::Value> {
+    let p = &dep.settings.pipeline;
+    let targets = [
+        (
+            Service::Search,
+            p.vector_timeout_ms.max(p.keyword_timeout_ms),
+        ),
+        (Service::Graph, p.graph_timeout_ms),
+    ];
+    let mut proxies = Vec::new();
+    for (svc, _) in targets {
+        proxies.push(proxy::DelayProxy::start(dep.addr(svc)?).await?);
+    }
+    let routes: Vec<(Service, std::net::SocketAddr)> = targets
+        .iter()
+        .zip(&proxies)
+        .map(|((svc, _), p)| (*svc, p.addr))
+        .collect();
+    dep.reroute(&routes).await?;
+    let b = dep.client(false).await?;
+    let third = Duration::from_secs_f64(args.seconds.max(3) as f64 / 3.0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let task = tokio::spawn(load::reads(
+        b.clone(),
+        args.qps,
+        questions.clone(),
+        stop.clone(),
+    ));
+    let mut marks = Vec::new();
+    for ((svc, timeout_ms), proxy) in targets.iter().zip(&proxies) {
+        let delay = Duration::from_millis((timeout_ms * 2).max(200));
+        let start = Instant::now();
+        tokio::time::sleep(third).await;
+        let slowed = Instant::now();
+        proxy.set_delay(delay);
+        tokio::time::sleep(third).await;
+        proxy.set_delay(Duration::ZERO);
+        let restored = Instant::now();
+        tokio::time::sleep(third).await;
+        marks.push((
+            *svc,
+            *timeout_ms,
+            delay,
+            [start, slowed, restored, Instant::now()],
+        ));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let reads = task.await.context("reader")?;
+    let per_service: Vec<serde_json::Value> = marks
+        .iter()
+        .map(|(svc, timeout_ms, delay, m)| {
+            let phase = |a: Instant, b: Instant| {
+                summary(
+                    &reads
+                        .iter()
+                        .filter(|s| s.at >= a && s.at < b)
+                        .collect::<Vec<_>>(),
+                )
+            };
+            json!({
+                "service": svc.name(),
+                "stage_timeout_ms": timeout_ms,
+                "added_delay_ms": delay.as_millis() as u64,
+                "before": phase(m[0], m[1]),
+                "slowed": phase(m[1], m[2]),
+                "after": phase(m[2], m[3]),
+                "restore_to_whole_answers_s": recovered_after(&reads, m[2], *svc),
+            })
+        })
+        .collect();
+    let all = summary(&reads.iter().collect::<Vec<_>>());
+    let ceiling = dep.settings.pipeline.ceiling_ms as f64;
+    let met = all["errors"] == 0 && all["p100_ms"].as_f64().is_some_and(|p| p <= ceiling);
+    drop(proxies);
+    Ok(json!({
+        "per_service": per_service,
+        "reads": all,
+        "target": "slowed answers arrive degraded at about the stage timeout, never fail; whole again after restore",
+        "met": met,
+    }))
+}
+
+/// Mixed load at half the saturation rate, sampling each process.
+async fn soak(
+    dep: &mut Deployment,
+    questions: &Arc<Vec<String>>,
+    args: &SoakArgs,
+) -> anyhow::Result<serde_json::Value> {
+    let mut b = dep.client(false).await?;
+    let secs = args.soak_seconds.max(2) as f64;
+    let saturation = load::saturation_qps(&b, questions, 8, (secs / 6.0).clamp(1.0, 15.0)).await;
+    let qps = (saturation / 2.0).max(1.0);
+    let pg_port = dep
+        .database_url()
+        .as_deref()
+        .and_then(pg_port)
+        .unwrap_or(5432);
+    let every = Duration::from_secs_f64((secs / 20.0).max(0.5));
+    let bg = Background::start(&b, qps, args.writes_per_s, questions, "soak");
+    let start = Instant::now();
+    let mut samples = Vec::new();
+    while start.elapsed().as_secs_f64() < secs {
+        samples.push(usage_sample(dep, start, pg_port));
+        tokio::time::sleep(every).await;
+    }
+    samples.push(usage_sample(dep, start, pg_port));
+    let (reads, writes) = bg.stop().await;
+    let missing = load::missing(&mut b, &writes.acked).await?;
+    load::remove(&mut b, &writes.acked).await?;
+    let windows = window_p95(&reads, start, every);
+    let drift = match (windows.first(), windows.last()) {
+        (Some(f), Some(l)) if *f > 0.0 => round1(l / f * 100.0) / 100.0,
+        _ => 0.0,
+    };
+    Ok(json!({
+        "seconds": secs,
+        "saturation_qps": round1(saturation),
+        "read_qps": round1(qps),
+        "writes_per_s": args.writes_per_s,
+        "reads": summary(&reads.iter().collect::<Vec<_>>()),
+        "writes": {"acknowledged": writes.acked.len(), "failed_by_code": writes.failed,
+                   "missing_after_soak": missing.len()},
+        "window_s": round1(every.as_secs_f64()),
+        "window_p95_ms": windows,
+        "p95_last_over_first": drift,
+        "growth": growth(&samples),
+        "samples": samples,
+        "target": "no RSS growth once caches are full, flat fds and Postgres connections, no p95 drift",
+    }))
+}
+
+fn pg_port(url: &str) -> Option<u16> {
+    let host = url.rsplit_once('@').map_or(url, |(_, h)| h);
+    let host = host.split('/').next()?;
+    host.rsplit_once(':')?.1.parse().ok()
+}
+
+fn usage_sample(dep: &Deployment, start: Instant, pg_port: u16) -> serde_json::Value {
+    let procs: serde_json::Map<String, serde_json::Value> = dep
+        .pids()
+        .into_iter()
+        .map(|(name, pid)| (name, deploy::process_usage(pid, pg_port)))
+        .collect();
+    json!({"t_s": round1(start.elapsed().as_secs_f64()), "processes": procs})
+}
+
+/// p95 of the reads that started in each window of `every`.
+fn window_p95(reads: &[Sample], start: Instant, every: Duration) -> Vec<f64> {
+    let mut by: BTreeMap<u64, Vec<&Sample>> = BTreeMap::new();
+    for s in reads.iter().filter(|s| s.at >= start) {
+        let w = ((s.at - start).as_secs_f64() / every.as_secs_f64()) as u64;
+        by.entry(w).or_default().push(s);
+    }
+    by.values()
+        .map(|v| summary(v)["p95_ms"].as_f64().unwrap_or(0.0))
+        .collect()
+}
+
+/// Per process: RSS, fds and Postgres connections at the first sample taken
+/// after a tenth of the run (caches warming), at the end, and the maximum.
+fn growth(samples: &[serde_json::Value]) -> serde_json::Value {
+    let warm = samples.get(samples.len() / 10).or(samples.first());
+    let (Some(warm), Some(last)) = (warm, samples.last()) else {
+        return json!({});
+    };
+    let mut out = serde_json::Map::new();
+    let procs = last["processes"].as_object().cloned().unwrap_or_default();
+    for name in procs.keys() {
+        let mut m = serde_json::Map::new();
+        for field in ["rss_mb", "fds", "pg_connections"] {
+            let max = samples
+                .iter()
+                .filter_map(|s| s["processes"][name][field].as_f64())
+                .fold(0.0f64, f64::max);
+            m.insert(
+                field.into(),
+                json!({"warm": warm["processes"][name][field], "end": last["processes"][name][field], "max": max}),
+            );
+        }
+        out.insert(name.clone(), serde_json::Value::Object(m));
+    }
+    serde_json::Value::Object(out)
+}
+
+/// The figures table: scenario, load, result, target, met.
+pub fn table(r: &serde_json::Value) -> String {
+    let mut rows: Vec<[String; 5]> = Vec::new();
+    let c = &r["config"];
+    if let Some(n) = r.get("noisy") {
+        rows.push([
+            "noisy neighbour".into(),
+            format!("B {} QPS mixed routes; A {} flood loops ({}/s)", c["b_qps"], c["flood_workers"], n["a_rate_per_s"]),
+            format!(
+                "B p50/p95/p99 solo {}/{}/{} ms, under attack {}/{}/{} ms ({}x); B errors {}+{}; A by code {}",
+                n["b_solo"]["p50_ms"], n["b_solo"]["p95_ms"], n["b_solo"]["p99_ms"],
+                n["b_under_attack"]["p50_ms"], n["b_under_attack"]["p95_ms"], n["b_under_attack"]["p99_ms"],
+                n["b_p95_ratio"], n["b_solo"]["errors"], n["b_under_attack"]["errors"], n["a_by_code"]
+            ),
+            "B p95 <= 1.5x solo, 0 B errors".into(),
+            yes(&n["met"]),
+        ]);
+    }
+    if let Some(f) = r.get("faults") {
+        for s in f["per_service"].as_array().into_iter().flatten() {
+            rows.push([
+                format!("kill -9 {}", s["service"].as_str().unwrap_or("?")),
+                format!("{} QPS reads + {} writes/s", c["b_qps"], c["writes_per_s"]),
+                format!(
+                    "failed reads {}, p100 {} ms, down {} s, serving {} s after restart, whole answers {} after restart",
+                    s["reads"]["errors"], s["reads"]["p100_ms"], s["down_s"], s["restart_to_serving_s"], secs(&s["restart_to_whole_answers_s"])
+                ),
+                format!("0 failed, p100 <= {} ms", c["ceiling_ms"]),
+                yes(&json!(s["reads"]["errors"] == 0 && s["p100_within_ceiling"] == true)),
+            ]);
+        }
+        rows.push([
+            "faults: writes".into(),
+            format!("{} writes/s across all kills", c["writes_per_s"]),
+            format!(
+                "{} acknowledged, {} missing after recovery; failed (not acknowledged) {}",
+                f["writes"]["acknowledged"],
+                f["writes"]["missing_after_recovery"],
+                f["writes"]["failed_by_code"]
+            ),
+            "0 acknowledged writes missing".into(),
+            yes(&json!(f["writes"]["missing_after_recovery"] == 0)),
+        ]);
+    }
+    if let Some(s) = r.get("slow") {
+        for p in s["per_service"].as_array().into_iter().flatten() {
+            rows.push([
+                format!("slow {} (+{} ms)", p["service"].as_str().unwrap_or("?"), p["added_delay_ms"]),
+                format!("{} QPS reads", c["b_qps"]),
+                format!(
+                    "p50/p95/p100 before {}/{}/{} ms, slowed {}/{}/{} ms ({} degraded, {} failed), after {}/{} ms; whole {} after restore",
+                    p["before"]["p50_ms"], p["before"]["p95_ms"], p["before"]["p100_ms"],
+                    p["slowed"]["p50_ms"], p["slowed"]["p95_ms"], p["slowed"]["p100_ms"],
+                    p["slowed"]["degraded_answers"], p["slowed"]["errors"],
+                    p["after"]["p50_ms"], p["after"]["p95_ms"], secs(&p["restore_to_whole_answers_s"])
+                ),
+                format!("answers near the {} ms stage timeout, 0 failed", p["stage_timeout_ms"]),
+                yes(&json!(p["slowed"]["errors"] == 0)),
+            ]);
+        }
+    }
+    if let Some(s) = r.get("soak") {
+        rows.push([
+            format!("soak {} s", s["seconds"]),
+            format!(
+                "{} QPS reads (half of {} saturation) + {} writes/s",
+                s["read_qps"], s["saturation_qps"], s["writes_per_s"]
+            ),
+            format!(
+                "failed reads {}, p95 first/last window {:?}, growth {}",
+                s["reads"]["errors"],
+                first_last(&s["window_p95_ms"]),
+                compact_growth(&s["growth"])
+            ),
+            "flat RSS/fds/pg connections, no p95 drift".into(),
+            "see growth".into(),
+        ]);
+    }
+    let mut out =
+        String::from("| scenario | load | result | target | met |\n|---|---|---|---|---|\n");
+    for r in rows {
+        out.push_str(&format!("| {} |\n", r.join(" | ")));
+    }
+    out
+}
+
+/// "4.1 s", or "not within the window" when no whole answer came.
+fn secs(v: &serde_json::Value) -> String {
+    v.as_f64()
+        .map_or_else(|| "not within the window".into(), |x| format!("{x} s"))
+}
+
+fn yes(v: &serde_json::Value) -> String {
+    if v.as_bool() == Some(true) {
+        "yes".into()
+    } else {
+        "no".into()
+    }
+}
+
+fn first_last(v: &serde_json::Value) -> (f64, f64) {
+    let a = v.as_array().cloned().unwrap_or_default();
+    let f = |x: Option<&serde_json::Value>| x.and_then(|x| x.as_f64()).unwrap_or(0.0);
+    (f(a.first()), f(a.last()))
+}
+
+fn compact_growth(g: &serde_json::Value) -> String {
+    let Some(m) = g.as_object() else {
+        return String::new();
+    };
+    m.iter()
+        .map(|(name, v)| {
+            format!(
+                "{name}: RSS {}->{} MB, fds {}->{}, pg {}->{}",
+                v["rss_mb"]["warm"],
+                v["rss_mb"]["end"],
+                v["fds"]["warm"],
+                v["fds"]["end"],
+                v["pg_connections"]["warm"],
+                v["pg_connections"]["end"]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}

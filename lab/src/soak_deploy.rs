@@ -1,0 +1,430 @@
+//! Where `engram soak` runs: one child process per service (bench's
+//! [`SplitStack`], so a kill is a real `kill -9` of one process and RSS is
+//! per service), or, for the tests, each service as its own in-process
+//! [`Stack`] on a fixed loopback port (a kill is then an abrupt shutdown of
+//! that service alone; the test binary is not `engram`, so it cannot spawn
+//! `engram serve`). Either way every service listens on a port of its own
+//! that a restart binds again, so the gateway finds it where it was.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use engram_common::Settings;
+use engram_common::settings::ApiKeySettings;
+use engram_stack::client::Client;
+use engram_stack::stack::{Service, Stack, StackOptions, health_status, random_token, sha256_hex};
+
+use crate::split::SplitStack;
+
+/// The two tenants of the noisy-neighbour scenario: (api key, tenant).
+#[derive(Debug, Clone)]
+pub struct Tenants {
+    pub attacker: (String, String),
+    pub steady: (String, String),
+}
+
+impl Tenants {
+    /// Fresh keys; tenant names tagged with `run` (fixed names let repeated
+    /// `engram soak` runs reuse the seeded corpus).
+    pub fn new(run: &str) -> Self {
+        Self {
+            attacker: (random_token(), format!("soak-a-{run}")),
+            steady: (random_token(), format!("soak-b-{run}")),
+        }
+    }
+}
+
+enum Runner {
+    Processes {
+        split: Box<SplitStack>,
+        exe: PathBuf,
+        dir: PathBuf,
+        /// Services started again after a kill (their first process is gone).
+        replaced: BTreeMap<Service, tokio::process::Child>,
+    },
+    InProcess {
+        stacks: BTreeMap<Service, Stack>,
+    },
+}
+
+/// A running deployment the scenarios can kill, restart and re-route.
+pub struct Deployment {
+    /// Shared by every service: listen and downstream addresses, keys, token.
+    pub settings: Settings,
+    pub tenants: Tenants,
+    runner: Runner,
+}
+
+/// A free loopback port: bind port 0 and release it.
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?)
+}
+
+fn listen_of(s: &Settings, svc: Service) -> &str {
+    match svc {
+        Service::Retrieval => &s.listen.retrieval,
+        Service::Search => &s.listen.search,
+        Service::Graph => &s.listen.graph,
+        Service::Rerank => &s.listen.rerank,
+    }
+}
+
+impl Deployment {
+    /// One process per service (`<current exe> serve --services <one>`):
+    /// call it from the `engram` binary.
+    pub async fn processes(mut settings: Settings, tenants: Tenants) -> anyhow::Result<Self> {
+        let (key, tenant) = &tenants.steady;
+        push_key(&mut settings, &tenants.attacker);
+        let split = SplitStack::start(settings, key, tenant).await?;
+        let dir = split.settings.home.join("soak");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self {
+            settings: split.settings.clone(),
+            tenants,
+            runner: Runner::Processes {
+                split: Box::new(split),
+                exe: std::env::current_exe().context("locating the engram binary")?,
+                dir,
+                replaced: BTreeMap::new(),
+            },
+        })
+    }
+
+    /// Each service its own in-process stack on a fixed free port.
+    pub async fn in_process(mut settings: Settings, tenants: Tenants) -> anyhow::Result<Self> {
+        settings.auth.internal_token_opt = Some(random_token());
+        push_key(&mut settings, &tenants.attacker);
+        push_key(&mut settings, &tenants.steady);
+        for svc in Service::ALL {
+            set_address(&mut settings, svc, free_addr()?);
+        }
+        let mut dep = Self {
+            settings,
+            tenants,
+            runner: Runner::InProcess {
+                stacks: BTreeMap::new(),
+            },
+        };
+        for svc in Service::ALL {
+            if let Err(e) = dep.restart(svc).await {
+                dep.shutdown().await;
+                return Err(e);
+            }
+        }
+        Ok(dep)
+    }
+
+    pub fn gateway_uri(&self) -> String {
+        format!("http://{}", self.settings.listen.retrieval)
+    }
+
+    /// A client of the public API as the steady (`false`) or attacking tenant.
+    pub async fn client(&self, attacker: bool) -> anyhow::Result<Client> {
+        let (key, _) = match attacker {
+            true => &self.tenants.attacker,
+            false => &self.tenants.steady,
+        };
+        Client::connect(&self.gateway_uri(), key).await
+    }
+
+    pub fn database_url(&self) -> Option<String> {
+        match &self.runner {
+            Runner::Processes { split, .. } => Some(split.database_url().to_string()),
+            Runner::InProcess { .. } => self.settings.database.url_opt.clone(),
+        }
+    }
+
+    /// The process of each service (one shared pid in process).
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        match &self.runner {
+            Runner::Processes { replaced, .. } => Service::ALL
+                .into_iter()
+                .filter_map(|svc| {
+                    let pid = match replaced.get(&svc) {
+                        Some(c) => c.id(),
+                        None => child_pid(svc),
+                    }?;
+                    Some((svc.name().to_string(), pid))
+                })
+                .collect(),
+            Runner::InProcess { .. } => vec![("all_in_process".into(), std::process::id())],
+        }
+    }
+
+    /// Stops `svc` without warning: SIGKILL of its process, or (in process)
+    /// an immediate shutdown with no drain.
+    pub async fn kill(&mut self, svc: Service) -> anyhow::Result<()> {
+        match &mut self.runner {
+            Runner::Processes { replaced, .. } => {
+                if let Some(mut c) = replaced.remove(&svc) {
+                    c.kill().await.context("killing a restarted service")?;
+                    return Ok(());
+                }
+                let pid = child_pid(svc).with_context(|| format!("no {} process", svc.name()))?;
+                signal(pid, "-KILL").await
+            }
+            Runner::InProcess { stacks } => {
+                if let Some(s) = stacks.remove(&svc) {
+                    s.shutdown().await;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts `svc` again on its address with the current settings and
+    /// waits until it reports SERVING (rerank: until it answers at all).
+    pub async fn restart(&mut self, svc: Service) -> anyhow::Result<()> {
+        let mut s = self.settings.clone();
+        s.listen.admin = free_addr()?.to_string();
+        s.listen.http = free_addr()?.to_string();
+        match &mut self.runner {
+            Runner::Processes {
+                exe, dir, replaced, ..
+            } => {
+                let child = spawn_service(exe, dir, &s, svc)?;
+                replaced.insert(svc, child);
+            }
+            Runner::InProcess { stacks } => {
+                let opts = StackOptions {
+                    services: [svc].into_iter().collect(),
+                    ephemeral_ports: false,
+                    dev_api_key: false,
+                    extra_keys: Vec::new(),
+                };
+                stacks.insert(svc, Stack::start(s, opts).await?);
+            }
+        }
+        self.wait_serving(svc, Duration::from_secs(180)).await
+    }
+
+    /// Points the gateway's client of `svc` at `addr` (a proxy), restarting
+    /// the gateway; `svc` itself keeps listening where it was.
+    pub async fn reroute(&mut self, routes: &[(Service, SocketAddr)]) -> anyhow::Result<()> {
+        for (svc, addr) in routes {
+            let uri = engram_common::tls::uri(*addr, &self.settings.tls);
+            match svc {
+                Service::Search => self.settings.downstream.search = uri,
+                Service::Graph => self.settings.downstream.graph = uri,
+                Service::Rerank => self.settings.downstream.rerank = uri,
+                Service::Retrieval => bail!("the gateway has no downstream of itself"),
+            }
+        }
+        self.kill(Service::Retrieval).await?;
+        self.restart(Service::Retrieval).await
+    }
+
+    /// The address `svc` listens on.
+    pub fn addr(&self, svc: Service) -> anyhow::Result<SocketAddr> {
+        listen_of(&self.settings, svc)
+            .parse()
+            .with_context(|| format!("{} address", svc.name()))
+    }
+
+    async fn wait_serving(&self, svc: Service, within: Duration) -> anyhow::Result<()> {
+        let addr = self.addr(svc)?;
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match health_status(addr, svc, &self.settings.tls).await {
+                Some(1) => return Ok(()),
+                Some(2) if svc == Service::Rerank => return Ok(()),
+                _ => {}
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("{} did not report SERVING within {within:?}", svc.name());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn shutdown(self) {
+        match self.runner {
+            Runner::Processes {
+                split, replaced, ..
+            } => {
+                for (svc, mut c) in replaced {
+                    if let Some(pid) = c.id() {
+                        let _ = signal(pid, "-TERM").await;
+                    }
+                    if tokio::time::timeout(Duration::from_secs(15), c.wait())
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!(service = svc.name(), "restarted service did not stop");
+                        let _ = c.kill().await;
+                    }
+                }
+                split.shutdown().await;
+            }
+            Runner::InProcess { mut stacks } => {
+                // The gateway first, so nothing calls a stopped downstream.
+                if let Some(gw) = stacks.remove(&Service::Retrieval) {
+                    gw.shutdown().await;
+                }
+                for (_, s) in stacks {
+                    s.shutdown().await;
+                }
+            }
+        }
+    }
+}
+
+fn push_key(settings: &mut Settings, (key, tenant): &(String, String)) {
+    settings.auth.api_keys.push(ApiKeySettings {
+        sha256: sha256_hex(key),
+        tenant: tenant.clone(),
+        agent_id: "soak".into(),
+        trust: "sensitive".into(),
+    });
+}
+
+fn set_address(settings: &mut Settings, svc: Service, a: SocketAddr) {
+    let uri = engram_common::tls::uri(a, &settings.tls);
+    match svc {
+        Service::Retrieval => settings.listen.retrieval = a.to_string(),
+        Service::Search => {
+            settings.listen.search = a.to_string();
+            settings.downstream.search = uri;
+        }
+        Service::Graph => {
+            settings.listen.graph = a.to_string();
+            settings.downstream.graph = uri;
+        }
+        Service::Rerank => {
+            settings.listen.rerank = a.to_string();
+            settings.downstream.rerank = uri;
+        }
+    }
+}
+
+/// `exe --config <dir>/<svc>.toml serve --services <svc>`, log beside it.
+fn spawn_service(
+    exe: &std::path::Path,
+    dir: &std::path::Path,
+    s: &Settings,
+    svc: Service,
+) -> anyhow::Result<tokio::process::Child> {
+    let config = dir.join(format!("{}.toml", svc.name()));
+    write_private(
+        &config,
+        &toml::to_string(s).context("serialising settings")?,
+    )?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{}.log", svc.name())))?;
+    tokio::process::Command::new(exe)
+        .arg("--config")
+        .arg(&config)
+        .args(["serve", "--services", svc.name()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("restarting {}", svc.name()))
+}
+
+/// The config carries the internal token: readable by the owner only.
+fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+async fn signal(pid: u32, sig: &str) -> anyhow::Result<()> {
+    let st = tokio::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .await?;
+    anyhow::ensure!(st.success(), "kill {sig} {pid} failed");
+    Ok(())
+}
+
+/// The pid of this process's live child running `serve --services <svc>`
+/// (SplitStack keeps its children private; /proc names them exactly: our
+/// pid as parent and the service in the command line).
+fn child_pid(svc: Service) -> Option<u32> {
+    let me = std::process::id();
+    let want = ["serve", "--services", svc.name()];
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // "pid (comm) state ppid ...": comm may hold spaces; split after ')'.
+        let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
+        let (state, ppid) = (rest.next()?, rest.next()?.parse::<u32>().ok()?);
+        if ppid != me || state == "Z" {
+            return None;
+        }
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        args.windows(3)
+            .any(|w| w.iter().zip(want).all(|(a, b)| *a == b.as_bytes()))
+            .then_some(pid)
+    })
+}
+
+/// Resident set, open fds and Postgres connections of one process.
+pub fn process_usage(pid: u32, pg_port: u16) -> serde_json::Value {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss_mb = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map(|kb| (kb / 1024.0 * 10.0).round() / 10.0);
+    let sockets = socket_inodes(pid);
+    serde_json::json!({
+        "rss_mb": rss_mb,
+        "fds": std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0),
+        "pg_connections": established_to(pid, pg_port, &sockets),
+    })
+}
+
+fn socket_inodes(pid: u32) -> std::collections::HashSet<u64> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Default::default();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let link = std::fs::read_link(e.path()).ok()?;
+            let s = link.to_str()?;
+            s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
+/// Established TCP connections of `pid` (by socket inode) to `port`.
+fn established_to(pid: u32, port: u16, inodes: &std::collections::HashSet<u64>) -> usize {
+    let port_hex = format!(":{port:04X}");
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter(|l| {
+                    let c: Vec<&str> = l.split_whitespace().collect();
+                    c.len() > 9
+                        && c[2].ends_with(&port_hex)
+                        && c[3] == "01"
+                        && c[9].parse::<u64>().is_ok_and(|i| inodes.contains(&i))
+                })
+                .map(|_| ())
+                .collect::<Vec<_>>()
+        })
+        .count()
+}

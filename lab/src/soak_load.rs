@@ -1,0 +1,405 @@
+//! The load `engram soak` drives through the public API: a seeded corpus
+//! per tenant, an open-loop reader (requests leave on a clock, so a slow
+//! answer never lowers the offered load), a writer that remembers which ids
+//! were acknowledged, and tenant A's flood of hostile requests.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use engram_proto::{
+    AgenticRetrieveRequest, DeleteRequest, GetRequest, Memory, RetrievalMode, RetrieveRequest,
+    UpsertRequest,
+};
+use engram_stack::client::Client;
+use tokio::task::JoinSet;
+
+/// No client call waits longer than this: past the gateway's 3 s ceiling,
+/// so a p100 above the ceiling is seen, but a hung call cannot stall a run.
+const CLIENT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Routes the reader cycles through (the mix `engram bench` uses plus auto).
+const MODES: [RetrievalMode; 4] = [
+    RetrievalMode::Auto,
+    RetrievalMode::Simple,
+    RetrievalMode::MultiHop,
+    RetrievalMode::Exploratory,
+];
+
+const COLOURS: [&str; 6] = ["red", "blue", "green", "amber", "violet", "grey"];
+const THINGS: [&str; 6] = ["ledger", "router", "notebook", "badge", "printer", "key"];
+const PLACES: [&str; 6] = ["archive", "lab", "vault", "office", "depot", "annex"];
+
+/// What happened to one request: when it left, how long it took, and
+/// either the stages its answer was degraded by or the gRPC code it failed with.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub at: Instant,
+    pub ms: f64,
+    pub outcome: Result<Vec<String>, tonic::Code>,
+    /// The error's message, for the report's first few distinct ones.
+    pub message_opt: Option<String>,
+}
+
+/// The seeded fact `i` of a tenant and the question that finds it.
+fn fact(tag: &str, i: usize) -> (String, String) {
+    let (c, t, p) = (COLOURS[i % 6], THINGS[(i / 6) % 6], PLACES[(i / 36) % 6]);
+    let project = format!("{tag}-project-{i}");
+    (
+        format!("The {c} {t} of {project} is kept in the {p}, shelf {i}."),
+        format!("Where is the {c} {t} of {project} kept?"),
+    )
+}
+
+fn seed_id(tag: &str, i: usize) -> String {
+    uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_OID,
+        format!("soak:{tag}:{i}").as_bytes(),
+    )
+    .to_string()
+}
+
+/// Writes `n` facts (server-side embeddings, idempotent ids) and returns
+/// the questions the reader asks.
+pub async fn seed(client: &mut Client, tag: &str, n: usize) -> anyhow::Result<Vec<String>> {
+    let all: Vec<(String, String)> = (0..n).map(|i| fact(tag, i)).collect();
+    for (start, chunk) in (0..n).step_by(50).zip(all.chunks(50)) {
+        let memories = chunk
+            .iter()
+            .enumerate()
+            .map(|(j, (content, _))| Memory {
+                id: seed_id(tag, start + j),
+                content: content.clone(),
+                memory_type: "semantic".into(),
+                ..Default::default()
+            })
+            .collect();
+        client.memories.upsert(UpsertRequest { memories }).await?;
+    }
+    Ok(all.into_iter().map(|(_, q)| q).collect())
+}
+
+fn code_name(code: tonic::Code) -> String {
+    format!("{code:?}")
+}
+
+/// One retrieval as the steady tenant sends it.
+async fn one_read(mut c: Client, text: String, mode: RetrievalMode) -> Sample {
+    let at = Instant::now();
+    let mut req = tonic::Request::new(RetrieveRequest {
+        text,
+        limit: Some(10),
+        mode: mode as i32,
+        no_cache: true,
+        ..Default::default()
+    });
+    req.set_timeout(CLIENT_DEADLINE);
+    let (outcome, message_opt) = match c.retrieval.retrieve(req).await {
+        Ok(r) => (Ok(r.into_inner().degraded_stages), None),
+        Err(s) => (Err(s.code()), Some(s.message().chars().take(200).collect())),
+    };
+    let ms = at.elapsed().as_secs_f64() * 1000.0;
+    Sample {
+        at,
+        ms,
+        outcome,
+        message_opt,
+    }
+}
+
+/// A clock that ticks `per_second` times a second (at least once a minute).
+fn ticker(per_second: f64) -> tokio::time::Interval {
+    let period = Duration::from_secs_f64(1.0 / per_second.max(1.0 / 60.0));
+    let mut t = tokio::time::interval(period);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
+}
+
+/// Open-loop reads at `qps` over `questions` and the route mix until `stop`.
+pub async fn reads(
+    client: Client,
+    qps: f64,
+    questions: Arc<Vec<String>>,
+    stop: Arc<AtomicBool>,
+) -> Vec<Sample> {
+    let mut tick = ticker(qps);
+    let mut set = JoinSet::new();
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let text = questions[i % questions.len().max(1)].clone();
+        set.spawn(one_read(client.clone(), text, MODES[i % MODES.len()]));
+        i += 1;
+    }
+    set.join_all().await
+}
+
+/// Closed-loop reads with `concurrency` in flight for `secs`: the
+/// saturation rate the soak's load is set against.
+pub async fn saturation_qps(
+    client: &Client,
+    questions: &[String],
+    concurrency: usize,
+    secs: f64,
+) -> f64 {
+    let start = Instant::now();
+    let mut set = JoinSet::new();
+    for w in 0..concurrency.max(1) {
+        let (c, qs) = (client.clone(), questions.to_vec());
+        set.spawn(async move {
+            let mut n = 0usize;
+            while start.elapsed().as_secs_f64() < secs {
+                let i = w * 7919 + n;
+                one_read(c.clone(), qs[i % qs.len().max(1)].clone(), MODES[i % 4]).await;
+                n += 1;
+            }
+            n
+        });
+    }
+    let total: usize = set.join_all().await.into_iter().sum();
+    total as f64 / start.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// What the writer saw: the ids the gateway acknowledged and the failures.
+#[derive(Debug, Default)]
+pub struct Writes {
+    pub acked: Vec<String>,
+    pub failed: BTreeMap<String, usize>,
+    pub ms: Vec<f64>,
+}
+
+/// One memory written; `Ok(id)` only when the answer names it.
+async fn one_write(mut c: Client, tag: String, n: usize) -> (f64, Result<String, tonic::Code>) {
+    let id = uuid::Uuid::new_v4().to_string();
+    let mut req = tonic::Request::new(UpsertRequest {
+        memories: vec![Memory {
+            id: id.clone(),
+            content: format!(
+                "Soak write {n} of {tag}: the {} parcel arrived.",
+                COLOURS[n % 6]
+            ),
+            ..Default::default()
+        }],
+    });
+    req.set_timeout(CLIENT_DEADLINE);
+    let t = Instant::now();
+    let r = c.memories.upsert(req).await;
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    match r {
+        Ok(r) if r.get_ref().results.iter().any(|x| x.id == id) => (ms, Ok(id)),
+        Ok(_) => (ms, Err(tonic::Code::Unknown)),
+        Err(s) => (ms, Err(s.code())),
+    }
+}
+
+/// Open-loop writes, `per_second`, until `stop`.
+pub async fn writes(client: Client, per_second: f64, tag: String, stop: Arc<AtomicBool>) -> Writes {
+    let mut tick = ticker(per_second);
+    let mut set = JoinSet::new();
+    let mut n = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        set.spawn(one_write(client.clone(), tag.clone(), n));
+        n += 1;
+    }
+    let mut out = Writes::default();
+    for (ms, r) in set.join_all().await {
+        out.ms.push(ms);
+        match r {
+            Ok(id) => out.acked.push(id),
+            Err(code) => *out.failed.entry(code_name(code)).or_default() += 1,
+        }
+    }
+    out
+}
+
+/// The acknowledged ids a read-back through the gateway does not return.
+pub async fn missing(client: &mut Client, ids: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut gone = Vec::new();
+    for chunk in ids.chunks(100) {
+        let got = client
+            .memories
+            .get(GetRequest {
+                ids: chunk.to_vec(),
+                include_embedding: false,
+            })
+            .await?
+            .into_inner();
+        let have: std::collections::HashSet<&str> =
+            got.memories.iter().map(|m| m.id.as_str()).collect();
+        gone.extend(
+            chunk
+                .iter()
+                .filter(|id| !have.contains(id.as_str()))
+                .cloned(),
+        );
+    }
+    Ok(gone)
+}
+
+/// Removes what the writer added, so repeated runs do not grow the tenant.
+pub async fn remove(client: &mut Client, ids: &[String]) -> anyhow::Result<()> {
+    for chunk in ids.chunks(100) {
+        client
+            .memories
+            .delete(DeleteRequest {
+                ids: chunk.to_vec(),
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Tenant A's attacks, in the order each flood worker cycles through them.
+pub const ATTACKS: [&str; 7] = [
+    "limit_100_big_budget",
+    "nul_bytes",
+    "deadline_1ms",
+    "oversized_field",
+    "oversized_message",
+    "agentic_fanout",
+    "over_rate",
+];
+
+fn attack_request(kind: &str, i: usize) -> RetrieveRequest {
+    let mut r = RetrieveRequest {
+        text: format!("what is kept in the archive, item {i}?"),
+        no_cache: true,
+        ..Default::default()
+    };
+    match kind {
+        // The most a request may ask for, so it is served, at full cost.
+        "limit_100_big_budget" => {
+            r.limit = Some(100);
+            r.token_budget = 100_000;
+            r.mode = RetrievalMode::Exploratory as i32;
+        }
+        "nul_bytes" => r.text = format!("where\0is\0the\0ledger {i}\0"),
+        // Past the field limit but under the transport's message limit.
+        "oversized_field" => r.text = "ledger ".repeat(50_000),
+        // Past the transport's 4 MiB message limit.
+        "oversized_message" => r.text = "x".repeat(5 << 20),
+        "over_rate" => {
+            r.limit = Some(1);
+            r.mode = RetrievalMode::Keyword as i32;
+        }
+        _ => {}
+    }
+    r
+}
+
+/// Concurrent requests of one `over_rate` burst: twice the default
+/// per-tenant concurrency, so the burst is refused in part at any rate.
+const BURST: usize = 64;
+
+async fn one_retrieve(mut c: Client, kind: &'static str, i: usize) -> tonic::Code {
+    let mut req = tonic::Request::new(attack_request(kind, i));
+    req.set_timeout(if kind == "deadline_1ms" {
+        Duration::from_millis(1)
+    } else {
+        CLIENT_DEADLINE
+    });
+    match c.retrieval.retrieve(req).await {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+/// One hostile call (a burst for `over_rate`); the gRPC codes it ended
+/// with ("Ok" when served).
+async fn one_attack(mut c: Client, tenant: &str, kind: &'static str, i: usize) -> Vec<tonic::Code> {
+    match kind {
+        "agentic_fanout" => {
+            let req = AgenticRetrieveRequest {
+                query: format!("compare the ledger and the router of project {i}, then the badge"),
+                tenant_id: tenant.into(),
+                max_steps: Some(20),
+                reasoning_effort: "high".into(),
+                top_k_per_step: Some(50),
+                token_budget: Some(100_000),
+                ..Default::default()
+            };
+            vec![match c.foundry.retrieve_agentic(req).await {
+                Ok(_) => tonic::Code::Ok,
+                Err(s) => s.code(),
+            }]
+        }
+        "over_rate" => {
+            let calls = (0..BURST).map(|j| one_retrieve(c.clone(), kind, i * BURST + j));
+            futures::future::join_all(calls).await
+        }
+        _ => vec![one_retrieve(c, kind, i).await],
+    }
+}
+
+/// Tenant A's flood: `workers` closed loops, each as fast as answers come
+/// back, cycling through [`ATTACKS`]. Returns counts by attack and code.
+pub async fn flood(
+    client: Client,
+    tenant: String,
+    workers: usize,
+    stop: Arc<AtomicBool>,
+) -> BTreeMap<(String, String), usize> {
+    let mut set = JoinSet::new();
+    for w in 0..workers.max(1) {
+        let (c, stop, tenant) = (client.clone(), stop.clone(), tenant.clone());
+        set.spawn(async move {
+            let mut counts: BTreeMap<(String, String), usize> = BTreeMap::new();
+            let mut i = w;
+            while !stop.load(Ordering::Relaxed) {
+                let kind = ATTACKS[i % ATTACKS.len()];
+                for code in one_attack(c.clone(), &tenant, kind, i).await {
+                    *counts.entry((kind.into(), code_name(code))).or_default() += 1;
+                }
+                i += 1;
+            }
+            counts
+        });
+    }
+    let mut all = BTreeMap::new();
+    for counts in set.join_all().await {
+        for (k, n) in counts {
+            *all.entry(k).or_default() += n;
+        }
+    }
+    all
+}
+
+/// Percentiles, counts and failures of a set of samples.
+pub fn summary(samples: &[&Sample]) -> serde_json::Value {
+    let mut ms: Vec<f64> = samples.iter().map(|s| s.ms).collect();
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    let mut degraded: BTreeMap<String, usize> = BTreeMap::new();
+    for s in samples {
+        match &s.outcome {
+            Ok(stages) => stages
+                .iter()
+                .for_each(|d| *degraded.entry(d.clone()).or_default() += 1),
+            Err(code) => *errors.entry(code_name(*code)).or_default() += 1,
+        }
+    }
+    let mut messages: Vec<&str> = samples
+        .iter()
+        .filter_map(|s| s.message_opt.as_deref())
+        .collect();
+    messages.sort_unstable();
+    messages.dedup();
+    messages.truncate(5);
+    let p = |q: f64| round1(crate::eval::percentile(&ms, q));
+    serde_json::json!({
+        "requests": samples.len(),
+        "errors": errors.values().sum::<usize>(),
+        "errors_by_code": errors,
+        "error_messages": messages,
+        "degraded_answers": samples.iter().filter(|s| matches!(&s.outcome, Ok(d) if !d.is_empty())).count(),
+        "degraded_by_stage": degraded,
+        "p50_ms": p(50.0), "p95_ms": p(95.0), "p99_ms": p(99.0),
+        "p100_ms": round1(ms.last().copied().unwrap_or(0.0)),
+    })
+}
+
+pub fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
