@@ -3,8 +3,10 @@
 //! One JSON object per line, either a memory:
 //! `{"id","title","content","memory_type","namespace","access_level",
 //!   "source_confidence","event_time","valid_to","supersedes","consolidated",
-//!   "metadata","source","entities":[..],"triples":[[s,p,o],..]}`
-//! (only `content` is required) or an edge:
+//!   "metadata","source","entities":[..],"triples":[[s,p,o],..],
+//!   "turn":{"session_id","turn_index","speaker","caption"}}`
+//! (only `content` is required; `turn` makes it a conversation turn,
+//! docs/conversations.md) or an edge:
 //! `{"edge":{"src","dst","type","weight"}}`.
 //! Ids may be UUIDs or any other string; a non-UUID id is mapped to a stable
 //! UUID (v8) keyed by the deployment's id secret ([`IdKey`]): re-ingesting
@@ -44,6 +46,20 @@ struct MemoryLine {
     entities: Vec<String>,
     #[serde(default)]
     triples: Vec<[String; 3]>,
+    /// A conversation turn: {"session_id", "turn_index", "speaker", "caption"}.
+    turn: Option<TurnLine>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TurnLine {
+    session_id: String,
+    #[serde(default)]
+    turn_index: u32,
+    #[serde(default)]
+    speaker: String,
+    #[serde(default)]
+    caption: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -297,6 +313,12 @@ pub fn parse_str(text: &str, name: &str, tenant: &str, key: &IdKey) -> anyhow::R
                     object,
                 })
                 .collect(),
+            turn: m.turn.map(|t| engram_proto::Turn {
+                session_id: t.session_id,
+                turn_index: t.turn_index,
+                speaker: t.speaker,
+                caption: t.caption,
+            }),
             ..Default::default()
         });
     }

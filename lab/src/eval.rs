@@ -21,7 +21,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-pub const KS: [usize; 3] = [2, 5, 10];
+pub const KS: [usize; 4] = [1, 2, 5, 10];
 pub const SETTINGS: [(&str, RetrievalMode); 5] = [
     ("vector", RetrievalMode::Vector),
     ("keyword", RetrievalMode::Keyword),
@@ -39,6 +39,8 @@ pub struct Doc {
     pub metadata_opt: Option<serde_json::Value>,
     pub entities: Vec<String>,
     pub triples: Vec<[String; 3]>,
+    /// A conversation turn's session, place, speaker and caption.
+    pub turn_opt: Option<engram_proto::Turn>,
 }
 
 /// A question with the corpus indices of its gold documents.
@@ -379,16 +381,21 @@ pub fn load_locomo(
                     .unwrap_or("")
                     .trim()
                     .to_string();
+                let caption = t.get("blip_caption").and_then(|s| s.as_str()).unwrap_or("");
                 // Turns in one session share a date; keep their order.
                 let et = date_opt.map(|d| d + chrono::Duration::seconds(ti as i64));
                 by_dia.insert(dia.clone(), docs.len());
                 docs.push(Doc {
                     title: String::new(),
-                    text: format!("{speaker}: {said}"),
+                    text: said.to_string(),
                     event_time_opt: et,
-                    metadata_opt: Some(
-                        serde_json::json!({"dia_id": dia, "session": n, "speaker": speaker}),
-                    ),
+                    metadata_opt: Some(serde_json::json!({"dia_id": dia})),
+                    turn_opt: Some(engram_proto::Turn {
+                        session_id: format!("session_{n}"),
+                        turn_index: ti as u32,
+                        speaker: speaker.to_string(),
+                        caption: caption.to_string(),
+                    }),
                     ..Default::default()
                 });
             }
@@ -428,7 +435,9 @@ pub fn load_locomo(
             qs.truncate(n);
         }
         parts.push(Part {
-            tenant: format!("eval-locomo-{hash}-{ci}"),
+            // "turns": each memory is a conversation turn (session, index,
+            // speaker, caption), not "speaker: text" in the content.
+            tenant: format!("eval-locomo-turns-{hash}-{ci}"),
             docs,
             questions: qs,
         });
@@ -497,6 +506,7 @@ pub async fn ensure_ingested(
                     object: o.clone(),
                 })
                 .collect(),
+            turn: d.turn_opt.clone(),
             ..Default::default()
         })
         .collect();
@@ -523,7 +533,7 @@ pub async fn ensure_ingested(
 /// Per-setting recall sums and pipeline latencies over all parts.
 #[derive(Debug, Default)]
 pub struct Tally {
-    pub sums: BTreeMap<&'static str, [f64; 3]>,
+    pub sums: BTreeMap<&'static str, [f64; KS.len()]>,
     pub questions: usize,
     pub pipeline_ms: Vec<f64>,
     pub degraded: BTreeMap<String, usize>,
@@ -616,7 +626,7 @@ pub async fn run_part(
             .buffered(conc)
             .collect()
             .await;
-        let sums = tally.sums.entry(name).or_insert([0.0; 3]);
+        let sums = tally.sums.entry(name).or_insert([0.0; KS.len()]);
         for (q, res) in part.questions.iter().zip(results) {
             match res {
                 Ok((ranked, ms, degraded)) => {

@@ -76,6 +76,7 @@ pub fn label(s: &Sample, part: &Part, weights: &FusionWeights, default_k: f32) -
                 fused_pos: pos,
                 title: &d.title,
                 content: &d.text,
+                speaker: d.turn_opt.as_ref().map_or("", |t| t.speaker.as_str()),
             }
         })
         .collect();

@@ -18,6 +18,7 @@ pub mod get;
 pub mod keyword;
 pub mod list;
 pub mod rows;
+pub mod turns;
 pub mod updates;
 pub mod validate;
 pub mod writes;

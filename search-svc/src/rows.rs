@@ -12,7 +12,8 @@ use uuid::Uuid;
 pub const MEMORY_COLUMNS: &str = "m.id, m.tenant_id, m.namespace, m.agent_id, m.memory_type, \
      m.title, m.content, m.access_level, m.source_confidence, m.decay_score, m.event_time, \
      m.ingestion_time, m.valid_from, m.valid_to, m.recorded_at, m.retracted_at, m.version, \
-     m.supersedes, m.consolidated, m.metadata, m.source";
+     m.supersedes, m.consolidated, m.metadata, m.source, m.session_id, m.turn_index, m.speaker, \
+     m.caption";
 
 #[derive(Debug, sqlx::FromRow)]
 pub struct MemoryRow {
@@ -37,6 +38,10 @@ pub struct MemoryRow {
     pub consolidated: bool,
     pub metadata: serde_json::Value,
     pub source: String,
+    pub session_id: Option<String>,
+    pub turn_index: Option<i32>,
+    pub speaker: String,
+    pub caption: String,
 }
 
 /// Blanks `supersedes` where the memory it names is above the reader's
@@ -123,6 +128,10 @@ impl MemoryRow {
             consolidated,
             metadata,
             source,
+            session_id,
+            turn_index,
+            speaker,
+            caption,
         } = self;
         pb::Memory {
             id: id.to_string(),
@@ -149,6 +158,12 @@ impl MemoryRow {
             triples: Vec::new(),
             embedding: Vec::new(),
             tenant_id,
+            turn: session_id.map(|session_id| pb::Turn {
+                session_id,
+                turn_index: turn_index.map_or(0, |i| u32::try_from(i).unwrap_or(0)),
+                speaker,
+                caption,
+            }),
         }
     }
 }

@@ -10,6 +10,8 @@ use engram_proto as pb;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::turns::Turn;
+
 use crate::error::{Error, Result};
 
 pub const EMBEDDING_DIM: usize = 384;
@@ -46,6 +48,8 @@ pub struct NewMemory {
     pub entities: Vec<String>,
     pub triples: Vec<(String, String, String)>,
     pub embedding_opt: Option<Vec<f32>>,
+    /// Set for a conversation turn (crate::turns).
+    pub turn_opt: Option<Turn>,
     /// sha256 of the text that is embedded, so an unchanged memory is never re-embedded.
     pub content_hash: Vec<u8>,
 }
@@ -53,8 +57,12 @@ pub struct NewMemory {
 impl NewMemory {
     /// The text the embedding is computed from: title and body, like the
     /// reference dense baseline (`title + "\n" + text`).
+    /// A turn embeds as said ("speaker: text").
     pub fn embedding_text(&self) -> String {
-        embedding_text(&self.title, &self.content)
+        match &self.turn_opt {
+            Some(t) => embedding_text(&self.title, &t.said(&self.content)),
+            None => embedding_text(&self.title, &self.content),
+        }
     }
 }
 
@@ -190,6 +198,7 @@ impl NewMemory {
             triples,
             embedding,
             tenant_id: _,
+            turn,
         } = m;
         let id = if id.is_empty() {
             Uuid::new_v4()
@@ -296,7 +305,12 @@ impl NewMemory {
             check_embedding(&f("embedding"), &embedding)?;
             Some(embedding)
         };
-        let content_hash = content_hash(&title, &content);
+        let turn_opt = turn.map(|t| Turn::from_proto(&f("turn"), t)).transpose()?;
+        // A turn's hash covers its speaker: the embedded text changes with it.
+        let content_hash = match &turn_opt {
+            Some(t) => content_hash(&title, &t.said(&content)),
+            None => content_hash(&title, &content),
+        };
         Ok(Self {
             id,
             namespace,
@@ -315,6 +329,7 @@ impl NewMemory {
             entities,
             triples: checked_triples,
             embedding_opt,
+            turn_opt,
             content_hash,
         })
     }

@@ -40,6 +40,7 @@ use uuid::Uuid;
 use crate::bounds;
 use crate::embed::Embeddings;
 use crate::error::{Error, Result};
+use crate::turns;
 use crate::validate::{DeleteIds, EdgeBatch, FeedbackBatch, NewMemory, RankExample, UpsertBatch};
 
 pub const CHANNEL: &str = "engram_changes";
@@ -189,13 +190,15 @@ struct Written {
 const UPSERT_SQL: &str = r#"
 INSERT INTO memories AS m (id, tenant_id, namespace, agent_id, memory_type, title, content,
     content_hash, embedding, tsv_len, access_level, source_confidence, event_time, valid_from,
-    valid_to, version, supersedes, consolidated, metadata, source)
+    valid_to, version, supersedes, consolidated, metadata, source,
+    session_id, turn_index, speaker, caption, context)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
     (SELECT coalesce(sum(coalesce(array_length(positions, 1), 1)), 0)::int
-       FROM unnest(to_tsvector('english'::regconfig, $6 || ' ' || $7))),
+       FROM unnest(to_tsvector('english'::regconfig,
+            $6 || ' ' || $22 || ' ' || $7 || ' ' || $23 || ' ' || $24))),
     $10, $11, coalesce($12, now()), coalesce($13, $12, now()), $14,
     coalesce((SELECT s.version + 1 FROM memories s WHERE s.id = $15 AND s.tenant_id = $2), 1),
-    $15, $16, $17, $18)
+    $15, $16, $17, $18, $20, $21, $22, $23, $24)
 ON CONFLICT (id) DO UPDATE SET
     namespace = excluded.namespace,
     memory_type = excluded.memory_type,
@@ -216,7 +219,12 @@ ON CONFLICT (id) DO UPDATE SET
     supersedes = coalesce(excluded.supersedes, m.supersedes),
     consolidated = excluded.consolidated,
     metadata = excluded.metadata,
-    source = excluded.source
+    source = excluded.source,
+    session_id = excluded.session_id,
+    turn_index = excluded.turn_index,
+    speaker = excluded.speaker,
+    caption = excluded.caption,
+    context = excluded.context
 WHERE m.tenant_id = excluded.tenant_id AND m.access_level <= $19
 RETURNING m.version, (m.xmax = 0) AS created, (m.embedding IS NOT NULL) AS has_embedding
 "#;
@@ -231,14 +239,16 @@ static INSERT_ONLY_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Runs [`UPSERT_SQL`] or [`INSERT_ONLY_SQL`] for one memory.
+/// Runs [`UPSERT_SQL`] or [`INSERT_ONLY_SQL`] for one memory; `context` is
+/// a turn's keyword context (crate::turns), empty for other memories.
 async fn write_row(
     tx: &mut Transaction<'_, Postgres>,
     sql: &'static str,
     identity: &Identity,
-    m: &NewMemory,
+    (m, context): (&NewMemory, &str),
     embedding: Option<Vector>,
 ) -> Result<Option<Written>> {
+    let turn_opt = m.turn_opt.as_ref();
     Ok(sqlx::query_as::<_, Written>(sql)
         .bind(m.id)
         .bind(&identity.tenant)
@@ -259,8 +269,47 @@ async fn write_row(
         .bind(&m.metadata)
         .bind(&m.source)
         .bind(identity.trust.as_i16())
+        .bind(turn_opt.map(|t| t.session_id.as_str()))
+        .bind(turn_opt.map(|t| t.turn_index as i32))
+        .bind(turn_opt.map_or("", |t| t.speaker.as_str()))
+        .bind(turn_opt.map_or("", |t| t.caption.as_str()))
+        .bind(context)
         .fetch_optional(&mut **tx)
         .await?)
+}
+
+/// Each memory's keyword context, by position in `sorted`: a turn's from
+/// its session (crate::turns), empty for every other memory.
+async fn turn_contexts(
+    tx: &mut Transaction<'_, Postgres>,
+    tenant: &str,
+    sorted: &[(usize, NewMemory)],
+) -> Result<Vec<String>> {
+    let turns: Vec<(usize, turns::Written<'_>)> = (sorted.iter().enumerate())
+        .filter_map(|(pos, (_, m))| {
+            let turn = m.turn_opt.as_ref()?;
+            Some((
+                pos,
+                turns::Written {
+                    id: m.id,
+                    namespace: &m.namespace,
+                    turn,
+                    access: m.access_level,
+                    event_time_opt: m.event_time_opt,
+                    content: &m.content,
+                },
+            ))
+        })
+        .collect();
+    let mut out = vec![String::new(); sorted.len()];
+    if turns.is_empty() {
+        return Ok(out);
+    }
+    let batch: Vec<turns::Written<'_>> = turns.iter().map(|(_, w)| *w).collect();
+    for ((pos, _), context) in turns.iter().zip(turns::contexts(tx, tenant, &batch).await?) {
+        out[*pos] = context;
+    }
+    Ok(out)
 }
 
 async fn write_batch(
@@ -311,6 +360,7 @@ async fn write_batch(
         .collect();
     let mut before = stat_rows(&mut tx, &existing_ids).await?;
 
+    let contexts = turn_contexts(&mut tx, &identity.tenant, sorted).await?;
     let mut results: Vec<(usize, pb::UpsertResult)> = Vec::with_capacity(sorted.len());
     let mut rewrite_entities: Vec<usize> = Vec::new();
     for (pos, (idx, m)) in sorted.iter().enumerate() {
@@ -339,7 +389,7 @@ async fn write_batch(
                 &mut tx,
                 INSERT_ONLY_SQL.as_str(),
                 identity,
-                m,
+                (m, &contexts[pos]),
                 embedding.clone(),
             )
             .await?;
@@ -351,7 +401,14 @@ async fn write_batch(
             }
         }
         if w.is_none() {
-            w = write_row(&mut tx, UPSERT_SQL, identity, m, embedding).await?;
+            w = write_row(
+                &mut tx,
+                UPSERT_SQL,
+                identity,
+                (m, &contexts[pos]),
+                embedding,
+            )
+            .await?;
         }
         let Some(w) = w else {
             // The conflicting row appeared after the lock: another tenant's,

@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use engram_proto::ScoredMemory;
 
-use super::text::{collect_words, coverage, query_words};
+use super::text::{collect_words, coverage, query_words, said};
 
 /// Records whose text counts as "what the answer holds".
 const TOP: usize = 10;
@@ -55,7 +55,7 @@ pub fn features(query: &str, records: &[ScoredMemory]) -> Features {
     for r in records.iter().take(TOP) {
         if let Some(m) = &r.memory {
             collect_words(&m.title, &mut have);
-            collect_words(&m.content, &mut have);
+            collect_words(&said(m), &mut have);
         }
         let dense = (r.provenance.iter())
             .flat_map(|p| &p.strategies)

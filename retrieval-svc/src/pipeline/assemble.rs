@@ -16,6 +16,7 @@ use tracing::Instrument;
 
 use super::ctx::{Ctx, StageTrace, stage_span};
 use super::search::GRAPH;
+use super::text::said;
 use super::validate::Checked;
 use crate::downstream::call_until;
 
@@ -338,7 +339,10 @@ pub fn context_entry(m: &Memory, others: &[ScoredMemory], conflicts: &[ConflictP
     {
         e.push_str(&format!("_Outdated: valid until {}._\n", day(until)));
     }
-    e.push_str(m.content.trim());
+    e.push_str(said(m).trim());
+    if let Some(t) = m.turn.as_ref().filter(|t| !t.caption.is_empty()) {
+        e.push_str(&format!(" [shared: {}]", t.caption));
+    }
     e.push('\n');
     e
 }

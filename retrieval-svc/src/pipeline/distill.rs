@@ -85,6 +85,12 @@ fn signals_of(pos: usize, c: &Checked) -> Signals<'_> {
         fused_pos: pos,
         title: &c.cand.memory.title,
         content: &c.cand.memory.content,
+        speaker: c
+            .cand
+            .memory
+            .turn
+            .as_ref()
+            .map_or("", |t| t.speaker.as_str()),
     }
 }
 

@@ -54,6 +54,9 @@ pub struct Signals<'a> {
     pub fused_pos: usize,
     pub title: &'a str,
     pub content: &'a str,
+    /// A conversation turn's speaker ("" otherwise): the people a question
+    /// names are often who said it.
+    pub speaker: &'a str,
 }
 
 /// Each strategy slot's name as the gateway reports hits (HyDE is a dense
@@ -125,6 +128,7 @@ fn row(
     };
     let mut body = HashSet::new();
     collect_words(c.content, &mut body);
+    collect_words(c.speaker, &mut body);
     let mut title = HashSet::new();
     collect_words(c.title, &mut title);
     body.extend(title.iter().cloned());
@@ -434,6 +438,7 @@ mod tests {
             fused_pos: pos,
             title,
             content,
+            speaker: "",
         }
     }
 

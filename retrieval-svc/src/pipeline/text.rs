@@ -2,7 +2,10 @@
 //! them lexically (abstention's evidence, the ranker's coverage features).
 //! A leaf: it imports nothing from the pipeline.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
+
+use engram_proto::Memory;
 
 const STOPWORDS: &[&str] = &[
     "about", "after", "and", "are", "before", "but", "can", "could", "did", "does", "for", "from",
@@ -11,6 +14,15 @@ const STOPWORDS: &[&str] = &[
     "there", "these", "they", "this", "those", "through", "was", "were", "what", "when", "where",
     "which", "while", "who", "whom", "whose", "why", "will", "with", "would", "you", "your",
 ];
+
+/// A memory's text as said: a conversation turn with a speaker reads
+/// "speaker: text" (search-svc embeds it so), anything else its content.
+pub fn said(m: &Memory) -> Cow<'_, str> {
+    match m.turn.as_ref().filter(|t| !t.speaker.is_empty()) {
+        Some(t) => Cow::Owned(format!("{}: {}", t.speaker, m.content)),
+        None => Cow::Borrowed(&m.content),
+    }
+}
 
 /// Alphanumeric runs of three or more characters.
 pub fn words(text: &str) -> impl Iterator<Item = &str> {

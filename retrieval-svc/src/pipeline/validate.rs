@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use super::ctx::{Ctx, ScoreMemo, StageTrace, stage_span};
 use super::search::Candidate;
+use super::text::said;
 use crate::downstream::call_until;
 
 /// Stage 3 for one attempt: the static checks, then, when `rerank`, the
@@ -224,7 +225,7 @@ pub fn passage(m: &Memory) -> String {
         s.push_str(&m.title);
         s.push('\n');
     }
-    s.extend(m.content.chars().take(RERANK_CHARS));
+    s.extend(said(m).chars().take(RERANK_CHARS));
     s
 }
 

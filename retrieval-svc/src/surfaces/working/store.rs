@@ -104,8 +104,9 @@ pub fn is_working(m: &Memory) -> bool {
 
 impl WorkingWrite {
     /// Boundary validation of a `memory_type = "working"` memory. Graph-only
-    /// fields (entities, triples, supersedes, validity, consolidated) have
-    /// no meaning for a session note and are ignored, as are output-only ones.
+    /// fields (entities, triples, supersedes, validity, consolidated) and a
+    /// conversation turn's place have no meaning for a session note and are
+    /// ignored, as are output-only ones.
     pub fn from_memory(m: Memory, s: &WorkingMemorySettings) -> Result<Self, Error> {
         let Memory {
             id,
@@ -132,6 +133,7 @@ impl WorkingWrite {
             triples: _,
             embedding,
             tenant_id: _,
+            turn: _,
         } = m;
         let id = if id.is_empty() {
             uuid::Uuid::new_v4().to_string()
