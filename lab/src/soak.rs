@@ -561,53 +561,97 @@ fn growth(samples: &[serde_json::Value]) -> serde_json::Value {
     serde_json::Value::Object(out)
 }
 
-/// The figures table: scenario, load, result, target, met.
+/// One row of the figures table: scenario, load, result, target, met.
+type Row = [String; 5];
+
+/// The figures table, one row per scenario (per service for faults / slow).
 pub fn table(r: &serde_json::Value) -> String {
-    let mut rows: Vec<[String; 5]> = Vec::new();
     let c = &r["config"];
-    if let Some(n) = r.get("noisy") {
-        rows.push([
-            "noisy neighbour".into(),
-            format!("B {} QPS mixed routes; A {} flood loops ({}/s)", c["b_qps"], c["flood_workers"], n["a_rate_per_s"]),
-            format!(
-                "B p50/p95/p99 solo {}/{}/{} ms, under attack {}/{}/{} ms ({}x); B errors {}+{}; A by code {}",
-                n["b_solo"]["p50_ms"], n["b_solo"]["p95_ms"], n["b_solo"]["p99_ms"],
-                n["b_under_attack"]["p50_ms"], n["b_under_attack"]["p95_ms"], n["b_under_attack"]["p99_ms"],
-                n["b_p95_ratio"], n["b_solo"]["errors"], n["b_under_attack"]["errors"], n["a_by_code"]
-            ),
-            "B p95 <= 1.5x solo, 0 B errors".into(),
-            yes(&n["met"]),
-        ]);
+    let mut rows: Vec<Row> = Vec::new();
+    rows.extend(r.get("noisy").map(|n| noisy_row(n, c)));
+    rows.extend(
+        r.get("faults")
+            .map(|f| fault_rows(f, c))
+            .unwrap_or_default(),
+    );
+    rows.extend(r.get("slow").map(|s| slow_rows(s, c)).unwrap_or_default());
+    rows.extend(r.get("soak").map(soak_row));
+    let mut out =
+        String::from("| scenario | load | result | target | met |\n|---|---|---|---|---|\n");
+    for r in rows {
+        out.push_str(&format!("| {} |\n", r.join(" | ")));
     }
-    if let Some(f) = r.get("faults") {
-        for s in f["per_service"].as_array().into_iter().flatten() {
-            rows.push([
+    out
+}
+
+fn noisy_row(n: &serde_json::Value, c: &serde_json::Value) -> Row {
+    [
+        "noisy neighbour".into(),
+        format!(
+            "B {} QPS mixed routes; A {} flood loops ({}/s)",
+            c["b_qps"], c["flood_workers"], n["a_rate_per_s"]
+        ),
+        format!(
+            "B p50/p95/p99 solo {}/{}/{} ms, under attack {}/{}/{} ms ({}x); B errors {}+{}, degraded {}+{}; A by code {}",
+            n["b_solo"]["p50_ms"],
+            n["b_solo"]["p95_ms"],
+            n["b_solo"]["p99_ms"],
+            n["b_under_attack"]["p50_ms"],
+            n["b_under_attack"]["p95_ms"],
+            n["b_under_attack"]["p99_ms"],
+            n["b_p95_ratio"],
+            n["b_solo"]["errors"],
+            n["b_under_attack"]["errors"],
+            n["b_solo"]["degraded_answers"],
+            n["b_under_attack"]["degraded_answers"],
+            n["a_by_code"]
+        ),
+        "B p95 <= 1.5x solo, 0 B errors".into(),
+        yes(&n["met"]),
+    ]
+}
+
+fn fault_rows(f: &serde_json::Value, c: &serde_json::Value) -> Vec<Row> {
+    let mut rows: Vec<Row> = f["per_service"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            [
                 format!("kill -9 {}", s["service"].as_str().unwrap_or("?")),
                 format!("{} QPS reads + {} writes/s", c["b_qps"], c["writes_per_s"]),
                 format!(
                     "failed reads {}, p100 {} ms, down {} s, serving {} s after restart, whole answers {} after restart",
-                    s["reads"]["errors"], s["reads"]["p100_ms"], s["down_s"], s["restart_to_serving_s"], secs(&s["restart_to_whole_answers_s"])
+                    s["reads"]["errors"], s["reads"]["p100_ms"], s["down_s"], s["restart_to_serving_s"],
+                    secs(&s["restart_to_whole_answers_s"])
                 ),
                 format!("0 failed, p100 <= {} ms", c["ceiling_ms"]),
                 yes(&json!(s["reads"]["errors"] == 0 && s["p100_within_ceiling"] == true)),
-            ]);
-        }
-        rows.push([
-            "faults: writes".into(),
-            format!("{} writes/s across all kills", c["writes_per_s"]),
-            format!(
-                "{} acknowledged, {} missing after recovery; failed (not acknowledged) {}",
-                f["writes"]["acknowledged"],
-                f["writes"]["missing_after_recovery"],
-                f["writes"]["failed_by_code"]
-            ),
-            "0 acknowledged writes missing".into(),
-            yes(&json!(f["writes"]["missing_after_recovery"] == 0)),
-        ]);
-    }
-    if let Some(s) = r.get("slow") {
-        for p in s["per_service"].as_array().into_iter().flatten() {
-            rows.push([
+            ]
+        })
+        .collect();
+    rows.push([
+        "faults: writes".into(),
+        format!("{} writes/s across all kills", c["writes_per_s"]),
+        format!(
+            "{} acknowledged, {} missing after recovery; failed (not acknowledged) {}",
+            f["writes"]["acknowledged"],
+            f["writes"]["missing_after_recovery"],
+            f["writes"]["failed_by_code"]
+        ),
+        "0 acknowledged writes missing".into(),
+        yes(&json!(f["writes"]["missing_after_recovery"] == 0)),
+    ]);
+    rows
+}
+
+fn slow_rows(s: &serde_json::Value, c: &serde_json::Value) -> Vec<Row> {
+    s["per_service"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            [
                 format!("slow {} (+{} ms)", p["service"].as_str().unwrap_or("?"), p["added_delay_ms"]),
                 format!("{} QPS reads", c["b_qps"]),
                 format!(
@@ -619,32 +663,27 @@ pub fn table(r: &serde_json::Value) -> String {
                 ),
                 format!("answers near the {} ms stage timeout, 0 failed", p["stage_timeout_ms"]),
                 yes(&json!(p["slowed"]["errors"] == 0)),
-            ]);
-        }
-    }
-    if let Some(s) = r.get("soak") {
-        rows.push([
-            format!("soak {} s", s["seconds"]),
-            format!(
-                "{} QPS reads (half of {} saturation) + {} writes/s",
-                s["read_qps"], s["saturation_qps"], s["writes_per_s"]
-            ),
-            format!(
-                "failed reads {}, p95 first/last window {:?}, growth {}",
-                s["reads"]["errors"],
-                first_last(&s["window_p95_ms"]),
-                compact_growth(&s["growth"])
-            ),
-            "flat RSS/fds/pg connections, no p95 drift".into(),
-            "see growth".into(),
-        ]);
-    }
-    let mut out =
-        String::from("| scenario | load | result | target | met |\n|---|---|---|---|---|\n");
-    for r in rows {
-        out.push_str(&format!("| {} |\n", r.join(" | ")));
-    }
-    out
+            ]
+        })
+        .collect()
+}
+
+fn soak_row(s: &serde_json::Value) -> Row {
+    [
+        format!("soak {} s", s["seconds"]),
+        format!(
+            "{} QPS reads (half of {} saturation) + {} writes/s",
+            s["read_qps"], s["saturation_qps"], s["writes_per_s"]
+        ),
+        format!(
+            "failed reads {}, p95 first/last window {:?}, growth {}",
+            s["reads"]["errors"],
+            first_last(&s["window_p95_ms"]),
+            compact_growth(&s["growth"])
+        ),
+        "flat RSS/fds/pg connections, no p95 drift".into(),
+        "see growth".into(),
+    ]
 }
 
 /// "4.1 s", or "not within the window" when no whole answer came.
