@@ -144,7 +144,9 @@ pub async fn run_on(dep: &mut Deployment, args: &SoakArgs) -> anyhow::Result<ser
     );
     let want = |s: &str| args.scenarios.iter().any(|x| x == s);
     if want("noisy") {
-        let r = noisy((&b, &a, &dep.tenants.attacker.1), &questions, args).await;
+        let mut pids = dep.pids();
+        pids.push(("soak_clients".into(), std::process::id()));
+        let r = noisy((&b, &a, &dep.tenants.attacker.1), &questions, args, &pids).await;
         report.insert("noisy".into(), r);
     }
     if want("faults") {
@@ -162,14 +164,18 @@ pub async fn run_on(dep: &mut Deployment, args: &SoakArgs) -> anyhow::Result<ser
     Ok(serde_json::Value::Object(report))
 }
 
-/// Tenant B alone, then B while A floods.
+/// Tenant B alone, then B while A floods; with the CPU each process used
+/// in each phase, to see where an attack's cost lands.
 async fn noisy(
     (b, a, tenant_a): (&Client, &Client, &str),
     questions: &Arc<Vec<String>>,
     args: &SoakArgs,
+    pids: &[(String, u32)],
 ) -> serde_json::Value {
     let secs = Duration::from_secs(args.seconds.max(1));
+    let cpu0 = deploy::cpu_seconds(pids);
     let solo = timed_reads(b, args.qps, questions, secs).await;
+    let cpu1 = deploy::cpu_seconds(pids);
     let stop = Arc::new(AtomicBool::new(false));
     let flood = tokio::spawn(load::flood(
         a.clone(),
@@ -180,6 +186,7 @@ async fn noisy(
     let attack = timed_reads(b, args.qps, questions, secs).await;
     stop.store(true, Ordering::Relaxed);
     let counts = flood.await.unwrap_or_default();
+    let cpu2 = deploy::cpu_seconds(pids);
     let solo = summary(&solo.iter().collect::<Vec<_>>());
     let attack = summary(&attack.iter().collect::<Vec<_>>());
     let ratio = ratio(&attack["p95_ms"], &solo["p95_ms"]);
@@ -203,9 +210,31 @@ async fn noisy(
         "a_rate_per_s": round1(sent as f64 / secs.as_secs_f64()),
         "a_by_code": by_code,
         "a_by_attack": by_attack,
+        "cpu_cores_used": {
+            "solo": cores_used(&cpu0, &cpu1, secs),
+            "under_attack": cores_used(&cpu1, &cpu2, secs),
+        },
         "target": "B p95 under attack <= 1.5 x solo; 0 errors for B",
         "met": met,
     })
+}
+
+/// CPU seconds per wall second of each process between two readings.
+fn cores_used(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    wall: Duration,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(name, t)| {
+            let used = t - before.get(name).copied().unwrap_or(*t);
+            (
+                name.clone(),
+                round1(used / wall.as_secs_f64().max(1e-9) * 10.0) / 10.0,
+            )
+        })
+        .collect()
 }
 
 fn ratio(x: &serde_json::Value, y: &serde_json::Value) -> f64 {

@@ -377,6 +377,21 @@ fn child_pid(svc: Service) -> Option<u32> {
     })
 }
 
+/// CPU seconds (user + system) each process has used so far; /proc counts
+/// in USER_HZ, 100 a second on Linux whatever the kernel's tick.
+pub fn cpu_seconds(pids: &[(String, u32)]) -> BTreeMap<String, f64> {
+    pids.iter()
+        .filter_map(|(name, pid)| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            // Fields 14 and 15 of stat; `rest` starts at field 3.
+            let ticks: f64 =
+                rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?;
+            Some((name.clone(), ticks / 100.0))
+        })
+        .collect()
+}
+
 /// Resident set, open fds and Postgres connections of one process.
 pub fn process_usage(pid: u32, pg_port: u16) -> serde_json::Value {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
