@@ -499,6 +499,13 @@ pub struct PipelineSettings {
     /// with entity seeds only: on 2Wiki dense seeds cost recall
     /// (shared/notes/graph-probe.md).
     pub graph_dense_seeds: u32,
+    /// Conversation turns (retrieval-svc pipeline/session.rs): a turn's
+    /// fused score × (1 + session_lift · its session's score relative to
+    /// the best session among the candidates). 0 = off. Memories that are
+    /// not turns are never lifted.
+    pub session_lift: f32,
+    /// × (1 + speaker_lift) for a turn whose speaker the question names.
+    pub speaker_lift: f32,
     /// A linked entity anchors a query when some memory is about it (its
     /// title / home entity) and at most this share of the visible memories
     /// mention it: the graph walk then leads (retrieval-svc evidence.rs).
@@ -587,6 +594,10 @@ impl Default for PipelineSettings {
             cache_tenant_share: 0.25,
             candidates_per_strategy: 50,
             graph_dense_seeds: 0,
+            // The LoCoMo probe's values (shared/notes/locomo-probe.md),
+            // chosen before this code; docs/benchmarks.md has the check.
+            session_lift: 2.0,
+            speaker_lift: 0.3,
             anchor_max_df_ratio: 0.02,
             weights: FusionWeights::default(),
             abstain: AbstainSettings::default(),
@@ -855,6 +866,14 @@ impl Settings {
 
     fn validate(&self) -> Result<(), SettingsError> {
         let p = &self.pipeline;
+        for (name, v) in [
+            ("pipeline.session_lift", p.session_lift),
+            ("pipeline.speaker_lift", p.speaker_lift),
+        ] {
+            if !(0.0..=10.0).contains(&v) {
+                return Err(SettingsError::Invalid(format!("{name} must be in 0..=10")));
+            }
+        }
         if p.ceiling_ms == 0 || p.ceiling_ms > 60_000 {
             return Err(SettingsError::Invalid(
                 "pipeline.ceiling_ms must be in 1..=60000".into(),

@@ -19,6 +19,7 @@ pub mod ranker;
 pub mod retry;
 pub mod route;
 pub mod search;
+pub mod session;
 pub mod text;
 pub mod validate;
 

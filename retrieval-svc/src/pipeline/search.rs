@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use super::ctx::Ctx;
 use super::evidence::{self, Evidence};
 use super::fusion::{Fused, StrategyList, max_score, rrf, weights_for};
+use super::session::{self, Lift};
 use crate::downstream::{DownstreamError, call_until};
 use crate::error::Error;
 use crate::metrics::{Metrics, strategy_label};
@@ -75,9 +76,19 @@ pub struct Plan {
     /// Keep at most this many fused candidates.
     pub pool: usize,
     pub fusion: Fusion,
+    /// Conversation turns lifted by their session and speaker (off in the
+    /// raw modes, which are the strategies' own order).
+    pub lift: Lift,
 }
 
 impl Plan {
+    fn lift(p: &PipelineSettings) -> Lift {
+        Lift {
+            session: p.session_lift,
+            speaker: p.speaker_lift,
+        }
+    }
+
     fn pool(p: &PipelineSettings, limit: u32) -> usize {
         (limit as usize)
             .max(p.rerank_top_n)
@@ -100,6 +111,7 @@ impl Plan {
                 vector: w.vector.max(f32::MIN_POSITIVE),
                 ..w
             }),
+            lift: Self::lift(p),
         }
     }
 
@@ -117,6 +129,7 @@ impl Plan {
                 default_k: p.rrf_k,
                 anchor_max_df_ratio: p.anchor_max_df_ratio,
             },
+            lift: Self::lift(p),
         }
     }
 
@@ -142,6 +155,10 @@ impl Plan {
                 graph,
                 k,
             }),
+            lift: Lift {
+                session: 0.0,
+                speaker: 0.0,
+            },
         }
     }
 }
@@ -203,7 +220,7 @@ pub async fn run(
         }
         other => other?,
     };
-    let fused = pool.fuse(plan);
+    let fused = pool.fuse(plan, &ctx.query.text);
     pool.fetch_missing(ctx, &fused, deadline).await;
     Ok(pool.into_candidates(fused))
 }
@@ -472,8 +489,9 @@ impl Pool {
         });
     }
 
-    /// Weighted RRF over the lists, cut to the plan's pool size.
-    fn fuse(&mut self, plan: &Plan) -> Vec<Fused> {
+    /// Weighted RRF over the lists, conversation turns lifted by their
+    /// session and speaker, cut to the plan's pool size.
+    fn fuse(&mut self, plan: &Plan, query: &str) -> Vec<Fused> {
         let w = match &plan.fusion {
             Fusion::Fixed(w) => *w,
             Fusion::ByEvidence {
@@ -497,6 +515,7 @@ impl Pool {
         let mut fused = rrf(&self.lists, w.k);
         self.out.total = fused.len();
         self.out.max_rrf = max_score(&self.lists, w.k);
+        session::lift(&mut fused, &self.memories, query, plan.lift);
         fused.truncate(plan.pool);
         fused
     }
