@@ -130,7 +130,7 @@ mod tests {
             fused("lone", 0.50),
             fused("a", 0.45),
             fused("b", 0.40),
-            fused("c", 0.30),
+            fused("c", 0.35),
         ];
         lift(&mut f, &memories, "what did they cook?", ON);
         assert_eq!(ids(&f), ["a", "b", "c", "lone"]);
