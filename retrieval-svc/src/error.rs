@@ -14,6 +14,10 @@ pub enum Error {
     /// Every Stage 2 strategy failed or its breaker is open.
     #[error("retrieval circuit open")]
     RetrievalCircuitOpen,
+    /// Every Stage 2 strategy ran past its own timeout (no breaker open):
+    /// transient, so UNAVAILABLE (retryable) too, but said as it is.
+    #[error("every search strategy timed out")]
+    RetrievalTimedOut,
     #[error("pipeline deadline exceeded before any result")]
     DeadlineExceeded,
     /// A pass-through call (write path) failed downstream.
@@ -53,7 +57,7 @@ impl From<Error> for Status {
             Error::InvalidArgument { .. } => Status::invalid_argument(msg),
             Error::Unauthenticated(_) => Status::unauthenticated(msg),
             Error::PermissionDenied(_) => Status::permission_denied(msg),
-            Error::RetrievalCircuitOpen => Status::unavailable(msg),
+            Error::RetrievalCircuitOpen | Error::RetrievalTimedOut => Status::unavailable(msg),
             Error::DeadlineExceeded => Status::deadline_exceeded(msg),
             // Client-side mistakes reported by the downstream keep their code;
             // everything else is the gateway's dependency failing.

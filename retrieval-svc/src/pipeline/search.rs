@@ -215,7 +215,9 @@ pub async fn run(
     let deadline = stage_deadline(ctx.deadline);
     let outcomes = fan_out(ctx, plan, filters, hypotheses, deadline).await;
     let mut pool = match Pool::gather(outcomes, plan) {
-        Err(Error::RetrievalCircuitOpen) if Instant::now() >= deadline => {
+        Err(Error::RetrievalCircuitOpen | Error::RetrievalTimedOut)
+            if Instant::now() >= deadline =>
+        {
             return Err(Error::DeadlineExceeded);
         }
         other => other?,
@@ -360,6 +362,10 @@ struct Pool {
     lists: Vec<StrategyList>,
     attempted: usize,
     failed: usize,
+    /// Failures that were only slowness (a stage timeout or the request's
+    /// deadline): if every strategy failed so, the caller hears that, not
+    /// that a breaker is open (soak's fuzz run found the misleading message).
+    slow: usize,
     /// A downstream's INVALID_ARGUMENT: the request, not the service, was
     /// wrong, and if every strategy failed the caller must hear why.
     invalid_opt: Option<String>,
@@ -387,6 +393,7 @@ impl Pool {
                     service: "retrieval",
                     status,
                 },
+                (None, None) if pool.slow == pool.failed => Error::RetrievalTimedOut,
                 (None, None) => Error::RetrievalCircuitOpen,
             });
         }
@@ -394,6 +401,9 @@ impl Pool {
     }
 
     fn note_invalid(&mut self, e: &DownstreamError) {
+        if matches!(e, DownstreamError::Timeout | DownstreamError::Deadline) {
+            self.slow += 1;
+        }
         let DownstreamError::Status(s) = e else {
             return;
         };
@@ -561,5 +571,52 @@ impl Pool {
             })
             .collect();
         self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> Plan {
+        Plan::raw(Raw::Vector, 10, 60.0)
+    }
+
+    fn outcomes(vector: Outcome<SearchResponse>, keyword: Outcome<SearchResponse>) -> Outcomes {
+        Outcomes {
+            vector,
+            keyword,
+            graph: None,
+            hyde: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn strategies_that_were_only_slow_say_so() {
+        let o = outcomes(Some(Err(DownstreamError::Timeout)), None);
+        assert!(matches!(
+            Pool::gather(o, &plan()),
+            Err(Error::RetrievalTimedOut)
+        ));
+        let o = outcomes(
+            Some(Err(DownstreamError::Timeout)),
+            Some(Err(DownstreamError::Deadline)),
+        );
+        assert!(matches!(
+            Pool::gather(o, &plan()),
+            Err(Error::RetrievalTimedOut)
+        ));
+    }
+
+    #[test]
+    fn open_breakers_everywhere_are_still_unavailable() {
+        let o = outcomes(
+            Some(Err(DownstreamError::CircuitOpen)),
+            Some(Err(DownstreamError::Timeout)),
+        );
+        assert!(matches!(
+            Pool::gather(o, &plan()),
+            Err(Error::RetrievalCircuitOpen)
+        ));
     }
 }
