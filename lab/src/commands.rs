@@ -191,6 +191,16 @@ pub enum EvalDataset {
     },
     /// HotpotQA (HippoRAG's train sample): gold = supporting-fact titles.
     Hotpotqa(CorpusFiles),
+    /// LongMemEval: one tenant per question, one memory per haystack turn,
+    /// gold = the `has_answer` turns. Only a one-record sample ships, so
+    /// point --data at your copy of the full set.
+    Longmemeval {
+        /// Default: <shared>/data/longmemeval/longmemeval_single.json.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        #[command(flatten)]
+        common: EvalCommon,
+    },
     /// Calibrates `nothing_relevant`: LoCoMo 0–4 and 2Wiki questions asked
     /// of their own tenant and of one that does not hold their answer.
     Abstain {
@@ -238,7 +248,8 @@ pub struct EvalCommon {
     /// Print one JSON object (the contract in docs/benchmarks.md).
     #[arg(long)]
     pub json: bool,
-    /// Only the first N questions (per conversation for LoCoMo).
+    /// Only the first N questions (per conversation for LoCoMo; LongMemEval
+    /// has one per record, so its first N records).
     #[arg(long)]
     pub limit: Option<usize>,
     /// Concurrent queries for the single-strategy settings (the pipeline
@@ -336,6 +347,11 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
             );
             let part = ev::load_hotpotqa(&c, &q, files.common.limit)?;
             ("hotpotqa", vec![part], files.common)
+        }
+        EvalDataset::Longmemeval { data, common } => {
+            let d = data.unwrap_or_else(|| ev::data_path("longmemeval/longmemeval_single.json"));
+            let parts = crate::longmemeval::load(&d, common.limit)?;
+            ("longmemeval", parts, common)
         }
     };
     let progress = !common.json;

@@ -48,6 +48,9 @@ pub struct Doc {
 pub struct Question {
     pub text: String,
     pub gold: Vec<usize>,
+    /// LoCoMo's question category (1–4), so the report can say which kind
+    /// of question a change helps; None for the other data sets.
+    pub category: Option<u8>,
 }
 
 /// A data set split into tenants (LoCoMo: one per conversation).
@@ -68,6 +71,13 @@ pub fn recall_at(ranked: &[usize], gold: &[usize], k: usize) -> f64 {
     gold.intersection(&top).count() as f64 / gold.len() as f64
 }
 
+/// 1 when at least one gold document is in the top k, else 0: beside
+/// recall because an agent often needs only one of the evidence turns.
+pub fn any_hit_at(ranked: &[usize], gold: &[usize], k: usize) -> f64 {
+    let hit = ranked.iter().take(k).any(|r| gold.contains(r));
+    if hit { 1.0 } else { 0.0 }
+}
+
 pub fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
     if sorted_ms.is_empty() {
         return 0.0;
@@ -76,7 +86,7 @@ pub fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
     sorted_ms[idx.min(sorted_ms.len() - 1)]
 }
 
-fn hash_files(paths: &[&Path]) -> anyhow::Result<String> {
+pub(crate) fn hash_files(paths: &[&Path]) -> anyhow::Result<String> {
     let mut h = Sha256::new();
     for p in paths {
         h.update(std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?);
@@ -128,6 +138,7 @@ pub fn load_2wiki(
         qs.push(Question {
             text: q.question,
             gold: q.gold_passage_idx,
+            category: None,
         });
     }
     if let Some(n) = limit_opt {
@@ -209,6 +220,7 @@ pub fn load_musique(
         qs.push(Question {
             text: q.question,
             gold,
+            category: None,
         });
     }
     let mut hashed: Vec<&Path> = vec![questions];
@@ -314,6 +326,7 @@ pub fn load_hotpotqa(
         qs.push(Question {
             text: q.question,
             gold,
+            category: None,
         });
     }
     if let Some(n) = limit_opt {
@@ -429,7 +442,11 @@ pub fn load_locomo(
                 .and_then(|q| q.as_str())
                 .unwrap_or("")
                 .to_string();
-            qs.push(Question { text, gold });
+            qs.push(Question {
+                text,
+                gold,
+                category: u8::try_from(cat).ok(),
+            });
         }
         if let Some(n) = limit_opt {
             qs.truncate(n);
@@ -530,14 +547,58 @@ pub async fn ensure_ingested(
     Ok((true, started.elapsed().as_secs_f64()))
 }
 
+/// Sums at each of [`KS`], per setting.
+type SumsAtK = BTreeMap<&'static str, [f64; KS.len()]>;
+
 /// Per-setting recall sums and pipeline latencies over all parts.
 #[derive(Debug, Default)]
 pub struct Tally {
-    pub sums: BTreeMap<&'static str, [f64; KS.len()]>,
+    pub sums: SumsAtK,
     pub questions: usize,
     pub pipeline_ms: Vec<f64>,
     pub degraded: BTreeMap<String, usize>,
     pub errors: usize,
+    /// Per question category (LoCoMo 1–4); empty for uncategorised sets,
+    /// whose report then stays as it was.
+    pub by_category: BTreeMap<u8, CategoryTally>,
+}
+
+/// One question category's recall and any-hit sums per setting.
+#[derive(Debug, Default)]
+pub struct CategoryTally {
+    pub questions: usize,
+    pub recall: SumsAtK,
+    pub any_hit: SumsAtK,
+}
+
+impl Tally {
+    /// Adds one answered question's recall (and, when it has a category,
+    /// its category's recall and any-hit) at every k.
+    fn score(&mut self, name: &'static str, q: &Question, ranked: &[usize]) {
+        let sums = self.sums.entry(name).or_insert([0.0; KS.len()]);
+        for (i, k) in KS.iter().enumerate() {
+            sums[i] += recall_at(ranked, &q.gold, *k);
+        }
+        let Some(cat) = q.category else {
+            return;
+        };
+        let c = self.by_category.entry(cat).or_default();
+        let recall = c.recall.entry(name).or_insert([0.0; KS.len()]);
+        let any = c.any_hit.entry(name).or_insert([0.0; KS.len()]);
+        for (i, k) in KS.iter().enumerate() {
+            recall[i] += recall_at(ranked, &q.gold, *k);
+            any[i] += any_hit_at(ranked, &q.gold, *k);
+        }
+    }
+
+    /// Counts the part's questions, overall and per category, once
+    /// whatever the number of settings.
+    fn count(&mut self, part: &Part) {
+        self.questions += part.questions.len();
+        for cat in part.questions.iter().filter_map(|q| q.category) {
+            self.by_category.entry(cat).or_default().questions += 1;
+        }
+    }
 }
 
 /// Ranked corpus indices, latency in ms, degraded stages.
@@ -626,13 +687,12 @@ pub async fn run_part(
             .buffered(conc)
             .collect()
             .await;
-        let sums = tally.sums.entry(name).or_insert([0.0; KS.len()]);
+        // A setting whose every query failed is still reported (as 0).
+        tally.sums.entry(name).or_insert([0.0; KS.len()]);
         for (q, res) in part.questions.iter().zip(results) {
             match res {
                 Ok((ranked, ms, degraded)) => {
-                    for (i, k) in KS.iter().enumerate() {
-                        sums[i] += recall_at(&ranked, &q.gold, *k);
-                    }
+                    tally.score(name, q, &ranked);
                     if pipeline {
                         tally.pipeline_ms.push(ms);
                         for d in degraded {
@@ -654,7 +714,7 @@ pub async fn run_part(
             );
         }
     }
-    tally.questions += part.questions.len();
+    tally.count(part);
     Ok(())
 }
 
@@ -699,7 +759,6 @@ pub async fn send_gold_feedback(client: &Client, part: &Part) -> anyhow::Result<
     Ok(())
 }
 
-/// The contract JSON of design.md.
 /// The settings a report shows: every strategy, then agentic when run.
 fn reported(tally: &Tally) -> Vec<&'static str> {
     let mut names: Vec<&'static str> = SETTINGS.iter().map(|&(n, _)| n).collect();
@@ -709,26 +768,79 @@ fn reported(tally: &Tally) -> Vec<&'static str> {
     names
 }
 
-pub fn report_json(dataset: &str, tally: &Tally) -> serde_json::Value {
-    let n = tally.questions.max(1) as f64;
-    let mut recall = serde_json::Map::new();
+/// {"k": {setting: mean in percent, one decimal}} over `questions`.
+fn at_k(sums: &SumsAtK, names: &[&'static str], questions: usize) -> serde_json::Value {
+    let n = questions.max(1) as f64;
+    let mut out = serde_json::Map::new();
     for (i, k) in KS.iter().enumerate() {
         let mut per = serde_json::Map::new();
-        for name in reported(tally) {
-            let v = tally.sums.get(name).map(|s| s[i]).unwrap_or(0.0) / n * 100.0;
+        for &name in names {
+            let v = sums.get(name).map(|s| s[i]).unwrap_or(0.0) / n * 100.0;
             per.insert(name.into(), serde_json::json!((v * 10.0).round() / 10.0));
         }
-        recall.insert(k.to_string(), serde_json::Value::Object(per));
+        out.insert(k.to_string(), serde_json::Value::Object(per));
     }
+    serde_json::Value::Object(out)
+}
+
+/// {"1": {"questions", "recall_at", "any_hit_at"}, ...}: per category.
+fn by_category_json(tally: &Tally) -> serde_json::Value {
+    let names = reported(tally);
+    let per = tally.by_category.iter().map(|(cat, c)| {
+        let v = serde_json::json!({
+            "questions": c.questions,
+            "recall_at": at_k(&c.recall, &names, c.questions),
+            "any_hit_at": at_k(&c.any_hit, &names, c.questions),
+        });
+        (cat.to_string(), v)
+    });
+    serde_json::Value::Object(per.collect())
+}
+
+/// The contract JSON of design.md (plus `by_category` for LoCoMo).
+pub fn report_json(dataset: &str, tally: &Tally) -> serde_json::Value {
+    let recall = at_k(&tally.sums, &reported(tally), tally.questions);
     let mut ms = tally.pipeline_ms.clone();
     ms.sort_by(|a, b| a.total_cmp(b));
     let r1 = |v: f64| (v * 10.0).round() / 10.0;
-    serde_json::json!({
+    let mut j = serde_json::json!({
         "dataset": dataset,
         "questions": tally.questions,
         "recall_at": recall,
         "latency_ms": {"p50": r1(percentile(&ms, 50.0)), "p95": r1(percentile(&ms, 95.0))},
-    })
+    });
+    if !tally.by_category.is_empty() {
+        j["by_category"] = by_category_json(tally);
+    }
+    j
+}
+
+/// The pipeline setting's recall and any-hit per category, for the table.
+fn category_table(j: &serde_json::Value) -> String {
+    let Some(cats) = j["by_category"].as_object() else {
+        return String::new();
+    };
+    let mut out = format!("{:<16}", "pipeline by cat");
+    for label in ["R", "hit"] {
+        for k in KS {
+            out.push_str(&format!("{:>8}", format!("{label}@{k}")));
+        }
+    }
+    out.push('\n');
+    for (cat, c) in cats {
+        out.push_str(&format!(
+            "{:<16}",
+            format!("cat {cat} ({})", c["questions"])
+        ));
+        for key in ["recall_at", "any_hit_at"] {
+            for k in KS {
+                let v = c[key][k.to_string()]["pipeline"].as_f64().unwrap_or(0.0);
+                out.push_str(&format!("{v:>8.1}"));
+            }
+        }
+        out.push('\n');
+    }
+    out
 }
 
 pub fn report_table(dataset: &str, tally: &Tally) -> String {
@@ -749,6 +861,7 @@ pub fn report_table(dataset: &str, tally: &Tally) -> String {
         }
         out.push('\n');
     }
+    out.push_str(&category_table(&j));
     out.push_str(&format!(
         "pipeline latency p50 {} ms, p95 {} ms\n",
         j["latency_ms"]["p50"], j["latency_ms"]["p95"]
@@ -799,6 +912,49 @@ mod tests {
         assert_eq!(recall_at(&[1], &[], 5), 0.0);
         // Duplicates in the ranking do not count twice.
         assert_eq!(recall_at(&[4, 4, 5], &[4, 5], 2), 0.5);
+    }
+
+    #[test]
+    fn any_hit_needs_one_gold_in_the_top_k() {
+        assert_eq!(any_hit_at(&[1, 2, 3], &[3, 9], 2), 0.0);
+        assert_eq!(any_hit_at(&[1, 2, 3], &[3, 9], 3), 1.0);
+        assert_eq!(any_hit_at(&[], &[1], 5), 0.0);
+        assert_eq!(any_hit_at(&[1], &[], 5), 0.0);
+    }
+
+    fn question(gold: Vec<usize>, category: Option<u8>) -> Question {
+        Question {
+            text: String::new(),
+            gold,
+            category,
+        }
+    }
+
+    #[test]
+    fn categories_are_reported_only_when_questions_have_them() {
+        let part = Part {
+            tenant: "t".into(),
+            docs: Vec::new(),
+            questions: vec![question(vec![1, 2], Some(2)), question(vec![7], Some(2))],
+        };
+        let mut tally = Tally::default();
+        tally.score("pipeline", &part.questions[0], &[1, 5]);
+        tally.score("pipeline", &part.questions[1], &[5, 7]);
+        tally.count(&part);
+        let j = report_json("locomo", &tally);
+        let c = &j["by_category"]["2"];
+        assert_eq!(c["questions"], 2);
+        // k=1: recall (1/2 + 0) / 2, any-hit (1 + 0) / 2.
+        assert_eq!(c["recall_at"]["1"]["pipeline"], 25.0);
+        assert_eq!(c["any_hit_at"]["1"]["pipeline"], 50.0);
+        assert_eq!(c["any_hit_at"]["2"]["pipeline"], 100.0);
+        assert_eq!(j["recall_at"]["2"]["pipeline"], 75.0);
+        assert!(report_table("locomo", &tally).contains("cat 2 (2)"));
+        let mut plain = Tally::default();
+        plain.score("pipeline", &question(vec![1], None), &[1]);
+        let j = report_json("2wiki", &plain);
+        assert!(j.get("by_category").is_none());
+        assert!(!report_table("2wiki", &plain).contains("by cat"));
     }
 
     #[test]
@@ -858,6 +1014,11 @@ mod tests {
         assert_eq!(l.len(), 2);
         assert!(l[0].docs.len() > 100);
         assert_eq!(l[0].questions.len(), 4);
+        assert!(
+            l[0].questions
+                .iter()
+                .all(|q| q.category.is_some_and(|c| (1..=4).contains(&c)))
+        );
         assert!(l[0].docs[0].event_time_opt.is_some());
         let h = load_hotpotqa(
             &shared("hipporag/hotpotqa_train_corpus.json"),

@@ -13,6 +13,7 @@ mod abstain;
 mod bench;
 mod commands;
 mod eval;
+mod longmemeval;
 pub mod ranker;
 pub mod soak;
 mod split;
