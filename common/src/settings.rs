@@ -506,6 +506,10 @@ pub struct PipelineSettings {
     pub session_lift: f32,
     /// × (1 + speaker_lift) for a turn whose speaker the question names.
     pub speaker_lift: f32,
+    /// × (1 + time_lift) for a memory whose event time falls in the time
+    /// the question names ("in June", "on 3 May 2023", "last year";
+    /// retrieval-svc pipeline/when.rs). 0 = off.
+    pub time_lift: f32,
     /// A linked entity anchors a query when some memory is about it (its
     /// title / home entity) and at most this share of the visible memories
     /// mention it: the graph walk then leads (retrieval-svc evidence.rs).
@@ -598,6 +602,8 @@ impl Default for PipelineSettings {
             // chosen before this code; docs/benchmarks.md has the check.
             session_lift: 2.0,
             speaker_lift: 0.3,
+            // Chosen a priori (a memory said then counts twice), not fitted.
+            time_lift: 1.0,
             anchor_max_df_ratio: 0.02,
             weights: FusionWeights::default(),
             abstain: AbstainSettings::default(),
@@ -869,6 +875,7 @@ impl Settings {
         for (name, v) in [
             ("pipeline.session_lift", p.session_lift),
             ("pipeline.speaker_lift", p.speaker_lift),
+            ("pipeline.time_lift", p.time_lift),
         ] {
             if !(0.0..=10.0).contains(&v) {
                 return Err(SettingsError::Invalid(format!("{name} must be in 0..=10")));

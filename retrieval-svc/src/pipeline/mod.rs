@@ -22,6 +22,7 @@ pub mod search;
 pub mod session;
 pub mod text;
 pub mod validate;
+pub mod when;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -21,10 +21,12 @@ use super::ctx::Ctx;
 use super::evidence::{self, Evidence};
 use super::fusion::{Fused, StrategyList, max_score, rrf, weights_for};
 use super::session::{self, Lift};
+use super::when;
 use crate::downstream::{DownstreamError, call_until};
 use crate::error::Error;
 use crate::metrics::{Metrics, strategy_label};
 use crate::query::{Raw, Route};
+use chrono::{DateTime, Utc};
 
 pub const VECTOR: &str = "vector";
 pub const KEYWORD: &str = "keyword";
@@ -86,6 +88,7 @@ impl Plan {
         Lift {
             session: p.session_lift,
             speaker: p.speaker_lift,
+            time: p.time_lift,
         }
     }
 
@@ -155,10 +158,7 @@ impl Plan {
                 graph,
                 k,
             }),
-            lift: Lift {
-                session: 0.0,
-                speaker: 0.0,
-            },
+            lift: Lift::OFF,
         }
     }
 }
@@ -222,7 +222,11 @@ pub async fn run(
         }
         other => other?,
     };
-    let fused = pool.fuse(plan, &ctx.query.text);
+    let reference_opt = filters
+        .as_of_event
+        .as_ref()
+        .and_then(|t| DateTime::from_timestamp(t.seconds, 0));
+    let fused = pool.fuse(plan, &ctx.query.text, reference_opt);
     pool.fetch_missing(ctx, &fused, deadline).await;
     Ok(pool.into_candidates(fused))
 }
@@ -501,7 +505,12 @@ impl Pool {
 
     /// Weighted RRF over the lists, conversation turns lifted by their
     /// session and speaker, cut to the plan's pool size.
-    fn fuse(&mut self, plan: &Plan, query: &str) -> Vec<Fused> {
+    fn fuse(
+        &mut self,
+        plan: &Plan,
+        query: &str,
+        reference_opt: Option<DateTime<Utc>>,
+    ) -> Vec<Fused> {
         let w = match &plan.fusion {
             Fusion::Fixed(w) => *w,
             Fusion::ByEvidence {
@@ -526,6 +535,9 @@ impl Pool {
         self.out.total = fused.len();
         self.out.max_rrf = max_score(&self.lists, w.k);
         session::lift(&mut fused, &self.memories, query, plan.lift);
+        if let Some(span) = when::parse(query, reference_opt, Utc::now()) {
+            when::lift(&mut fused, &self.memories, span, plan.lift.time);
+        }
         fused.truncate(plan.pool);
         fused
     }

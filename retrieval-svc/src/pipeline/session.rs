@@ -23,12 +23,21 @@ pub struct Lift {
     pub session: f32,
     /// × (1 + speaker) when the question names the turn's speaker.
     pub speaker: f32,
+    /// × (1 + time) for any memory whose event time falls in the time the
+    /// question names (pipeline/when.rs).
+    pub time: f32,
 }
 
 impl Lift {
     fn is_off(&self) -> bool {
         self.session <= 0.0 && self.speaker <= 0.0
     }
+
+    pub const OFF: Lift = Lift {
+        session: 0.0,
+        speaker: 0.0,
+        time: 0.0,
+    };
 }
 
 /// How many of a session's best turns make its score: a long session must
@@ -114,6 +123,7 @@ mod tests {
     const ON: Lift = Lift {
         session: 2.0,
         speaker: 0.3,
+        time: 0.0,
     };
 
     #[test]
@@ -145,8 +155,8 @@ mod tests {
         memories.insert("doc".into(), Memory::default());
         let mut f = vec![fused("doc", 0.6), fused("mel", 0.5), fused("car", 0.48)];
         let speaker_only = Lift {
-            session: 0.0,
             speaker: 0.3,
+            ..Lift::OFF
         };
         lift(
             &mut f,
@@ -167,11 +177,7 @@ mod tests {
         let memories: HashMap<String, Memory> = [turn("x", "s", "A"), turn("y", "s", "B")]
             .into_iter()
             .collect();
-        let off = Lift {
-            session: 0.0,
-            speaker: 0.0,
-        };
-        lift(&mut f, &memories, "A said", off);
+        lift(&mut f, &memories, "A said", Lift::OFF);
         assert_eq!(ids(&f), ["x", "y"]);
     }
 }
