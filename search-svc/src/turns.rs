@@ -175,7 +175,16 @@ pub async fn contexts(
     for w in batch {
         let key = (w.namespace, w.turn.session_id.as_str());
         let mut neighbours = in_batch.get(&key).cloned().unwrap_or_default();
-        neighbours.extend(stored_before(tx, tenant, w).await?);
+        // A batch that holds the turns before this one (the usual case:
+        // a conversation written in order) needs no lookup.
+        let first = w.turn.turn_index.saturating_sub(CONTEXT_TURNS) as i32;
+        let wanted = first..w.turn.turn_index as i32;
+        let held = wanted
+            .clone()
+            .all(|i| neighbours.iter().any(|n| n.turn_index == i));
+        if !held {
+            neighbours.extend(stored_before(tx, tenant, w).await?);
+        }
         out.push(context_text(
             w.turn,
             w.access,
