@@ -101,7 +101,7 @@ impl Deployment {
         push_key(&mut settings, &tenants.attacker);
         push_key(&mut settings, &tenants.steady);
         for svc in Service::ALL {
-            set_address(&mut settings, svc, free_addr()?);
+            crate::split::set_address(&mut settings, svc, free_addr()?);
         }
         let mut dep = Self {
             settings,
@@ -281,25 +281,6 @@ fn push_key(settings: &mut Settings, (key, tenant): &(String, String)) {
         agent_id: "soak".into(),
         trust: "sensitive".into(),
     });
-}
-
-fn set_address(settings: &mut Settings, svc: Service, a: SocketAddr) {
-    let uri = engram_common::tls::uri(a, &settings.tls);
-    match svc {
-        Service::Retrieval => settings.listen.retrieval = a.to_string(),
-        Service::Search => {
-            settings.listen.search = a.to_string();
-            settings.downstream.search = uri;
-        }
-        Service::Graph => {
-            settings.listen.graph = a.to_string();
-            settings.downstream.graph = uri;
-        }
-        Service::Rerank => {
-            settings.listen.rerank = a.to_string();
-            settings.downstream.rerank = uri;
-        }
-    }
 }
 
 /// `exe --config <dir>/<svc>.toml serve --services <svc>`, log beside it.

@@ -49,22 +49,7 @@ impl SplitStack {
         for svc in Service::ALL {
             let a = free_addr()?;
             addrs.push((svc, a));
-            let uri = engram_common::tls::uri(a, &settings.tls);
-            match svc {
-                Service::Retrieval => settings.listen.retrieval = a.to_string(),
-                Service::Search => {
-                    settings.listen.search = a.to_string();
-                    settings.downstream.search = uri;
-                }
-                Service::Graph => {
-                    settings.listen.graph = a.to_string();
-                    settings.downstream.graph = uri;
-                }
-                Service::Rerank => {
-                    settings.listen.rerank = a.to_string();
-                    settings.downstream.rerank = uri;
-                }
-            }
+            set_address(&mut settings, svc, a);
         }
 
         let dir = settings.home.join("bench-split");
@@ -191,4 +176,25 @@ pub fn vm_hwm_mb(status: &str) -> Option<f64> {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|kb| kb.parse::<f64>().ok())
         .map(|kb| (kb / 1024.0 * 10.0).round() / 10.0)
+}
+
+/// Points `svc`'s listener and the other services' downstream address for
+/// it at `a` (bench's and soak's split deployments).
+pub fn set_address(settings: &mut Settings, svc: Service, a: std::net::SocketAddr) {
+    let uri = engram_common::tls::uri(a, &settings.tls);
+    match svc {
+        Service::Retrieval => settings.listen.retrieval = a.to_string(),
+        Service::Search => {
+            settings.listen.search = a.to_string();
+            settings.downstream.search = uri;
+        }
+        Service::Graph => {
+            settings.listen.graph = a.to_string();
+            settings.downstream.graph = uri;
+        }
+        Service::Rerank => {
+            settings.listen.rerank = a.to_string();
+            settings.downstream.rerank = uri;
+        }
+    }
 }
