@@ -51,6 +51,9 @@ pub struct Question {
     /// LoCoMo's question category (1–4), so the report can say which kind
     /// of question a change helps; None for the other data sets.
     pub category: Option<u8>,
+    /// When the question is asked (LongMemEval's `question_date`): sent as
+    /// the request's `as_of_event`, from which "last week" counts.
+    pub asked_at_opt: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A data set split into tenants (LoCoMo: one per conversation).
@@ -139,6 +142,7 @@ pub fn load_2wiki(
             text: q.question,
             gold: q.gold_passage_idx,
             category: None,
+            asked_at_opt: None,
         });
     }
     if let Some(n) = limit_opt {
@@ -221,6 +225,7 @@ pub fn load_musique(
             text: q.question,
             gold,
             category: None,
+            asked_at_opt: None,
         });
     }
     let mut hashed: Vec<&Path> = vec![questions];
@@ -327,6 +332,7 @@ pub fn load_hotpotqa(
             text: q.question,
             gold,
             category: None,
+            asked_at_opt: None,
         });
     }
     if let Some(n) = limit_opt {
@@ -446,6 +452,7 @@ pub fn load_locomo(
                 text,
                 gold,
                 category: u8::try_from(cat).ok(),
+                asked_at_opt: None,
             });
         }
         if let Some(n) = limit_opt {
@@ -618,10 +625,11 @@ enum Ask {
 async fn ask(
     mut c: Client,
     tenant: &str,
-    text: &str,
+    q: &Question,
     how: Ask,
     ids: &HashMap<String, usize>,
 ) -> anyhow::Result<Answer> {
+    let text = q.text.as_str();
     let t = Instant::now();
     let (found, degraded): (Vec<String>, Vec<String>) = match how {
         Ask::Mode(mode) => {
@@ -630,6 +638,7 @@ async fn ask(
                 limit: Some(10),
                 mode: mode as i32,
                 no_cache: true,
+                as_of_event: q.asked_at_opt.map(engram_common::convert::chrono_to_ts),
                 ..Default::default()
             };
             let r = c.retrieval.retrieve(req).await?.into_inner();
@@ -683,7 +692,7 @@ pub async fn run_part(
         let pipeline = how == Ask::Mode(RetrievalMode::Auto);
         let conc = if pipeline { 1 } else { concurrency };
         let results: Vec<anyhow::Result<Answer>> = futures::stream::iter(part.questions.iter())
-            .map(|q| ask(client.clone(), &part.tenant, &q.text, how, &ids))
+            .map(|q| ask(client.clone(), &part.tenant, q, how, &ids))
             .buffered(conc)
             .collect()
             .await;
@@ -927,6 +936,7 @@ mod tests {
             text: String::new(),
             gold,
             category,
+            asked_at_opt: None,
         }
     }
 

@@ -22,6 +22,8 @@ struct Record {
     haystack_dates: Vec<String>,
     #[serde(default)]
     answer_session_ids: Vec<String>,
+    #[serde(default)]
+    question_date: String,
 }
 
 #[derive(Deserialize)]
@@ -108,6 +110,7 @@ fn record_part(r: &Record, tenant: &str) -> anyhow::Result<Option<Part>> {
         text: r.question.clone(),
         gold,
         category: None,
+        asked_at_opt: parse_date(&r.question_date),
     };
     Ok(Some(Part {
         tenant: tenant.to_string(),
@@ -197,6 +200,11 @@ mod tests {
         let q = &p.questions[0];
         assert_eq!(q.text, "What degree did I graduate with?");
         assert_eq!(q.category, None);
+        // Asked at its question_date, "2023/05/30 (Tue) 23:40".
+        assert_eq!(
+            q.asked_at_opt.map(|t| t.to_rfc3339()),
+            Some("2023-05-30T23:40:00+00:00".to_string())
+        );
         // The two has_answer turns, both in session answer_280352e9.
         assert_eq!(q.gold.len(), 2);
         for &g in &q.gold {
@@ -231,6 +239,7 @@ mod tests {
             haystack_session_ids: vec!["a".into(), "b".into()],
             haystack_dates: vec!["2023/05/20 (Sat) 02:21".into(); 2],
             answer_session_ids: vec!["b".into()],
+            question_date: "2023/05/30 (Tue) 23:40".into(),
         };
         let p = record_part(&r, "t").expect("part").expect("some gold");
         assert_eq!(p.questions[0].gold, vec![1, 2]);
