@@ -291,7 +291,7 @@ fn spawn_service(
     svc: Service,
 ) -> anyhow::Result<tokio::process::Child> {
     let config = dir.join(format!("{}.toml", svc.name()));
-    write_private(
+    crate::split::write_private(
         &config,
         &toml::to_string(s).context("serialising settings")?,
     )?;
@@ -309,21 +309,6 @@ fn spawn_service(
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("restarting {}", svc.name()))
-}
-
-/// The config carries the internal token: readable by the owner only.
-fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(text.as_bytes())?;
-    Ok(())
 }
 
 async fn signal(pid: u32, sig: &str) -> anyhow::Result<()> {

@@ -154,7 +154,7 @@ impl SplitStack {
 }
 
 /// The config carries the internal token: readable by the owner only.
-fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+pub fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
