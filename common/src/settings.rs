@@ -78,6 +78,16 @@ pub struct TenantLimitSettings {
     /// Requests of one tenant in flight at once; an agentic request counts
     /// as the pipelines it may run at once.
     pub max_concurrent: u32,
+    /// Work slots of the gateway (retrieval pipelines running at once),
+    /// shared fairly among the tenants active in the last
+    /// `active_window_ms` (retrieval-svc/src/fair.rs). 0: one per core.
+    pub work_slots: u32,
+    /// How long after its last request a tenant still counts as active,
+    /// keeping its share of the work slots free for it.
+    pub active_window_ms: u64,
+    /// The longest a request waits for a work slot before it gets
+    /// RESOURCE_EXHAUSTED (it never waits past its own deadline).
+    pub slot_wait_ms: u64,
 }
 
 impl Default for TenantLimitSettings {
@@ -86,6 +96,9 @@ impl Default for TenantLimitSettings {
             requests_per_second: 200,
             burst: 400,
             max_concurrent: 32,
+            work_slots: 0,
+            active_window_ms: 1000,
+            slot_wait_ms: 2000,
         }
     }
 }

@@ -118,6 +118,7 @@ mod tests {
             requests_per_second: rps,
             burst,
             max_concurrent,
+            ..TenantLimitSettings::default()
         })
     }
 

@@ -13,6 +13,7 @@ mod api;
 mod auth;
 mod downstream;
 mod error;
+mod fair;
 mod gateway;
 mod metrics;
 mod pipeline;

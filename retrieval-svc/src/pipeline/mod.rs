@@ -43,6 +43,7 @@ use self::retry::LOW_CONFIDENCE;
 use self::route::Step;
 use crate::downstream::{Downstreams, call_until};
 use crate::error::Error;
+use crate::fair::{FairConfig, FairGate};
 use crate::metrics::{Metrics, RetrievalOutcome};
 use crate::query::{Mode, Query, Route};
 
@@ -56,6 +57,8 @@ pub struct Pipeline {
     feedback: FeedbackQueue,
     answers: Answers,
     ranker: Arc<ranker::Slot>,
+    /// Each tenant's fair share of the runs at once (fair.rs).
+    work: FairGate,
 }
 
 /// What each recent answer returned, by query id, so feedback can be read
@@ -152,6 +155,7 @@ impl Pipeline {
         let feedback = FeedbackQueue::spawn(ds.clone(), QUEUE_CAPACITY);
         let ranker = Arc::new(ranker::Slot::from_settings(&p.ranker));
         ranker::spawn_reload(Arc::downgrade(&ranker), &p.ranker);
+        let work = FairGate::new(FairConfig::from_settings(&settings.tenant));
         Self {
             settings,
             ds,
@@ -160,6 +164,7 @@ impl Pipeline {
             feedback,
             answers: answers(),
             ranker,
+            work,
         }
     }
 
@@ -295,6 +300,10 @@ impl Pipeline {
         {
             return Ok(Ran::cached(cache::answer(hit, query_id, start)));
         }
+        // A cache hit costs nothing; a run takes one of the tenant's fair
+        // share of the work slots, so no tenant's flood can take the cores
+        // another tenant's next query needs.
+        let _slot = self.work.acquire(&identity.tenant, deadline).await?;
         let mut ctx = self.ctx(identity, q, start, deadline);
         let outer = deadline + Duration::from_millis(50);
         let (mut best, retries) =

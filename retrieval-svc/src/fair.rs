@@ -1,0 +1,321 @@
+//! Fair shares of the gateway's work slots among the tenants that are
+//! active now. Admission (admission.rs) caps each tenant's rate and
+//! requests in flight, but those caps are absolute: one tenant within them
+//! can still keep every core busy, and on a small host another tenant's
+//! requests then wait for CPU behind it (the noisy-neighbour scenario of
+//! `engram soak`: B's p95 rose 11× under A's flood with no error).
+//!
+//! So every pipeline run takes a slot. There are few slots (one per core
+//! by default: `engram soak` measured the same saturation throughput with
+//! one per core as with no cap, 74 vs 76 QPS), and a tenant may hold at most its
+//! share: the slots divided by the tenants active in the last window. A
+//! tenant alone gets them all; two get half each, whatever either sends.
+//! The share is *not* work-conserving on purpose: a slot left idle for a
+//! quiet tenant is what lets its next request start at once instead of
+//! waiting for a hostile tenant's slow one to finish. When a slot frees, it
+//! goes to the waiting tenant holding the fewest, oldest waiter first.
+//!
+//! No crate offers this (tower's concurrency limit and tokio's semaphore
+//! are FIFO over everyone; governor limits rates, not work in flight), so
+//! it is a small mutex-guarded table. A leaf: no gateway types.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use engram_common::settings::TenantLimitSettings;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::error::Error;
+
+/// Retry hint for a request that could not get a slot in time.
+const BUSY_RETRY_MS: u64 = 200;
+
+/// How many slots, and how long a tenant counts as active.
+#[derive(Debug, Clone, Copy)]
+pub struct FairConfig {
+    pub slots: u32,
+    pub active_window: Duration,
+    pub max_wait: Duration,
+}
+
+impl FairConfig {
+    pub fn from_settings(s: &TenantLimitSettings) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let auto = u32::try_from(cores).unwrap_or(u32::MAX);
+        Self {
+            slots: if s.work_slots == 0 {
+                auto
+            } else {
+                s.work_slots
+            },
+            active_window: Duration::from_millis(s.active_window_ms),
+            max_wait: Duration::from_millis(s.slot_wait_ms),
+        }
+    }
+}
+
+pub struct FairGate {
+    cfg: FairConfig,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    running: u32,
+    tenants: HashMap<String, TenantState>,
+    next_seq: u64,
+}
+
+struct TenantState {
+    running: u32,
+    last_seen: Instant,
+    waiters: VecDeque<Waiter>,
+}
+
+struct Waiter {
+    seq: u64,
+    tx: oneshot::Sender<Slot>,
+}
+
+/// One work slot, held for the run; dropping it hands it on.
+pub struct Slot {
+    state: Arc<Mutex<State>>,
+    tenant: String,
+    cfg: FairConfig,
+    /// False only for a slot that never reached its waiter.
+    counted: bool,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("tenant", &self.tenant)
+            .finish()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
+        let mut st = self.state.lock();
+        st.running = st.running.saturating_sub(1);
+        if let Some(t) = st.tenants.get_mut(&self.tenant) {
+            t.running = t.running.saturating_sub(1);
+        }
+        dispatch(&self.state, &mut st, &self.cfg);
+    }
+}
+
+impl FairGate {
+    pub fn new(cfg: FairConfig) -> Self {
+        let slots = cfg.slots.max(1);
+        Self {
+            cfg: FairConfig { slots, ..cfg },
+            state: Arc::default(),
+        }
+    }
+
+    /// A slot for one run of `tenant`, waiting at most until the earlier of
+    /// `deadline` and the configured wait; RESOURCE_EXHAUSTED after that.
+    pub async fn acquire(&self, tenant: &str, deadline: Instant) -> Result<Slot, Error> {
+        let rx = {
+            let mut st = self.state.lock();
+            let now = Instant::now();
+            forget_idle(&mut st, now, self.cfg.active_window);
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            let t = st.tenants.entry(tenant.to_string()).or_insert(TenantState {
+                running: 0,
+                last_seen: now,
+                waiters: VecDeque::new(),
+            });
+            t.last_seen = now;
+            let (tx, rx) = oneshot::channel();
+            t.waiters.push_back(Waiter { seq, tx });
+            dispatch(&self.state, &mut st, &self.cfg);
+            rx
+        };
+        let until = deadline.min(Instant::now() + self.cfg.max_wait);
+        match tokio::time::timeout_at(until, rx).await {
+            Ok(Ok(slot)) => Ok(slot),
+            // Timed out (or the gate is gone): the waiter's sender is
+            // dropped with it, and `dispatch` skips closed senders.
+            _ => Err(Error::TenantLimit {
+                what: "work slots (the gateway is busy with other tenants)",
+                retry_after_ms: BUSY_RETRY_MS,
+            }),
+        }
+    }
+}
+
+/// The most slots one tenant may hold while `active` tenants share them.
+fn share(slots: u32, active: usize) -> u32 {
+    let active = u32::try_from(active.max(1)).unwrap_or(u32::MAX);
+    (slots / active).max(1)
+}
+
+/// Tenants with nothing running or waiting and not seen within the window
+/// leave the table (and the share count).
+fn forget_idle(st: &mut State, now: Instant, window: Duration) {
+    st.tenants.retain(|_, t| {
+        t.running > 0 || !t.waiters.is_empty() || now.duration_since(t.last_seen) < window
+    });
+}
+
+/// Hands free slots to waiters: each time to the eligible tenant (under
+/// its share) holding the fewest slots, its oldest waiter first.
+fn dispatch(state: &Arc<Mutex<State>>, st: &mut State, cfg: &FairConfig) {
+    while st.running < cfg.slots {
+        let cap = share(cfg.slots, st.tenants.len());
+        let next_opt = (st.tenants.iter_mut())
+            .filter(|(_, t)| t.running < cap)
+            .filter_map(|(name, t)| {
+                // Waiters that gave up are dropped on the way.
+                while t.waiters.front().is_some_and(|w| w.tx.is_closed()) {
+                    t.waiters.pop_front();
+                }
+                let seq = t.waiters.front()?.seq;
+                Some((t.running, seq, name.clone()))
+            })
+            .min();
+        let Some((_, _, name)) = next_opt else { return };
+        let Some(t) = st.tenants.get_mut(&name) else {
+            return;
+        };
+        let Some(w) = t.waiters.pop_front() else {
+            return;
+        };
+        let slot = Slot {
+            state: state.clone(),
+            tenant: name,
+            cfg: *cfg,
+            counted: true,
+        };
+        t.running += 1;
+        st.running += 1;
+        if let Err(mut returned) = w.tx.send(slot) {
+            // The waiter left between the check and the send. Its drop
+            // must not lock the state we hold: undo the count here.
+            returned.counted = false;
+            st.running -= 1;
+            if let Some(t) = st.tenants.get_mut(&returned.tenant) {
+                t.running -= 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(slots: u32) -> FairGate {
+        FairGate::new(FairConfig {
+            slots,
+            active_window: Duration::from_secs(1),
+            max_wait: Duration::from_secs(1),
+        })
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(3)
+    }
+
+    fn running(g: &FairGate, tenant: &str) -> u32 {
+        g.state.lock().tenants.get(tenant).map_or(0, |t| t.running)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_tenant_gets_every_slot() {
+        let g = gate(4);
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(g.acquire("a", soon()).await.expect("a free slot"));
+        }
+        assert_eq!(running(&g, "a"), 4);
+        let fifth = g.acquire("a", soon()).await;
+        assert!(
+            matches!(fifth, Err(Error::TenantLimit { .. })),
+            "waits, then is refused"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_second_tenant_finds_its_half_free() {
+        let g = gate(4);
+        let b_first = g.acquire("b", soon()).await.expect("b alone");
+        drop(b_first);
+        // A floods while B is active: it is held to half of the slots.
+        let mut a_held = Vec::new();
+        for _ in 0..2 {
+            a_held.push(g.acquire("a", soon()).await.expect("within a's share"));
+        }
+        let started = Instant::now();
+        let a_third = tokio::time::timeout(Duration::from_millis(50), g.acquire("a", soon())).await;
+        assert!(a_third.is_err(), "over its share, a waits");
+        let b_now = g.acquire("b", soon()).await.expect("b's share is free");
+        assert!(started.elapsed() < Duration::from_millis(100));
+        assert_eq!((running(&g, "a"), running(&g, "b")), (2, 1));
+        drop(b_now);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_freed_slot_goes_to_the_tenant_holding_fewest() {
+        let g = Arc::new(gate(2));
+        let a1 = g.acquire("a", soon()).await.expect("a");
+        let b1 = g.acquire("b", soon()).await.expect("b");
+        let a_wait = tokio::spawn({
+            let g = g.clone();
+            async move { g.acquire("a", soon()).await.map(|_| "a") }
+        });
+        tokio::task::yield_now().await;
+        let c_wait = tokio::spawn({
+            let g = g.clone();
+            async move { g.acquire("c", soon()).await.map(|_| "c") }
+        });
+        tokio::task::yield_now().await;
+        // Three active tenants share two slots: one each at most. B's slot
+        // frees; a holds one already, c none, so c gets it though a asked first.
+        drop(b1);
+        let got = c_wait.await.expect("joined").expect("c gets b's slot");
+        assert_eq!(got, "c");
+        drop(a1);
+        assert_eq!(a_wait.await.expect("joined").expect("then a"), "a");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_abandoned_wait_hands_its_slot_on() {
+        let g = Arc::new(gate(1));
+        let held = g.acquire("a", soon()).await.expect("a");
+        let gone = tokio::time::timeout(Duration::from_millis(10), g.acquire("a", soon())).await;
+        assert!(gone.is_err());
+        let next = tokio::spawn({
+            let g = g.clone();
+            async move { g.acquire("a", soon()).await.is_ok() }
+        });
+        tokio::task::yield_now().await;
+        drop(held);
+        assert!(
+            next.await.expect("joined"),
+            "the slot skips the waiter that left"
+        );
+        assert_eq!(g.state.lock().running, 0, "every slot came back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_tenants_leave_the_share_count() {
+        let g = gate(4);
+        drop(g.acquire("b", soon()).await.expect("b"));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(g.acquire("a", soon()).await.expect("b no longer counts"));
+        }
+        assert_eq!(g.state.lock().tenants.len(), 1);
+    }
+}
