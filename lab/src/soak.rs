@@ -139,6 +139,8 @@ pub async fn run_on(dep: &mut Deployment, args: &SoakArgs) -> anyhow::Result<ser
                 "requests_per_second": dep.settings.tenant.requests_per_second,
                 "burst": dep.settings.tenant.burst,
                 "max_concurrent": dep.settings.tenant.max_concurrent,
+                "work_slots": dep.settings.tenant.work_slots,
+                "active_window_ms": dep.settings.tenant.active_window_ms,
             },
         }),
     );
@@ -146,7 +148,8 @@ pub async fn run_on(dep: &mut Deployment, args: &SoakArgs) -> anyhow::Result<ser
     if want("noisy") {
         let mut pids = dep.pids();
         pids.push(("soak_clients".into(), std::process::id()));
-        let r = noisy((&b, &a, &dep.tenants.attacker.1), &questions, args, &pids).await;
+        let attacker = (dep.gateway_uri(), dep.tenants.attacker.clone());
+        let r = noisy(&b, attacker, &questions, args, &pids).await;
         report.insert("noisy".into(), r);
     }
     if want("faults") {
@@ -167,7 +170,8 @@ pub async fn run_on(dep: &mut Deployment, args: &SoakArgs) -> anyhow::Result<ser
 /// Tenant B alone, then B while A floods; with the CPU each process used
 /// in each phase, to see where an attack's cost lands.
 async fn noisy(
-    (b, a, tenant_a): (&Client, &Client, &str),
+    b: &Client,
+    (uri, (key_a, tenant_a)): (String, (String, String)),
     questions: &Arc<Vec<String>>,
     args: &SoakArgs,
     pids: &[(String, u32)],
@@ -177,15 +181,17 @@ async fn noisy(
     let solo = timed_reads(b, args.qps, questions, secs).await;
     let cpu1 = deploy::cpu_seconds(pids);
     let stop = Arc::new(AtomicBool::new(false));
-    let flood = tokio::spawn(load::flood(
-        a.clone(),
-        tenant_a.to_string(),
-        args.flood_workers,
-        stop.clone(),
-    ));
+    let flood = load::flood_apart(uri, key_a, tenant_a, args.flood_workers, stop.clone());
     let attack = timed_reads(b, args.qps, questions, secs).await;
     stop.store(true, Ordering::Relaxed);
-    let counts = flood.await.unwrap_or_default();
+    let counts = match flood.await {
+        Ok(Ok(counts)) => counts,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the flood could not run");
+            BTreeMap::new()
+        }
+        Err(_) => BTreeMap::new(),
+    };
     let cpu2 = deploy::cpu_seconds(pids);
     let solo = summary(&solo.iter().collect::<Vec<_>>());
     let attack = summary(&attack.iter().collect::<Vec<_>>());

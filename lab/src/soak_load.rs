@@ -333,6 +333,36 @@ async fn one_attack(mut c: Client, tenant: &str, kind: &'static str, i: usize) -
     }
 }
 
+/// [`flood`] on a runtime and a connection of its own, on its own OS
+/// threads: a real attacker is not in B's client process, so its work must
+/// not queue on the tokio workers that time B's requests (the cores are
+/// still shared, as they would be with a neighbour on the same host).
+pub fn flood_apart(
+    uri: String,
+    key: String,
+    tenant: String,
+    workers: usize,
+    stop: Arc<AtomicBool>,
+) -> tokio::sync::oneshot::Receiver<anyhow::Result<BTreeMap<(String, String), usize>>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("soak-flood")
+            .enable_all()
+            .build();
+        let r = match rt {
+            Ok(rt) => rt.block_on(async move {
+                let client = Client::connect(&uri, &key).await?;
+                Ok(flood(client, tenant, workers, stop).await)
+            }),
+            Err(e) => Err(e.into()),
+        };
+        let _ = tx.send(r);
+    });
+    rx
+}
+
 /// Tenant A's flood: `workers` closed loops, each as fast as answers come
 /// back, cycling through [`ATTACKS`]. Returns counts by attack and code.
 pub async fn flood(
