@@ -8,24 +8,28 @@
 //!   bytes, 1 ms deadlines, oversized fields and messages, agentic
 //!   fan-out); B's latency and errors in both phases, A's answers by code.
 //! * `faults`: steady reads and writes while search-, graph- and rerank-svc
-//!   are killed with SIGKILL in turn and restarted; failed reads, p100,
-//!   time until answers are whole again, acknowledged writes missing after
-//!   recovery (every acknowledged id is read back).
+//!   and then Postgres are killed with SIGKILL in turn and restarted;
+//!   failed reads, p100, time until answers are whole again, acknowledged
+//!   writes missing after recovery (every acknowledged id is read back).
 //! * `slow`: the gateway reaches search- and graph-svc through a delaying
 //!   proxy; each is slowed past its stage timeout in turn, then restored.
 //! * `soak`: half the measured saturation rate of reads plus writes,
 //!   sampling RSS, open fds and Postgres connections per process and the
 //!   p95 of each window.
 //!
-//! Postgres is not killed: the embedded server is shared with whatever else
-//! on the machine uses this `.engram` home (tests, evals), which a kill
-//! would take down too. The tests run the same scenarios, shortened, on an
-//! in-process deployment (tests/soak.rs).
+//! With no external database configured the soak runs on its own embedded
+//! Postgres (`soak-pgdata` under the home, soak_pg.rs), never the home's
+//! shared one, so killing it takes down nothing but the soak's services.
+//! Against an external database, and in the tests (which run the same
+//! scenarios, shortened, on an in-process deployment on the shared test
+//! Postgres: tests/soak.rs), Postgres is not killed and the report says why.
 
 #[path = "soak_deploy.rs"]
 mod deploy;
 #[path = "soak_load.rs"]
 mod load;
+#[path = "soak_pg.rs"]
+mod pg;
 #[path = "soak_proxy.rs"]
 mod proxy;
 
@@ -65,6 +69,9 @@ pub struct SoakArgs {
     pub scenarios: Vec<String>,
     /// Services `faults` kills in turn.
     pub kill: Vec<Service>,
+    /// Kill Postgres too, after the services (only when the soak runs its
+    /// own embedded server; otherwise the report says why not).
+    pub kill_postgres: bool,
     /// Stage 3 on (off by default, as in the product): only then does a
     /// rerank-svc kill or slowdown reach an answer.
     pub cross_encoder: bool,
@@ -81,6 +88,7 @@ impl Default for SoakArgs {
             corpus: 300,
             scenarios: SCENARIOS.iter().map(|s| s.to_string()).collect(),
             kill: vec![Service::Search, Service::Graph, Service::Rerank],
+            kill_postgres: true,
             cross_encoder: false,
         }
     }
@@ -291,16 +299,47 @@ impl Background {
     }
 }
 
-/// When a service was killed, restarted and serving again.
+/// What `faults` kills: one service's process, or the soak's Postgres.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Svc(Service),
+    Postgres,
+}
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Target::Svc(s) => s.name(),
+            Target::Postgres => "postgres",
+        }
+    }
+
+    /// The answer stages its absence degrades (retrieval-svc's
+    /// `degraded_stages` names). Postgres holds the memories search-svc
+    /// searches and fetches and the graph graph-svc rebuilds from.
+    fn stages(self) -> &'static [&'static str] {
+        match self {
+            Target::Svc(Service::Search) => &["vector", "keyword", "memory_fetch"],
+            Target::Svc(Service::Graph) => &["graph", "conflicts"],
+            Target::Svc(Service::Rerank) => &["rerank"],
+            Target::Svc(Service::Retrieval) => &[],
+            Target::Postgres => &["vector", "keyword", "memory_fetch", "graph", "conflicts"],
+        }
+    }
+}
+
+/// When a target was killed, restarted and serving again.
 struct FaultTimes {
-    svc: Service,
+    target: Target,
     killed: Instant,
     restarted: Instant,
     serving: Instant,
     end: Instant,
+    /// Postgres: start attempts until it accepted connections again.
+    attempts_opt: Option<u32>,
 }
 
-/// Kill -9 each service in turn under steady reads and writes.
+/// Kill -9 each service, then Postgres, in turn under steady reads and writes.
 async fn faults(
     dep: &mut Deployment,
     questions: &Arc<Vec<String>>,
@@ -308,30 +347,51 @@ async fn faults(
 ) -> anyhow::Result<serde_json::Value> {
     let mut b = dep.client(false).await?;
     let quarter = Duration::from_secs_f64(args.seconds.max(2) as f64 / 4.0);
+    let mut targets: Vec<Target> = args.kill.iter().map(|s| Target::Svc(*s)).collect();
+    let pg_skipped = match (args.kill_postgres, dep.postgres_unkillable()) {
+        (false, _) => Some("not killed: not asked to (kill_postgres = false)"),
+        (true, Some(why)) => Some(why),
+        (true, None) => {
+            targets.push(Target::Postgres);
+            None
+        }
+    };
     let bg = Background::start(&b, args.qps, args.writes_per_s, questions, "faults");
     let mut times = Vec::new();
     let mut failure = None;
-    for svc in args.kill.clone() {
+    for target in targets {
         tokio::time::sleep(quarter).await;
         let killed = Instant::now();
-        if let Err(e) = dep.kill(svc).await {
+        let kill = match target {
+            Target::Svc(svc) => dep.kill(svc).await,
+            Target::Postgres => dep.kill_postgres().await.map(|_| ()),
+        };
+        if let Err(e) = kill {
             failure = Some(e);
             break;
         }
         tokio::time::sleep(quarter).await;
         let restarted = Instant::now();
-        if let Err(e) = dep.restart(svc).await {
-            failure = Some(e);
-            break;
-        }
+        let restart = match target {
+            Target::Svc(svc) => dep.restart(svc).await.map(|()| None),
+            Target::Postgres => dep.restart_postgres().await.map(Some),
+        };
+        let attempts_opt = match restart {
+            Ok(a) => a,
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        };
         let serving = Instant::now();
         tokio::time::sleep(quarter * 2).await;
         times.push(FaultTimes {
-            svc,
+            target,
             killed,
             restarted,
             serving,
             end: Instant::now(),
+            attempts_opt,
         });
     }
     let (reads, writes) = bg.stop().await;
@@ -349,6 +409,15 @@ async fn faults(
     let met = all["errors"] == 0
         && missing.is_empty()
         && all["p100_ms"].as_f64().is_some_and(|p| p <= ceiling);
+    let postgres = match pg_skipped {
+        Some(why) => json!(why),
+        None => json!(format!(
+            "killed: the soak's own embedded server ({})",
+            dep.postgres_data_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default()
+        )),
+    };
     Ok(json!({
         "per_service": per_service,
         "reads": all,
@@ -358,47 +427,45 @@ async fn faults(
             "missing_after_recovery": missing.len(),
             "missing_ids": missing.iter().take(20).collect::<Vec<_>>(),
         },
-        "postgres": "not killed: the embedded server is shared with other users of this .engram home",
+        "postgres": postgres,
         "target": "0 failed reads (degraded allowed), p100 <= ceiling, 0 acknowledged writes missing",
         "met": met,
     }))
 }
 
-/// One killed service's window: its reads, and how long until whole answers.
+/// One killed target's window: its reads, and how long until whole answers.
 fn fault_window(t: &FaultTimes, reads: &[Sample], ceiling_ms: f64) -> serde_json::Value {
     let window: Vec<&Sample> = reads
         .iter()
         .filter(|s| s.at >= t.killed && s.at < t.end)
         .collect();
     let s = summary(&window);
-    let whole = recovered_after(reads, t.restarted, t.svc);
-    json!({
-        "service": t.svc.name(),
+    let whole = recovered_after(reads, t.restarted, t.target.stages());
+    let mut v = json!({
+        "service": t.target.name(),
         "down_s": round1((t.restarted - t.killed).as_secs_f64()),
         "restart_to_serving_s": round1((t.serving - t.restarted).as_secs_f64()),
         "restart_to_whole_answers_s": whole,
         "reads": s,
         "p100_within_ceiling": s["p100_ms"].as_f64().is_some_and(|p| p <= ceiling_ms),
-    })
+    });
+    if let Some(n) = t.attempts_opt {
+        v["start_attempts"] = json!(n);
+    }
+    v
 }
 
-/// The answer stages a service's absence degrades (retrieval-svc's
-/// `degraded_stages` names).
+/// The answer stages a service's absence degrades.
 fn stages_of(svc: Service) -> &'static [&'static str] {
-    match svc {
-        Service::Search => &["vector", "keyword", "memory_fetch"],
-        Service::Graph => &["graph", "conflicts"],
-        Service::Rerank => &["rerank"],
-        Service::Retrieval => &[],
-    }
+    Target::Svc(svc).stages()
 }
 
 /// Seconds from `from` until the first answer, asked after it, that did not
-/// fail and is degraded by none of `svc`'s stages (`null` if none came).
-/// Only `svc`'s stages count: on a busy machine another stage may time out
-/// for reasons that have nothing to do with the restart.
-fn recovered_after(reads: &[Sample], from: Instant, svc: Service) -> Option<f64> {
-    let whole = |d: &Vec<String>| !d.iter().any(|x| stages_of(svc).contains(&x.as_str()));
+/// fail and is degraded by none of `stages` (`null` if none came). Only the
+/// killed target's stages count: on a busy machine another stage may time
+/// out for reasons that have nothing to do with the restart.
+fn recovered_after(reads: &[Sample], from: Instant, stages: &[&str]) -> Option<f64> {
+    let whole = |d: &Vec<String>| !d.iter().any(|x| stages.contains(&x.as_str()));
     reads
         .iter()
         .filter(|s| s.at >= from && matches!(&s.outcome, Ok(d) if whole(d)))
@@ -478,7 +545,7 @@ async fn slow(
                 "before": phase(m[0], m[1]),
                 "slowed": phase(m[1], m[2]),
                 "after": phase(m[2], m[3]),
-                "restore_to_whole_answers_s": recovered_after(&reads, m[2], *svc),
+                "restore_to_whole_answers_s": recovered_after(&reads, m[2], stages_of(*svc)),
             })
         })
         .collect();
@@ -507,7 +574,7 @@ async fn soak(
     let pg_port = dep
         .database_url()
         .as_deref()
-        .and_then(pg_port)
+        .and_then(pg::port_of_url)
         .unwrap_or(5432);
     let every = Duration::from_secs_f64((secs / 20.0).max(0.5));
     let bg = Background::start(&b, qps, args.writes_per_s, questions, "soak");
@@ -541,12 +608,6 @@ async fn soak(
         "samples": samples,
         "target": "no RSS growth once caches are full, flat fds and Postgres connections, no p95 drift",
     }))
-}
-
-fn pg_port(url: &str) -> Option<u16> {
-    let host = url.rsplit_once('@').map_or(url, |(_, h)| h);
-    let host = host.split('/').next()?;
-    host.rsplit_once(':')?.1.parse().ok()
 }
 
 fn usage_sample(dep: &Deployment, start: Instant, pg_port: u16) -> serde_json::Value {
@@ -656,8 +717,9 @@ fn fault_rows(f: &serde_json::Value, c: &serde_json::Value) -> Vec<Row> {
                 format!("kill -9 {}", s["service"].as_str().unwrap_or("?")),
                 format!("{} QPS reads + {} writes/s", c["b_qps"], c["writes_per_s"]),
                 format!(
-                    "failed reads {}, p100 {} ms, down {} s, serving {} s after restart, whole answers {} after restart",
-                    s["reads"]["errors"], s["reads"]["p100_ms"], s["down_s"], s["restart_to_serving_s"],
+                    "failed reads {} of {} ({} degraded), p100 {} ms, down {} s, serving {} s after restart, whole answers {} after restart",
+                    s["reads"]["errors"], s["reads"]["requests"], s["reads"]["degraded_answers"],
+                    s["reads"]["p100_ms"], s["down_s"], s["restart_to_serving_s"],
                     secs(&s["restart_to_whole_answers_s"])
                 ),
                 format!("0 failed, p100 <= {} ms", c["ceiling_ms"]),
@@ -665,6 +727,18 @@ fn fault_rows(f: &serde_json::Value, c: &serde_json::Value) -> Vec<Row> {
             ]
         })
         .collect();
+    if let Some(why) = f["postgres"]
+        .as_str()
+        .filter(|w| w.starts_with("not killed"))
+    {
+        rows.push([
+            "kill -9 postgres".into(),
+            String::new(),
+            why.into(),
+            String::new(),
+            "skipped".into(),
+        ]);
+    }
     rows.push([
         "faults: writes".into(),
         format!("{} writes/s across all kills", c["writes_per_s"]),

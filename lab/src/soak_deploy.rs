@@ -18,6 +18,7 @@ use engram_common::settings::ApiKeySettings;
 use engram_stack::client::Client;
 use engram_stack::stack::{Service, Stack, StackOptions, health_status, random_token, sha256_hex};
 
+use super::pg::{self, PrivatePostgres};
 use crate::split::SplitStack;
 
 /// The two tenants of the noisy-neighbour scenario: (api key, tenant).
@@ -57,6 +58,9 @@ pub struct Deployment {
     pub settings: Settings,
     pub tenants: Tenants,
     runner: Runner,
+    /// The soak's own embedded Postgres, which `faults` may kill (processes
+    /// mode with no external database only).
+    pg_opt: Option<PrivatePostgres>,
 }
 
 /// A free loopback port: bind port 0 and release it.
@@ -76,16 +80,32 @@ fn listen_of(s: &Settings, svc: Service) -> &str {
 
 impl Deployment {
     /// One process per service (`<current exe> serve --services <one>`):
-    /// call it from the `engram` binary.
+    /// call it from the `engram` binary. With no external database URL the
+    /// services share a private embedded server (`soak-pgdata` under the
+    /// home, on a port fixed for the run), never the home's shared one.
     pub async fn processes(mut settings: Settings, tenants: Tenants) -> anyhow::Result<Self> {
         let (key, tenant) = &tenants.steady;
         push_key(&mut settings, &tenants.attacker);
+        let private = settings.database.url_opt.is_none();
+        if private {
+            pg::make_private(&mut settings)?;
+        }
+        let pg_settings = settings.clone();
         let split = SplitStack::start(settings, key, tenant).await?;
+        let pg_opt = match (private, pg::port_of_url(split.database_url())) {
+            (true, Some(port)) => Some(PrivatePostgres::new(pg_settings, port)),
+            (true, None) => {
+                tracing::warn!("cannot read the private postgres port; it will not be killed");
+                None
+            }
+            (false, _) => None,
+        };
         let dir = split.settings.home.join("soak");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(Self {
             settings: split.settings.clone(),
             tenants,
+            pg_opt,
             runner: Runner::Processes {
                 split: Box::new(split),
                 exe: std::env::current_exe().context("locating the engram binary")?,
@@ -109,6 +129,7 @@ impl Deployment {
             runner: Runner::InProcess {
                 stacks: BTreeMap::new(),
             },
+            pg_opt: None,
         };
         for svc in Service::ALL {
             if let Err(e) = dep.restart(svc).await {
@@ -137,6 +158,41 @@ impl Deployment {
             Runner::Processes { split, .. } => Some(split.database_url().to_string()),
             Runner::InProcess { .. } => self.settings.database.url_opt.clone(),
         }
+    }
+
+    /// Why Postgres cannot be killed here (`None`: it can, it is ours).
+    pub fn postgres_unkillable(&self) -> Option<&'static str> {
+        match (&self.runner, &self.pg_opt) {
+            (_, Some(_)) => None,
+            (Runner::InProcess { .. }, None) => Some(
+                "not killed: the in-process deployment runs on the shared test Postgres, which other test processes use",
+            ),
+            (Runner::Processes { .. }, None) => Some(
+                "not killed: an external database (DATABASE_URL / database.url_opt) is configured, which the soak does not own",
+            ),
+        }
+    }
+
+    /// SIGKILL of the private Postgres's postmaster; its pid.
+    pub async fn kill_postgres(&mut self) -> anyhow::Result<u32> {
+        match &mut self.pg_opt {
+            Some(pg) => pg.kill().await,
+            None => bail!("no private postgres to kill"),
+        }
+    }
+
+    /// Starts the private Postgres again on its data dir and port; the
+    /// number of attempts it took.
+    pub async fn restart_postgres(&mut self) -> anyhow::Result<u32> {
+        match &mut self.pg_opt {
+            Some(pg) => pg.restart().await,
+            None => bail!("no private postgres to restart"),
+        }
+    }
+
+    /// The private Postgres's data dir, when the soak runs one.
+    pub fn postgres_data_dir(&self) -> Option<PathBuf> {
+        self.pg_opt.as_ref().map(|p| p.data_dir().to_path_buf())
     }
 
     /// The process of each service (one shared pid in process).
@@ -242,6 +298,9 @@ impl Deployment {
         }
     }
 
+    /// Stops every service, then the soak's own Postgres: the split stack's
+    /// handle first, so that the handle of a restarted server is the last
+    /// holder and stops it (pg.rs stops a server only for its last user).
     pub async fn shutdown(self) {
         match self.runner {
             Runner::Processes {
@@ -270,6 +329,9 @@ impl Deployment {
                     s.shutdown().await;
                 }
             }
+        }
+        if let Some(pg) = self.pg_opt {
+            pg.stop().await;
         }
     }
 }
