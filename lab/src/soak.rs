@@ -403,7 +403,7 @@ async fn faults(
     let ceiling = dep.settings.pipeline.ceiling_ms as f64;
     let per_service: Vec<serde_json::Value> = times
         .iter()
-        .map(|t| fault_window(t, &reads, ceiling))
+        .map(|t| fault_window(t, &reads, &writes.log, ceiling))
         .collect();
     let all = summary(&reads.iter().collect::<Vec<_>>());
     let met = all["errors"] == 0
@@ -434,12 +434,19 @@ async fn faults(
 }
 
 /// One killed target's window: its reads, and how long until whole answers.
-fn fault_window(t: &FaultTimes, reads: &[Sample], ceiling_ms: f64) -> serde_json::Value {
-    let window: Vec<&Sample> = reads
-        .iter()
-        .filter(|s| s.at >= t.killed && s.at < t.end)
-        .collect();
-    let s = summary(&window);
+fn fault_window(
+    t: &FaultTimes,
+    reads: &[Sample],
+    writes: &[Sample],
+    ceiling_ms: f64,
+) -> serde_json::Value {
+    fn within<'a>(v: &'a [Sample], t: &FaultTimes) -> Vec<&'a Sample> {
+        v.iter()
+            .filter(|s| s.at >= t.killed && s.at < t.end)
+            .collect()
+    }
+    let s = summary(&within(reads, t));
+    let w = summary(&within(writes, t));
     let whole = recovered_after(reads, t.restarted, t.target.stages());
     let mut v = json!({
         "service": t.target.name(),
@@ -447,6 +454,10 @@ fn fault_window(t: &FaultTimes, reads: &[Sample], ceiling_ms: f64) -> serde_json
         "restart_to_serving_s": round1((t.serving - t.restarted).as_secs_f64()),
         "restart_to_whole_answers_s": whole,
         "reads": s,
+        "writes": {
+            "sent": w["requests"], "not_acknowledged_by_code": w["errors_by_code"],
+            "p50_ms": w["p50_ms"], "p100_ms": w["p100_ms"],
+        },
         "p100_within_ceiling": s["p100_ms"].as_f64().is_some_and(|p| p <= ceiling_ms),
     });
     if let Some(n) = t.attempts_opt {
@@ -717,10 +728,11 @@ fn fault_rows(f: &serde_json::Value, c: &serde_json::Value) -> Vec<Row> {
                 format!("kill -9 {}", s["service"].as_str().unwrap_or("?")),
                 format!("{} QPS reads + {} writes/s", c["b_qps"], c["writes_per_s"]),
                 format!(
-                    "failed reads {} of {} ({} degraded), p100 {} ms, down {} s, serving {} s after restart, whole answers {} after restart",
+                    "failed reads {} of {} ({} degraded, failed by code {}), p100 {} ms, down {} s, serving {} s after restart, whole answers {} after restart; writes in the window {} (not acknowledged {}), p100 {} ms",
                     s["reads"]["errors"], s["reads"]["requests"], s["reads"]["degraded_answers"],
-                    s["reads"]["p100_ms"], s["down_s"], s["restart_to_serving_s"],
-                    secs(&s["restart_to_whole_answers_s"])
+                    s["reads"]["errors_by_code"], s["reads"]["p100_ms"], s["down_s"], s["restart_to_serving_s"],
+                    secs(&s["restart_to_whole_answers_s"]), s["writes"]["sent"],
+                    s["writes"]["not_acknowledged_by_code"], s["writes"]["p100_ms"]
                 ),
                 format!("0 failed, p100 <= {} ms", c["ceiling_ms"]),
                 yes(&json!(s["reads"]["errors"] == 0 && s["p100_within_ceiling"] == true)),

@@ -167,10 +167,16 @@ pub struct Writes {
     pub acked: Vec<String>,
     pub failed: BTreeMap<String, usize>,
     pub ms: Vec<f64>,
+    /// Every write as a sample (no degraded stages), to cut by window.
+    pub log: Vec<Sample>,
 }
 
 /// One memory written; `Ok(id)` only when the answer names it.
-async fn one_write(mut c: Client, tag: String, n: usize) -> (f64, Result<String, tonic::Code>) {
+async fn one_write(
+    mut c: Client,
+    tag: String,
+    n: usize,
+) -> (Instant, f64, Result<String, tonic::Code>) {
     let id = uuid::Uuid::new_v4().to_string();
     let mut req = tonic::Request::new(UpsertRequest {
         memories: vec![Memory {
@@ -187,9 +193,9 @@ async fn one_write(mut c: Client, tag: String, n: usize) -> (f64, Result<String,
     let r = c.memories.upsert(req).await;
     let ms = t.elapsed().as_secs_f64() * 1000.0;
     match r {
-        Ok(r) if r.get_ref().results.iter().any(|x| x.id == id) => (ms, Ok(id)),
-        Ok(_) => (ms, Err(tonic::Code::Unknown)),
-        Err(s) => (ms, Err(s.code())),
+        Ok(r) if r.get_ref().results.iter().any(|x| x.id == id) => (t, ms, Ok(id)),
+        Ok(_) => (t, ms, Err(tonic::Code::Unknown)),
+        Err(s) => (t, ms, Err(s.code())),
     }
 }
 
@@ -204,8 +210,14 @@ pub async fn writes(client: Client, per_second: f64, tag: String, stop: Arc<Atom
         n += 1;
     }
     let mut out = Writes::default();
-    for (ms, r) in set.join_all().await {
+    for (at, ms, r) in set.join_all().await {
         out.ms.push(ms);
+        out.log.push(Sample {
+            at,
+            ms,
+            outcome: r.as_ref().map(|_| Vec::new()).map_err(|c| *c),
+            message_opt: None,
+        });
         match r {
             Ok(id) => out.acked.push(id),
             Err(code) => *out.failed.entry(code_name(code)).or_default() += 1,
