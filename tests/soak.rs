@@ -33,6 +33,13 @@ async fn scenarios_hold_their_deterministic_targets() -> anyhow::Result<()> {
     // Phases of seconds, not the 5 s default: a breaker still open from
     // the previous fault would make the next one a double fault.
     settings.downstream.breaker_open_ms = 300;
+    // A debug build with Stage 3 on runs a pipeline in ~300 ms, so B's
+    // 10 QPS needs 3+ runs at once: more than its fair share of the
+    // default work slots (two per core, halved while A is active) on a
+    // 2-core runner. Past its share B would wait and then be refused by
+    // design (retrieval-svc/src/fair.rs); this test is about A never
+    // breaking B, so B's share here covers its load.
+    settings.tenant.work_slots = 16;
     let run = uuid::Uuid::new_v4().simple().to_string();
     let mut dep = Deployment::in_process(settings, Tenants::new(&run)).await?;
     let result = run_on(&mut dep, &short()).await;

@@ -78,9 +78,11 @@ pub struct TenantLimitSettings {
     /// Requests of one tenant in flight at once; an agentic request counts
     /// as the pipelines it may run at once.
     pub max_concurrent: u32,
-    /// Work slots of the gateway (retrieval pipelines running at once),
-    /// shared fairly among the tenants active in the last
-    /// `active_window_ms` (retrieval-svc/src/fair.rs). 0: one per core.
+    /// Work slots of the gateway (retrieval pipelines running at once)
+    /// that the tenants active in the last `active_window_ms` share: each
+    /// may run at most slots / active tenants (at least one); a tenant
+    /// alone is held only by `max_concurrent` (retrieval-svc/src/fair.rs).
+    /// 0: two per core.
     pub work_slots: u32,
     /// How long after its last request a tenant still counts as active,
     /// keeping its share of the work slots free for it.
