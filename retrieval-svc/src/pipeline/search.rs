@@ -535,7 +535,11 @@ impl Pool {
         self.out.total = fused.len();
         self.out.max_rrf = max_score(&self.lists, w.k);
         session::lift(&mut fused, &self.memories, query, plan.lift);
-        if let Some(span) = when::parse(query, reference_opt, Utc::now()) {
+        // Parsing time expressions is the costlier half: skip it when the
+        // lift would multiply by 1 anyway.
+        if plan.lift.time > 0.0
+            && let Some(span) = when::parse(query, reference_opt, Utc::now())
+        {
             when::lift(&mut fused, &self.memories, span, plan.lift.time);
         }
         fused.truncate(plan.pool);
