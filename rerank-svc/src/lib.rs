@@ -4,10 +4,10 @@
 
 pub mod error;
 pub mod service;
+pub mod worker;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use engram_common::bootstrap;
 use engram_common::server::{self, ServingStatus};
@@ -19,6 +19,7 @@ use tonic::service::Routes;
 
 pub use error::Error;
 pub use service::RerankSvc;
+pub use worker::ModelThread;
 
 /// Health name: SERVING only while a cross-encoder is loaded.
 pub const SERVICE_NAME: &str = "engram.v1.RerankService";
@@ -38,11 +39,7 @@ pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let s = settings.clone();
-    let model = tokio::task::spawn_blocking(move || load_model(&s))
-        .await
-        .map_err(|e| anyhow::anyhow!("model loader panicked: {e}"))?;
-    let model = model.map(Arc::new).map_err(|e| {
+    let model = load_model_thread(&settings).await.map_err(|e| {
         report_unavailable(&settings, &e);
         e.to_string()
     });
@@ -86,7 +83,7 @@ pub fn report_unavailable(settings: &Settings, e: &Error) {
 pub async fn run_with_model(
     listener: TcpListener,
     settings: Settings,
-    model: Result<Arc<CrossEncoder>, String>,
+    model: Result<ModelThread, String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (reporter, health) = server::health();
@@ -102,6 +99,13 @@ pub async fn run_with_model(
         Routes::new(RerankServiceServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES));
     server::serve_with(listener, routes, health, opts, shutdown).await?;
     Ok(())
+}
+
+/// Loads the cross-encoder on its own lower-priority thread (worker.rs),
+/// which then serves every score request.
+pub async fn load_model_thread(settings: &Settings) -> Result<ModelThread, Error> {
+    let s = settings.clone();
+    ModelThread::start(move || load_model(&s)).await
 }
 
 /// Loads ONNX Runtime and the cross-encoder. Blocking (may pip-install the

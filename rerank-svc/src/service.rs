@@ -1,17 +1,18 @@
 //! RerankService: validation at the boundary, a bulkhead in front of the
-//! blocking pool, and the cross-encoder behind it.
+//! model thread (worker.rs), and the cross-encoder behind it.
 
 use std::sync::Arc;
 
 use engram_common::Identity;
 use engram_common::settings::Settings;
-use engram_models::{CrossEncoder, MAX_PAIR_TOKENS};
+use engram_models::MAX_PAIR_TOKENS;
 use engram_proto::rerank_service_server::RerankService;
 use engram_proto::{ScoreRequest, ScoreResponse};
 use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
+use crate::worker::ModelThread;
 
 pub const MAX_QUERY_CHARS: usize = 4096;
 pub const MAX_CANDIDATES: usize = 200;
@@ -87,7 +88,7 @@ impl TryFrom<ScoreRequest> for ValidScore {
 
 #[derive(Clone)]
 pub struct RerankSvc {
-    model: Result<Arc<CrossEncoder>, Arc<str>>,
+    model: Result<ModelThread, Arc<str>>,
     /// One permit per request running or waiting for the model.
     bulkhead: Arc<Semaphore>,
     queue_capacity: usize,
@@ -106,7 +107,7 @@ impl std::fmt::Debug for RerankSvc {
 }
 
 impl RerankSvc {
-    pub fn new(model: std::result::Result<Arc<CrossEncoder>, String>, settings: &Settings) -> Self {
+    pub fn new(model: std::result::Result<ModelThread, String>, settings: &Settings) -> Self {
         let configured = settings.rerank.max_length;
         let default_max_length = configured.clamp(MIN_MAX_LENGTH, MAX_PAIR_TOKENS);
         if default_max_length != configured {
@@ -132,7 +133,7 @@ impl RerankSvc {
         self.model.is_ok()
     }
 
-    /// Scores a validated request on the blocking pool, or refuses at once
+    /// Scores a validated request on the model thread, or refuses at once
     /// when the bulkhead is full: a late rerank is worse than none.
     pub async fn score(&self, req: ValidScore) -> Result<Vec<f32>> {
         let model = self
@@ -154,16 +155,7 @@ impl RerankSvc {
         let ValidScore {
             query, candidates, ..
         } = req;
-        tokio::task::spawn_blocking(move || {
-            // Held until the model is done, even if the caller went away,
-            // so the bulkhead counts real work.
-            let _permit = permit;
-            let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
-            model.score(&query, &refs, max_length)
-        })
-        .await
-        .map_err(|e| Error::Internal(format!("scoring task failed: {e}")))?
-        .map_err(Error::from)
+        model.score((query, candidates, max_length), permit).await
     }
 }
 

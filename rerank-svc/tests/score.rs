@@ -59,6 +59,12 @@ struct Server {
 }
 
 async fn start(settings: Settings, model: Result<Arc<CrossEncoder>, String>) -> Server {
+    let model = match model {
+        Ok(m) => Ok(rerank_svc::ModelThread::start_with(move || Ok(m))
+            .await
+            .expect("model thread")),
+        Err(e) => Err(e),
+    };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = oneshot::channel::<()>();
@@ -278,4 +284,40 @@ async fn missing_model_reports_not_serving_and_failed_precondition() {
     assert_eq!(err.code(), Code::FailedPrecondition);
     drop(s);
     server.await.expect("join").expect("clean shutdown");
+}
+
+/// The nice value of every thread of this process named `name`
+/// (`/proc/self/task/<tid>/stat`, field 19).
+fn nice_of_threads(name: &str) -> Vec<i64> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
+        })
+        .filter_map(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            // Fields after the parenthesised command name, which may hold spaces.
+            let after = stat.rsplit_once(')')?.1;
+            after.split_whitespace().nth(16)?.parse().ok()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_model_runs_on_a_thread_of_lower_priority() {
+    let s = start(settings(), Ok(model())).await;
+    let scored = client(&s)
+        .score(request("who painted it", &["The painting is by Vermeer."], 0))
+        .await
+        .expect("scored");
+    assert_eq!(scored.into_inner().scores.len(), 1);
+    let nices = nice_of_threads("rerank-model");
+    assert!(!nices.is_empty(), "a thread named rerank-model runs the model");
+    assert!(
+        nices.iter().all(|n| *n >= i64::from(rerank_svc::worker::NICE)),
+        "search must win the cores: {nices:?}"
+    );
 }

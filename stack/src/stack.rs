@@ -214,11 +214,7 @@ impl Stack {
         // not as a warning and `degraded=rerank` on every query.
         let mut rerank_model_opt = None;
         if opts.services.contains(&Service::Rerank) {
-            let s = settings.clone();
-            let model = tokio::task::spawn_blocking(move || rerank_svc::load_model(&s))
-                .await
-                .context("cross-encoder loader panicked")?;
-            let model = model.map(std::sync::Arc::new).map_err(|e| {
+            let model = rerank_svc::load_model_thread(&settings).await.map_err(|e| {
                 rerank_svc::report_unavailable(&settings, &e);
                 e.to_string()
             });

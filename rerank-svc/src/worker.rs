@@ -1,0 +1,145 @@
+//! The cross-encoder's own thread, at a lower CPU priority than everything
+//! else in the process.
+//!
+//! Why: at 8 queries in flight with the cross-encoder on, its ONNX work took
+//! the cores that search needed, and dense search timed out in 307 of 2,000
+//! answers (issue 22): one stage's load broke another. Scoring on tokio's
+//! blocking pool ran at the same priority as search-svc's embedding and the
+//! gateway. Here the model is loaded *and* run on one dedicated thread that
+//! first lowers its own priority (`nice` [`NICE`]); ONNX Runtime's intra-op
+//! threads are created by that thread when the session is built, so they
+//! inherit it. The kernel then gives the cores to search first, and when the
+//! cross-encoder cannot finish within the gateway's rerank budget the answer
+//! is degraded (rerank) instead of search timing out. Admission (how many
+//! requests may wait) stays with the bulkhead in service.rs.
+//!
+//! One thread is enough: the session runs one request at a time.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+
+use engram_models::CrossEncoder;
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result};
+
+/// Added to the thread's nice value: 10 gives it about a tenth of the CPU
+/// weight of a default thread when both want the same core.
+pub const NICE: i32 = 10;
+
+/// One scoring request and where its answer goes.
+struct Job {
+    query: String,
+    candidates: Vec<String>,
+    max_length: usize,
+    /// Dropped after the model is done, so the bulkhead counts real work.
+    permit: tokio::sync::OwnedSemaphorePermit,
+    reply: oneshot::Sender<Result<Vec<f32>>>,
+}
+
+/// Handle to the model thread; cheap to clone.
+#[derive(Clone)]
+pub struct ModelThread {
+    tx: mpsc::Sender<Job>,
+}
+
+impl ModelThread {
+    /// Starts the thread, runs `load` on it (after lowering its priority)
+    /// and returns once the model is loaded or failed to.
+    pub async fn start<F>(load: F) -> std::result::Result<Self, Error>
+    where
+        F: FnOnce() -> std::result::Result<CrossEncoder, Error> + Send + 'static,
+    {
+        Self::start_with(move || load().map(Arc::new)).await
+    }
+
+    /// Like [`ModelThread::start`] for a model loaded elsewhere (tests):
+    /// only the scoring runs at the lower priority then.
+    pub async fn start_with<F>(load: F) -> std::result::Result<Self, Error>
+    where
+        F: FnOnce() -> std::result::Result<Arc<CrossEncoder>, Error> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("rerank-model".into())
+            .spawn(move || {
+                lower_priority();
+                match load() {
+                    Ok(model) => {
+                        let _ = ready_tx.send(Ok(()));
+                        serve(&model, &rx);
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|e| Error::Internal(format!("cannot start the model thread: {e}")))?;
+        match ready_rx.await {
+            Ok(Ok(())) => Ok(Self { tx }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::Internal(
+                "the model thread stopped while loading".into(),
+            )),
+        }
+    }
+
+    /// Scores on the model thread; `permit` is held until it is done.
+    pub async fn score(
+        &self,
+        (query, candidates, max_length): (String, Vec<String>, usize),
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<Vec<f32>> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            query,
+            candidates,
+            max_length,
+            permit,
+            reply,
+        };
+        self.tx
+            .send(job)
+            .map_err(|_| Error::Internal("the model thread is gone".into()))?;
+        answer
+            .await
+            .map_err(|_| Error::Internal("the model thread dropped a request".into()))?
+    }
+}
+
+impl std::fmt::Debug for ModelThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelThread").finish_non_exhaustive()
+    }
+}
+
+/// Runs jobs until every handle is dropped.
+fn serve(model: &CrossEncoder, rx: &mpsc::Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        let Job {
+            query,
+            candidates,
+            max_length,
+            permit,
+            reply,
+        } = job;
+        // A caller that went away (its deadline passed) needs no answer.
+        if reply.is_closed() {
+            drop(permit);
+            continue;
+        }
+        let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
+        let r = model.score(&query, &refs, max_length).map_err(Error::from);
+        drop(permit);
+        let _ = reply.send(r);
+    }
+}
+
+/// Lowers this thread's priority; a failure only costs the isolation.
+fn lower_priority() {
+    match rustix::process::nice(NICE) {
+        Ok(now) => tracing::debug!(nice = now, "cross-encoder thread runs at lower priority"),
+        Err(e) => tracing::warn!(error = %e, "cannot lower the cross-encoder thread's priority"),
+    }
+}
