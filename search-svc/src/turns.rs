@@ -152,17 +152,18 @@ pub struct Written<'a> {
 
 /// The keyword context of every turn of a batch, in order: neighbours
 /// come from the batch itself and, for those it does not hold, from the
-/// caller's tenant in Postgres (same namespace and session, live rows).
-/// Runs inside the write's transaction.
+/// caller's tenant in Postgres (same namespace and session, live rows),
+/// fetched in one query for the whole batch. Runs inside the write's
+/// transaction.
 pub async fn contexts(
     tx: &mut Transaction<'_, Postgres>,
     tenant: &str,
     batch: &[Written<'_>],
 ) -> Result<Vec<String>> {
-    let mut in_batch: HashMap<(&str, &str), Vec<Neighbour>> = HashMap::new();
+    let mut by_session: HashMap<(String, String), Vec<Neighbour>> = HashMap::new();
     for w in batch {
-        in_batch
-            .entry((w.namespace, w.turn.session_id.as_str()))
+        by_session
+            .entry(session_key(w))
             .or_default()
             .push(Neighbour {
                 turn_index: w.turn.turn_index as i32,
@@ -171,55 +172,91 @@ pub async fn contexts(
                 content: w.content.to_string(),
             });
     }
-    let mut out = Vec::with_capacity(batch.len());
-    for w in batch {
-        let key = (w.namespace, w.turn.session_id.as_str());
-        let mut neighbours = in_batch.get(&key).cloned().unwrap_or_default();
-        // A batch that holds the turns before this one (the usual case:
-        // a conversation written in order) needs no lookup.
-        let first = w.turn.turn_index.saturating_sub(CONTEXT_TURNS) as i32;
-        let wanted = first..w.turn.turn_index as i32;
-        let held = wanted
-            .clone()
-            .all(|i| neighbours.iter().any(|n| n.turn_index == i));
-        if !held {
-            neighbours.extend(stored_before(tx, tenant, w).await?);
-        }
-        out.push(context_text(
-            w.turn,
-            w.access,
-            w.event_time_opt,
-            &neighbours,
-        ));
+    // A batch that holds the turns before each of its turns (the usual
+    // case: a conversation written in order) needs no lookup.
+    let uncovered: Vec<&Written<'_>> = batch
+        .iter()
+        .filter(|w| {
+            let held = by_session
+                .get(&session_key(w))
+                .map_or(&[][..], Vec::as_slice);
+            !window(w).all(|i| held.iter().any(|n| n.turn_index == i))
+        })
+        .collect();
+    for (key, n) in stored_before(tx, tenant, batch, &uncovered).await? {
+        // Pushed after the batch's own rows: `context_text` keeps the first
+        // of a turn index, so a turn rewritten in this batch wins.
+        by_session.entry(key).or_default().push(n);
     }
-    Ok(out)
+    Ok(batch
+        .iter()
+        .map(|w| {
+            let neighbours = by_session
+                .get(&session_key(w))
+                .map_or(&[][..], Vec::as_slice);
+            context_text(w.turn, w.access, w.event_time_opt, neighbours)
+        })
+        .collect())
 }
 
-/// The stored turns just before `w` in its session that it may see.
+fn session_key(w: &Written<'_>) -> (String, String) {
+    (w.namespace.to_string(), w.turn.session_id.clone())
+}
+
+/// The turn indexes whose words may join `w`'s context.
+fn window(w: &Written<'_>) -> std::ops::Range<i32> {
+    let first = w.turn.turn_index.saturating_sub(CONTEXT_TURNS) as i32;
+    first..w.turn.turn_index as i32
+}
+
+/// A stored neighbour with the (namespace, session) it belongs to.
+#[derive(sqlx::FromRow)]
+struct StoredNeighbour {
+    namespace: String,
+    session_id: String,
+    #[sqlx(flatten)]
+    neighbour: Neighbour,
+}
+
+/// The stored turns just before each of `uncovered`, in one query; rows of
+/// the batch itself are left out (the batch has their new text). Every
+/// access level comes back: [`context_text`] keeps only what each turn may
+/// see.
 async fn stored_before(
     tx: &mut Transaction<'_, Postgres>,
     tenant: &str,
-    w: &Written<'_>,
-) -> Result<Vec<Neighbour>> {
-    if w.turn.turn_index == 0 {
+    batch: &[Written<'_>],
+    uncovered: &[&Written<'_>],
+) -> Result<Vec<((String, String), Neighbour)>> {
+    let wanted: Vec<&&Written<'_>> = uncovered.iter().filter(|w| !window(w).is_empty()).collect();
+    if wanted.is_empty() {
         return Ok(Vec::new());
     }
-    let from = w.turn.turn_index.saturating_sub(CONTEXT_TURNS) as i32;
-    Ok(sqlx::query_as::<_, Neighbour>(
-        "SELECT turn_index, access_level, speaker, content FROM memories \
-         WHERE tenant_id = $1 AND session_id = $2 AND namespace = $3 \
-           AND turn_index >= $4 AND turn_index < $5 AND access_level <= $6 \
-           AND id <> $7 AND retracted_at IS NULL",
+    let namespaces: Vec<&str> = wanted.iter().map(|w| w.namespace).collect();
+    let sessions: Vec<&str> = wanted.iter().map(|w| w.turn.session_id.as_str()).collect();
+    let firsts: Vec<i32> = wanted.iter().map(|w| window(w).start).collect();
+    let ends: Vec<i32> = wanted.iter().map(|w| window(w).end).collect();
+    let ids: Vec<uuid::Uuid> = batch.iter().map(|w| w.id).collect();
+    let rows = sqlx::query_as::<_, StoredNeighbour>(
+        "SELECT DISTINCT m.namespace, m.session_id, m.turn_index, m.access_level, m.speaker, m.content \
+         FROM unnest($2::text[], $3::text[], $4::int[], $5::int[]) AS w(namespace, session_id, first, stop) \
+         JOIN memories m ON m.tenant_id = $1 AND m.namespace = w.namespace \
+           AND m.session_id = w.session_id \
+           AND m.turn_index >= w.first AND m.turn_index < w.stop \
+         WHERE m.retracted_at IS NULL AND m.id <> ALL($6::uuid[])",
     )
     .bind(tenant)
-    .bind(&w.turn.session_id)
-    .bind(w.namespace)
-    .bind(from)
-    .bind(w.turn.turn_index as i32)
-    .bind(w.access.as_i16())
-    .bind(w.id)
+    .bind(&namespaces)
+    .bind(&sessions)
+    .bind(&firsts)
+    .bind(&ends)
+    .bind(&ids)
     .fetch_all(&mut **tx)
-    .await?)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| ((r.namespace, r.session_id), r.neighbour))
+        .collect())
 }
 
 #[cfg(test)]
