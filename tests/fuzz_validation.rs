@@ -336,11 +336,56 @@ fn note(t: &mut Tally, name: &'static str, r: Option<bool>) {
     }
 }
 
-#[test]
-fn search_svc_validation_of_every_internal_request_never_panics() {
+/// One internal request type: decodes a case against its valid base
+/// message and validates it.
+type Target = (
+    &'static str,
+    fn(&Case) -> Result<Option<bool>, TestCaseError>,
+);
+
+/// Every request search-svc validates, by name.
+fn search_svc_targets() -> [Target; 9] {
     use engram_proto as pb;
     use search_svc::list::ListQuery;
     use search_svc::validate as v;
+    [
+        ("Upsert", |c| {
+            validates::<pb::UpsertRequest, v::UpsertBatch>(&c.bytes(&base::upsert()))
+        }),
+        ("Delete", |c| {
+            validates::<pb::DeleteRequest, v::DeleteIds>(&c.bytes(&base::delete()))
+        }),
+        ("Get", |c| {
+            validates::<pb::GetRequest, v::GetQuery>(&c.bytes(&base::ids()))
+        }),
+        ("AddEdges", |c| {
+            validates::<pb::AddEdgesRequest, v::EdgeBatch>(&c.bytes(&base::edges()))
+        }),
+        ("VectorSearch", |c| {
+            validates::<pb::VectorSearchRequest, v::VectorQuery>(&c.bytes(&base::vector()))
+        }),
+        ("KeywordSearch", |c| {
+            validates::<pb::KeywordSearchRequest, v::KeywordQuery>(&c.bytes(&base::keyword()))
+        }),
+        ("Embed", |c| {
+            validates::<pb::EmbedRequest, v::EmbedTexts>(&c.bytes(&base::embed()))
+        }),
+        ("StoreFeedback", |c| {
+            validates::<pb::StoreFeedbackRequest, v::FeedbackBatch>(
+                &c.bytes(&base::store_feedback()),
+            )
+        }),
+        ("ListMemories", |c| {
+            validates::<pb::ListMemoriesRequest, ListQuery>(
+                &c.bytes(&pb::ListMemoriesRequest::default()),
+            )
+        }),
+    ]
+}
+
+#[test]
+fn search_svc_validation_of_every_internal_request_never_panics() {
+    let targets = search_svc_targets();
     let mut runner = TestRunner::new_with_rng(
         Config::with_cases(cases()),
         TestRng::from_seed(RngAlgorithm::ChaCha, &[23; 32]),
@@ -350,62 +395,16 @@ fn search_svc_validation_of_every_internal_request_never_panics() {
         let mut t = tally
             .lock()
             .map_err(|_| TestCaseError::fail("tally poisoned"))?;
-        let b = c.bytes(&base::upsert());
-        note(
-            &mut t,
-            "Upsert",
-            validates::<pb::UpsertRequest, v::UpsertBatch>(&b)?,
-        );
-        let b = c.bytes(&base::delete());
-        note(
-            &mut t,
-            "Delete",
-            validates::<pb::DeleteRequest, v::DeleteIds>(&b)?,
-        );
-        let b = c.bytes(&base::ids());
-        note(&mut t, "Get", validates::<pb::GetRequest, v::GetQuery>(&b)?);
-        let b = c.bytes(&base::edges());
-        note(
-            &mut t,
-            "AddEdges",
-            validates::<pb::AddEdgesRequest, v::EdgeBatch>(&b)?,
-        );
-        let b = c.bytes(&base::vector());
-        note(
-            &mut t,
-            "VectorSearch",
-            validates::<pb::VectorSearchRequest, v::VectorQuery>(&b)?,
-        );
-        let b = c.bytes(&base::keyword());
-        note(
-            &mut t,
-            "KeywordSearch",
-            validates::<pb::KeywordSearchRequest, v::KeywordQuery>(&b)?,
-        );
-        let b = c.bytes(&base::embed());
-        note(
-            &mut t,
-            "Embed",
-            validates::<pb::EmbedRequest, v::EmbedTexts>(&b)?,
-        );
-        let b = c.bytes(&base::store_feedback());
-        note(
-            &mut t,
-            "StoreFeedback",
-            validates::<pb::StoreFeedbackRequest, v::FeedbackBatch>(&b)?,
-        );
-        let b = c.bytes(&pb::ListMemoriesRequest::default());
-        note(
-            &mut t,
-            "ListMemories",
-            validates::<pb::ListMemoriesRequest, ListQuery>(&b)?,
-        );
+        for (name, check) in &targets {
+            note(&mut t, name, check(&c)?);
+        }
         Ok(())
     });
     let tally = tally.into_inner().unwrap_or_default();
     eprintln!(
-        "fuzz search-svc validation: {} executions x 9 request types; (decoded, accepted) {tally:?}",
-        cases()
+        "fuzz search-svc validation: {} executions x {} request types; (decoded, accepted) {tally:?}",
+        cases(),
+        targets.len()
     );
     if let Err(e) = result {
         panic!("{e}");
