@@ -69,6 +69,12 @@ async fn scenarios_hold_their_deterministic_targets() -> anyhow::Result<()> {
         .filter_map(|s| s["service"].as_str())
         .collect();
     assert_eq!(killed, ["search", "graph", "rerank"], "{faults}");
+    assert!(
+        faults["postgres"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("not killed")),
+        "the shared test Postgres is never killed: {faults}"
+    );
     assert_eq!(errors(&faults["reads"]), 0, "no read fails: {faults}");
     assert!(
         faults["writes"]["acknowledged"].as_u64().unwrap_or(0) > 0,

@@ -164,3 +164,25 @@ pub fn port_of_url(url: &str) -> Option<u16> {
     let host = host.split('/').next()?;
     host.rsplit_once(':')?.1.parse().ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_port_and_the_postmaster_pid() {
+        assert_eq!(
+            port_of_url("postgres://postgres@127.0.0.1:39033/engram"),
+            Some(39033)
+        );
+        assert_eq!(port_of_url("postgres://u:p@db:5432/x"), Some(5432));
+        assert_eq!(port_of_url("postgres://db/x"), None);
+        let dir = std::env::temp_dir().join(format!("soak-pg-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        assert_eq!(postmaster_pid(&dir), None);
+        std::fs::write(dir.join("postmaster.pid"), "4242\n/x\n1\n5432\n").expect("pid");
+        assert_eq!(postmaster_pid(&dir), Some(4242));
+        assert!(alive(std::process::id()), "this process runs");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
