@@ -294,9 +294,7 @@ fn nice_of_threads(name: &str) -> Vec<i64> {
     };
     tasks
         .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
-        })
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
         .filter_map(|t| {
             let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
             // Fields after the parenthesised command name, which may hold spaces.
@@ -310,14 +308,23 @@ fn nice_of_threads(name: &str) -> Vec<i64> {
 async fn the_model_runs_on_a_thread_of_lower_priority() {
     let s = start(settings(), Ok(model())).await;
     let scored = client(&s)
-        .score(request("who painted it", &["The painting is by Vermeer."], 0))
+        .score(request(
+            "who painted it",
+            &["The painting is by Vermeer."],
+            0,
+        ))
         .await
         .expect("scored");
     assert_eq!(scored.into_inner().scores.len(), 1);
     let nices = nice_of_threads("rerank-model");
-    assert!(!nices.is_empty(), "a thread named rerank-model runs the model");
     assert!(
-        nices.iter().all(|n| *n >= i64::from(rerank_svc::worker::NICE)),
+        !nices.is_empty(),
+        "a thread named rerank-model runs the model"
+    );
+    assert!(
+        nices
+            .iter()
+            .all(|n| *n >= i64::from(rerank_svc::worker::NICE)),
         "search must win the cores: {nices:?}"
     );
 }

@@ -288,7 +288,11 @@ mod tests {
         drop(a1);
         let first = waits.remove(0).await.expect("joined").expect("the oldest");
         assert_eq!(first, 0);
-        let second = waits.remove(0).await.expect("joined").expect("then the next");
+        let second = waits
+            .remove(0)
+            .await
+            .expect("joined")
+            .expect("then the next");
         assert_eq!(second, 1);
     }
 
@@ -305,7 +309,10 @@ mod tests {
         });
         tokio::task::yield_now().await;
         drop(held);
-        assert!(next.await.expect("joined"), "the slot skips the waiter that left");
+        assert!(
+            next.await.expect("joined"),
+            "the slot skips the waiter that left"
+        );
         assert_eq!(g.state.lock().running, 0, "every slot came back");
     }
 
