@@ -1,6 +1,9 @@
 //! Per-tenant fairness at the gateway's door. Every RPC takes a permit for
 //! its tenant before any work: a keyed GCRA rate limit (governor) and a cap
-//! on the tenant's requests in flight. Over either, the caller gets
+//! on the tenant's requests in flight, counted apart for reads and writes
+//! ([`Lane`]): while Postgres was down, writes waited for it holding their
+//! permits and the tenant's reads, which degrade and answer, were refused
+//! (`engram soak`, Postgres kill: 12 failed reads of 479). Over either, the caller gets
 //! RESOURCE_EXHAUSTED with a retry hint, and the other tenants never notice:
 //! the downstream stacks' shared concurrency limits are only reached by
 //! traffic that is each tenant's fair share. A leaf: no gateway types.
@@ -27,29 +30,40 @@ const BUSY_RETRY_MS: u64 = 100;
 
 type Keyed = RateLimiter<String, DefaultKeyedStateStore<String>, DefaultClock>;
 
+/// Which in-flight count a request is charged to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Retrieval and every other request that reads.
+    Read,
+    /// Requests that change stored memories (they wait on Postgres).
+    Write,
+}
+
+type InFlight = Arc<Mutex<HashMap<(String, Lane), u32>>>;
+
 pub struct Admission {
     rate: Keyed,
     clock: DefaultClock,
     max_concurrent: u32,
-    in_flight: Arc<Mutex<HashMap<String, u32>>>,
+    in_flight: InFlight,
     checks: AtomicU64,
 }
 
 /// A tenant's share of the gateway, held for the request's duration.
 #[derive(Debug)]
 pub struct Permit {
-    in_flight: Arc<Mutex<HashMap<String, u32>>>,
-    tenant: String,
+    in_flight: InFlight,
+    key: (String, Lane),
     weight: u32,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut map = self.in_flight.lock();
-        if let Some(n) = map.get_mut(&self.tenant) {
+        if let Some(n) = map.get_mut(&self.key) {
             *n = n.saturating_sub(self.weight);
             if *n == 0 {
-                map.remove(&self.tenant);
+                map.remove(&self.key);
             }
         }
     }
@@ -69,12 +83,11 @@ impl Admission {
         }
     }
 
-    /// Admits one request of `tenant` that may run `weight` pipelines at
-    /// once (1 for everything but agentic retrieval).
-    pub fn admit(&self, tenant: &str, weight: u32) -> Result<Permit, Error> {
+    /// Admits one request of `tenant` in `lane` that may run `weight`
+    /// pipelines at once (1 for everything but agentic retrieval).
+    pub fn admit(&self, tenant: &str, lane: Lane, weight: u32) -> Result<Permit, Error> {
         self.prune();
-        let key = tenant.to_string();
-        if let Err(not_until) = self.rate.check_key(&key) {
+        if let Err(not_until) = self.rate.check_key(&tenant.to_string()) {
             let wait = not_until.wait_time_from(self.clock.now());
             return Err(Error::TenantLimit {
                 what: "request rate",
@@ -82,6 +95,7 @@ impl Admission {
             });
         }
         let weight = weight.clamp(1, self.max_concurrent);
+        let key = (tenant.to_string(), lane);
         let mut map = self.in_flight.lock();
         let n = map.entry(key.clone()).or_insert(0);
         if *n + weight > self.max_concurrent {
@@ -96,7 +110,7 @@ impl Admission {
         *n += weight;
         Ok(Permit {
             in_flight: self.in_flight.clone(),
-            tenant: key,
+            key,
             weight,
         })
     }
@@ -129,25 +143,47 @@ mod tests {
     #[test]
     fn a_tenants_burst_is_its_own() {
         let a = limits(1, 3, 100);
-        let held: Vec<_> = (0..3).map(|_| a.admit("t1", 1)).collect();
+        let held: Vec<_> = (0..3).map(|_| a.admit("t1", Lane::Read, 1)).collect();
         assert!(held.iter().all(Result::is_ok));
-        assert!(is_limit(&a.admit("t1", 1), "request rate"));
-        assert!(a.admit("t2", 1).is_ok(), "another tenant is not charged");
+        assert!(is_limit(&a.admit("t1", Lane::Read, 1), "request rate"));
+        assert!(
+            a.admit("t2", Lane::Read, 1).is_ok(),
+            "another tenant is not charged"
+        );
     }
 
     #[test]
     fn in_flight_is_capped_per_tenant_and_freed_on_drop() {
         let a = limits(1000, 1000, 4);
-        let agentic = a.admit("t1", 3).expect("weight 3 of 4");
-        let one = a.admit("t1", 1).expect("the fourth slot");
-        assert!(is_limit(&a.admit("t1", 1), "requests in flight"));
-        assert!(a.admit("t2", 4).is_ok(), "another tenant has its own cap");
-        drop(agentic);
-        assert!(a.admit("t1", 3).is_ok());
-        drop(one);
+        let agentic = a.admit("t1", Lane::Read, 3).expect("weight 3 of 4");
+        let one = a.admit("t1", Lane::Read, 1).expect("the fourth slot");
+        assert!(is_limit(
+            &a.admit("t1", Lane::Read, 1),
+            "requests in flight"
+        ));
         assert!(
-            a.in_flight.lock().get("t1").is_none(),
-            "idle tenants leave no entry"
+            a.admit("t2", Lane::Read, 4).is_ok(),
+            "another tenant has its own cap"
+        );
+        drop(agentic);
+        assert!(a.admit("t1", Lane::Read, 3).is_ok());
+        drop(one);
+        assert!(a.in_flight.lock().is_empty(), "idle tenants leave no entry");
+    }
+
+    #[test]
+    fn writes_in_flight_never_refuse_reads() {
+        let a = limits(1000, 1000, 2);
+        let stuck: Vec<_> = (0..2).map(|_| a.admit("t1", Lane::Write, 1)).collect();
+        assert!(stuck.iter().all(Result::is_ok));
+        assert!(is_limit(
+            &a.admit("t1", Lane::Write, 1),
+            "requests in flight"
+        ));
+        let read = a.admit("t1", Lane::Read, 1);
+        assert!(
+            read.is_ok(),
+            "writes waiting on Postgres leave the reads their cap"
         );
     }
 }

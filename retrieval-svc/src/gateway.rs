@@ -12,7 +12,7 @@ use engram_proto::{RetrieveResponse, SkipReason};
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 
-use crate::admission::{Admission, Permit};
+use crate::admission::{Admission, Lane, Permit};
 use crate::auth::Authenticator;
 use crate::downstream::Downstreams;
 use crate::error::Error;
@@ -145,7 +145,14 @@ impl Gateway {
     /// run `weight` pipelines at once; RESOURCE_EXHAUSTED with a retry hint
     /// when the tenant is over its rate or in-flight cap.
     pub fn admit(&self, identity: &Identity, weight: u32) -> Result<Permit, Error> {
-        self.inner.admission.admit(&identity.tenant, weight)
+        (self.inner.admission).admit(&identity.tenant, Lane::Read, weight)
+    }
+
+    /// [`Gateway::admit`] for a request that changes stored memories: its
+    /// in-flight count is apart from the reads', so writes waiting on
+    /// Postgres never refuse the tenant's reads.
+    pub fn admit_write(&self, identity: &Identity) -> Result<Permit, Error> {
+        (self.inner.admission).admit(&identity.tenant, Lane::Write, 1)
     }
 
     /// The deadline of a request that arrived at `start` with `md`: the

@@ -40,7 +40,7 @@ impl MemoryService for Memory {
         request: Request<UpsertRequest>,
     ) -> Result<Response<UpsertResponse>, Status> {
         let identity = self.0.authenticate(request.metadata())?;
-        let _permit = self.0.admit(&identity, 1)?;
+        let _permit = self.0.admit_write(&identity)?;
         let r = writes::upsert(&self.0, identity, request.into_inner()).await?;
         Ok(Response::new(r))
     }
@@ -50,7 +50,7 @@ impl MemoryService for Memory {
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
         let identity = self.0.authenticate(request.metadata())?;
-        let _permit = self.0.admit(&identity, 1)?;
+        let _permit = self.0.admit_write(&identity)?;
         let r = writes::delete(&self.0, identity, request.into_inner()).await?;
         Ok(Response::new(r))
     }
@@ -67,7 +67,7 @@ impl MemoryService for Memory {
         request: Request<AddEdgesRequest>,
     ) -> Result<Response<AddEdgesResponse>, Status> {
         let identity = self.0.authenticate(request.metadata())?;
-        let _permit = self.0.admit(&identity, 1)?;
+        let _permit = self.0.admit_write(&identity)?;
         let r = writes::add_edges(&self.0, identity, request.into_inner()).await?;
         Ok(Response::new(r))
     }
