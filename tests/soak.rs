@@ -33,13 +33,15 @@ async fn scenarios_hold_their_deterministic_targets() -> anyhow::Result<()> {
     // Phases of seconds, not the 5 s default: a breaker still open from
     // the previous fault would make the next one a double fault.
     settings.downstream.breaker_open_ms = 300;
-    // A debug build with Stage 3 on runs a pipeline in ~300 ms, so B's
-    // 10 QPS needs 3+ runs at once: more than its fair share of the
-    // default work slots (two per core, halved while A is active) on a
-    // 2-core runner. Past its share B would wait and then be refused by
-    // design (retrieval-svc/src/fair.rs); this test is about A never
-    // breaking B, so B's share here covers its load.
-    settings.tenant.work_slots = 16;
+    // No fair-share limit here: a debug build with Stage 3 on, every
+    // service in this process and A's flood beside it, overloads a 2-core
+    // CI runner by itself (B alone answered at p50 310 ms, under attack at
+    // ~2 s), so B's own 10 QPS outruns any share of the cores and a share
+    // would refuse it by design (retrieval-svc/src/fair.rs; its own tests
+    // cover the policy). This test is about A never breaking B; what the
+    // shares do to B's latency is measured by `engram soak` on a release
+    // build (docs/reliability.md).
+    settings.tenant.work_slots = 4096;
     let run = uuid::Uuid::new_v4().simple().to_string();
     let mut dep = Deployment::in_process(settings, Tenants::new(&run)).await?;
     let result = run_on(&mut dep, &short()).await;
