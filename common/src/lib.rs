@@ -11,6 +11,7 @@ pub mod identity;
 pub mod panic;
 pub mod pg;
 pub mod scrub;
+pub mod sentences;
 pub mod server;
 pub mod settings;
 pub mod telemetry;

@@ -284,6 +284,14 @@ pub struct SearchSettings {
     /// Seconds between two passes of search-svc's decay job over every
     /// memory; 0 turns the job off (`engram decay --once` still works).
     pub decay_interval_secs: u64,
+    /// Index every sentence of a memory with its own embedding at write
+    /// time (search-svc facts.rs), for the graph walk's fact seeds
+    /// (pipeline.graph_fact_seeds). Costs one embedding per sentence of a
+    /// multi-sentence memory on write (ingest of Wikipedia paragraphs fell
+    /// from ~33 to 6–10 memories/s), so it is off until fact seeds earn
+    /// their place (docs/benchmarks.md, "Fact seeds"); `engram index-facts`
+    /// indexes what was written before it was turned on.
+    pub fact_index: bool,
     /// Detect at write time when a new memory updates an older one and
     /// write a system-detected `contradicts` edge (search-svc updates.rs).
     /// Off by default: on the labelled dev set (`engram eval updates`) the
@@ -347,6 +355,7 @@ impl Default for SearchSettings {
             // -1 point (docs/decisions.md).
             keyword_candidates: 1000,
             decay_interval_secs: 600,
+            fact_index: false,
             update_detection: false,
             update_threshold: 0.6,
             update_types: ["semantic", "episodic", "procedural"]
@@ -389,6 +398,14 @@ pub struct GraphSettings {
     pub top_k: u32,
     /// Weight of entity seeds relative to memory seeds passed by the caller.
     pub entity_seed_weight: f32,
+    /// Entities kept from the caller's fact seeds (the sentences the query
+    /// resembles), best first; HippoRAG 2 keeps 5.
+    pub fact_entities: u32,
+    /// Share of the entity seed mass that goes to the fact entities when
+    /// the caller sends facts (the rest stays on the query's own names);
+    /// 1 = the facts' entities alone, as in HippoRAG 2 (on MuSiQue that
+    /// cost 6 points of pipeline R@2; 0.25 was the best of 0.25 / 0.5 / 1).
+    pub fact_seed_share: f32,
     /// Multiplies caller memory seeds (e.g. dense hits); small, because dense
     /// seeds drown entity seeds (notes/graph-probe.md: 0.05 cost 12 points).
     pub memory_seed_weight: f32,
@@ -436,6 +453,8 @@ impl Default for GraphSettings {
             max_hops: 4,
             top_k: 50,
             entity_seed_weight: 1.0,
+            fact_entities: 5,
+            fact_seed_share: 0.25,
             memory_seed_weight: 0.05,
             home_weight: 5.0,
             debounce_ms: 300,
@@ -514,6 +533,13 @@ pub struct PipelineSettings {
     /// with entity seeds only: on 2Wiki dense seeds cost recall
     /// (shared/notes/graph-probe.md).
     pub graph_dense_seeds: u32,
+    /// Sentences nearest the query (search-svc's fact index, which
+    /// search.fact_index fills) passed to graph-svc, whose entities seed the
+    /// walk (graph.fact_entities, graph.fact_seed_share); the walk then
+    /// waits for the vector list. 0 = off (the default: on the dev sets it
+    /// lifted MuSiQue R@5 by 1.7 and cost HotpotQA 3 points of R@2,
+    /// docs/benchmarks.md), at most 32.
+    pub graph_fact_seeds: u32,
     /// Conversation turns (retrieval-svc pipeline/session.rs): a turn's
     /// fused score × (1 + session_lift · its session's score relative to
     /// the best session among the candidates). 0 = off. Memories that are
@@ -613,6 +639,7 @@ impl Default for PipelineSettings {
             cache_tenant_share: 0.25,
             candidates_per_strategy: 50,
             graph_dense_seeds: 0,
+            graph_fact_seeds: 0,
             // The LoCoMo probe's values (shared/notes/locomo-probe.md),
             // chosen before this code; docs/benchmarks.md has the check.
             session_lift: 2.0,
@@ -896,6 +923,11 @@ impl Settings {
                 return Err(SettingsError::Invalid(format!("{name} must be in 0..=10")));
             }
         }
+        if p.graph_fact_seeds > 32 {
+            return Err(SettingsError::Invalid(
+                "pipeline.graph_fact_seeds must be in 0..=32".into(),
+            ));
+        }
         if p.ceiling_ms == 0 || p.ceiling_ms > 60_000 {
             return Err(SettingsError::Invalid(
                 "pipeline.ceiling_ms must be in 1..=60000".into(),
@@ -909,6 +941,11 @@ impl Settings {
         if !(p.cache_tenant_share > 0.0 && p.cache_tenant_share <= 1.0) {
             return Err(SettingsError::Invalid(
                 "pipeline.cache_tenant_share must be in (0, 1]".into(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.graph.fact_seed_share) {
+            return Err(SettingsError::Invalid(
+                "graph.fact_seed_share must be in 0..=1".into(),
             ));
         }
         if !(0.0..1.0).contains(&self.graph.damping) {

@@ -331,6 +331,34 @@ pub async fn decay_once(settings: &Settings) -> anyhow::Result<search_svc::decay
     Ok(result?)
 }
 
+/// `engram index-facts`: the fact index for memories written without it.
+pub async fn index_facts(
+    settings: Settings,
+    tenant_opt: Option<String>,
+    batch: u32,
+) -> anyhow::Result<()> {
+    let db = engram_common::db::Database::open(&settings)
+        .await
+        .context("database")?;
+    let load = settings.clone();
+    let embeddings =
+        tokio::task::spawn_blocking(move || search_svc::Embeddings::load_blocking(&load)).await?;
+    if !embeddings.is_ready() {
+        anyhow::bail!("the embedding model is not loaded; see the log above");
+    }
+    let timeout_ms = settings.search.statement_timeout_write_ms;
+    let tenant = tenant_opt.as_deref();
+    let result =
+        search_svc::facts::backfill(&db.pool, &embeddings, tenant, batch, timeout_ms).await;
+    db.close().await;
+    let r = result?;
+    println!(
+        "index-facts: {} memories without sentences scanned, {} indexed",
+        r.scanned, r.indexed
+    );
+    Ok(())
+}
+
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]

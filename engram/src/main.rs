@@ -51,6 +51,16 @@ enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// Index the sentences of memories stored before the fact index
+    /// existed (or while search.fact_index was off); safe beside traffic.
+    IndexFacts {
+        /// Only this tenant's memories (default: every tenant's).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Memories per transaction.
+        #[arg(long, default_value_t = 64)]
+        batch: u32,
+    },
     /// See and clean what the key's tenant stored: list, get, delete,
     /// export, import, wipe (docs/memories.md).
     Memories {
@@ -102,6 +112,9 @@ fn main() -> ExitCode {
             Command::Ingest { file, conn } => commands::ingest(settings, &file, conn).await,
             Command::Lab(command) => engram_lab::run(settings, command).await,
             Command::Decay { once } => commands::decay(settings, once).await,
+            Command::IndexFacts { tenant, batch } => {
+                commands::index_facts(settings, tenant, batch).await
+            }
             Command::Memories { command } => engram::memories::run(settings, command).await,
             Command::Mcp { args } => engram::mcp::run(settings, args).await,
             Command::Query {

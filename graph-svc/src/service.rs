@@ -1,7 +1,7 @@
 //! gRPC handlers: validate at the boundary, resolve the caller's view, run
 //! the walk off the async runtime.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,7 @@ use crate::store::{Registry, Served};
 
 const MAX_QUERY_CHARS: usize = 8192;
 const MAX_SEEDS: usize = 200;
+const MAX_FACTS: usize = 32;
 const MAX_IDS: usize = 1000;
 pub const MAX_NODES: u32 = 1000;
 pub const MAX_HOPS: u32 = 4;
@@ -99,6 +100,11 @@ pub struct PprQuery {
     pub entity_seed_weight: f32,
     pub namespace_opt: Option<String>,
     pub include_historical: bool,
+    /// Sentences the query resembles, with their similarity.
+    pub facts: Vec<(String, f32)>,
+    /// graph.fact_entities and graph.fact_seed_share.
+    pub fact_entities: usize,
+    pub fact_seed_share: f64,
 }
 
 impl PprQuery {
@@ -118,6 +124,7 @@ impl PprQuery {
             entity_seed_weight,
             namespace,
             include_historical,
+            facts,
         } = r;
         if query_text.chars().count() > MAX_QUERY_CHARS {
             return Err(Error::invalid(
@@ -140,6 +147,7 @@ impl PprQuery {
                 Ok((parse_id("seeds.memory_id", &s.memory_id)?, s.weight))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let facts = fact_seeds(facts)?;
         let damping = if damping == 0.0 { g.damping } else { damping };
         if !(damping > 0.0 && damping < 1.0) {
             return Err(Error::invalid("damping", "must be in (0, 1)"));
@@ -175,8 +183,35 @@ impl PprQuery {
             entity_seed_weight,
             namespace_opt: Some(namespace).filter(|n| !n.is_empty()),
             include_historical,
+            facts,
+            fact_entities: g.fact_entities as usize,
+            fact_seed_share: f64::from(g.fact_seed_share),
         })
     }
+}
+
+fn fact_seeds(facts: Vec<engram_proto::FactSeed>) -> Result<Vec<(String, f32)>, Error> {
+    if facts.len() > MAX_FACTS {
+        return Err(Error::invalid(
+            "facts",
+            format!("at most {MAX_FACTS} facts"),
+        ));
+    }
+    facts
+        .into_iter()
+        .map(|f| {
+            if !f.weight.is_finite() || f.weight < 0.0 {
+                return Err(Error::invalid("facts.weight", "must be finite and >= 0"));
+            }
+            if f.text.chars().count() > MAX_QUERY_CHARS {
+                return Err(Error::invalid(
+                    "facts.text",
+                    format!("at most {MAX_QUERY_CHARS} characters"),
+                ));
+            }
+            Ok((f.text, f.weight))
+        })
+        .collect()
 }
 
 /// Runs a validated query against one graph (also used by the evaluation).
@@ -210,14 +245,7 @@ pub fn run_ppr_with(
     budget: NodeBudget,
 ) -> PprResponse {
     let linked = graph.link(&q.query_text, view);
-    let mut seeds: Vec<(u32, f64)> = Vec::new();
-    let idf_sum: f64 = linked.iter().map(|l| 1.0 / f64::from(l.df)).sum();
-    if idf_sum > 0.0 {
-        for l in &linked {
-            let w = f64::from(q.entity_seed_weight) / f64::from(l.df) / idf_sum;
-            seeds.push((graph.entity_node(l.entity), w));
-        }
-    }
+    let mut seeds = entity_seeds(graph, q, view, &linked);
     // Dense seeds ride along at a small weight: they must not drown entities.
     let rel = if seeds.is_empty() {
         1.0
@@ -269,6 +297,57 @@ pub fn run_ppr_with(
         memory_count: graph.visible_memory_count(view) as u32,
         stale: false,
     }
+}
+
+/// The walk's entity seeds, summing to `entity_seed_weight`: the query's
+/// own names by inverse document frequency and, when the caller sent facts,
+/// the entities those sentences name (each scored by its best fact's weight
+/// over its document frequency, the best `fact_entities` kept), mixed by
+/// `fact_seed_share`. Facts find the bridge entity a question never names
+/// ("the director of <film>": the director is in the film's sentence).
+fn entity_seeds(
+    graph: &Graph,
+    q: &PprQuery,
+    view: &View,
+    linked: &[crate::graph::LinkedEntity],
+) -> Vec<(u32, f64)> {
+    let own: Vec<(u32, f64)> = linked
+        .iter()
+        .map(|l| (l.entity, 1.0 / f64::from(l.df)))
+        .collect();
+    let mut by_entity: HashMap<u32, f64> = HashMap::new();
+    for (text, w) in &q.facts {
+        for l in graph.link(text, view) {
+            let score = f64::from(*w) / f64::from(l.df);
+            let best = by_entity.entry(l.entity).or_default();
+            *best = best.max(score);
+        }
+    }
+    let mut from_facts: Vec<(u32, f64)> = by_entity.into_iter().collect();
+    from_facts.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    from_facts.truncate(q.fact_entities);
+    let share = match (own.is_empty(), from_facts.is_empty()) {
+        (_, true) => 0.0,
+        (true, false) => 1.0,
+        (false, false) => q.fact_seed_share,
+    };
+    let total = f64::from(q.entity_seed_weight);
+    let mut seeds = normalized(&own, total * (1.0 - share));
+    seeds.extend(normalized(&from_facts, total * share));
+    seeds
+        .into_iter()
+        .filter(|(_, w)| *w > 0.0)
+        .map(|(e, w)| (graph.entity_node(e), w))
+        .collect()
+}
+
+/// `scores` rescaled to sum to `total` (empty when they sum to nothing).
+fn normalized(scores: &[(u32, f64)], total: f64) -> Vec<(u32, f64)> {
+    let sum: f64 = scores.iter().map(|(_, s)| s).sum();
+    if sum <= 0.0 || total <= 0.0 {
+        return Vec::new();
+    }
+    scores.iter().map(|&(e, s)| (e, s * total / sum)).collect()
 }
 
 fn parse_ids(field: &str, ids: Vec<String>) -> Result<Vec<Uuid>, Error> {
@@ -520,5 +599,91 @@ mod tests {
         );
         let q = PprQuery::from_proto(PprRequest::default(), &g).ok();
         assert!(q.is_some_and(|q| q.max_nodes == 1000 && q.k == 50 && q.damping == 0.5));
+        let fact = |text: &str, weight: f32| engram_proto::FactSeed {
+            text: text.into(),
+            weight,
+        };
+        assert!(
+            bad(PprRequest {
+                facts: vec![fact("x", f32::NAN)],
+                ..Default::default()
+            })
+            .starts_with("facts.weight")
+        );
+        assert!(
+            bad(PprRequest {
+                facts: vec![fact("x", 1.0); MAX_FACTS + 1],
+                ..Default::default()
+            })
+            .starts_with("facts")
+        );
+        assert!(
+            bad(PprRequest {
+                facts: vec![fact(&"x".repeat(MAX_QUERY_CHARS + 1), 1.0)],
+                ..Default::default()
+            })
+            .starts_with("facts.text")
+        );
+    }
+
+    /// A film, its director and its lead actor: the question names only
+    /// the film, so the director and the actor are equally far from it.
+    fn film_graph() -> Graph {
+        use crate::graph::{Dictionary, GraphBuilder};
+        let mut dict = Dictionary::default();
+        for name in ["Inception", "Christopher Nolan", "Leonardo DiCaprio"] {
+            dict.add(name);
+        }
+        let mut b = GraphBuilder::new(Arc::new(dict), 5.0);
+        let film = b.add_memory(Uuid::from_u128(1), "default", 1, None, false);
+        let director = b.add_memory(Uuid::from_u128(2), "default", 1, None, false);
+        let actor = b.add_memory(Uuid::from_u128(3), "default", 1, None, false);
+        b.add_mention(film, 0, true);
+        b.add_mention(film, 1, false);
+        b.add_mention(film, 2, false);
+        b.add_mention(director, 1, true);
+        b.add_mention(actor, 2, true);
+        b.build()
+    }
+
+    fn ranked(g: &Graph, facts: Vec<engram_proto::FactSeed>) -> Vec<(u128, f32)> {
+        let settings = engram_common::settings::GraphSettings::default();
+        let req = PprRequest {
+            query_text: "Who is the spouse of the director of Inception?".into(),
+            facts,
+            ..Default::default()
+        };
+        let q = PprQuery::from_proto(req, &settings).expect("valid");
+        let view = g.view(1, None, false);
+        let out = run_ppr(g, &q, &view, settings.memory_seed_weight, None);
+        assert_eq!(out.linked_entities.len(), 1, "only the query's own names");
+        out.hits
+            .iter()
+            .filter_map(|h| Some((Uuid::parse_str(&h.memory_id).ok()?.as_u128(), h.score)))
+            .collect()
+    }
+
+    #[test]
+    fn a_fact_seeds_the_bridge_entity_the_question_never_names() {
+        let g = film_graph();
+        let score = |r: &[(u128, f32)], id: u128| r.iter().find(|h| h.0 == id).map(|h| h.1);
+        let before = ranked(&g, Vec::new());
+        assert!(score(&before, 2).is_some());
+        assert_eq!(score(&before, 2), score(&before, 3), "a tie without facts");
+        let fact = engram_proto::FactSeed {
+            text: "Inception\nIt was directed by Christopher Nolan.".into(),
+            weight: 0.8,
+        };
+        let after = ranked(&g, vec![fact]);
+        assert!(
+            score(&after, 2) > score(&after, 3),
+            "the director's memory leads the actor's: {after:?}"
+        );
+        // Facts that name nothing in the graph leave the walk as it was.
+        let nothing = engram_proto::FactSeed {
+            text: "an unrelated sentence".into(),
+            weight: 0.9,
+        };
+        assert_eq!(ranked(&g, vec![nothing]), before);
     }
 }

@@ -13,6 +13,7 @@ pub mod decay;
 pub mod dense;
 pub mod embed;
 pub mod error;
+pub mod facts;
 pub mod filters;
 pub mod get;
 pub mod keyword;
@@ -62,6 +63,7 @@ struct Inner {
     scoring: Scoring,
     keyword_candidates: u32,
     decay_floor: f32,
+    fact_index: bool,
     timeouts: Timeouts,
     admission: Admission,
     serve_opts: engram_common::server::ServeOptions,
@@ -86,6 +88,7 @@ impl SearchSvc {
                 scoring,
                 keyword_candidates: settings.search.keyword_candidates,
                 decay_floor: settings.search.decay_floor,
+                fact_index: settings.search.fact_index,
                 timeouts: Timeouts::from_settings(&settings.search),
                 admission: Admission::new(settings.search.max_concurrent_requests),
                 serve_opts: engram_common::server::ServeOptions::internal(settings)?,
@@ -150,6 +153,14 @@ impl SearchSvc {
     }
 }
 
+fn fact_hit(f: facts::Fact) -> pb::FactHit {
+    pb::FactHit {
+        memory_id: f.memory_id.to_string(),
+        text: f.text,
+        score: f.score,
+    }
+}
+
 #[tonic::async_trait]
 impl SearchService for SearchSvc {
     type WatchChangesStream = changes::ChangeStream;
@@ -170,8 +181,15 @@ impl SearchService for SearchSvc {
     ) -> Result<Response<pb::UpsertResponse>, Status> {
         let (_slot, identity, batch) = self.open::<_, UpsertBatch>(req)?;
         let (pool, timeout_ms) = (&self.inner.pool, self.inner.timeouts.write_ms);
-        let results =
-            writes::upsert(pool, &self.inner.embeddings, &identity, batch, timeout_ms).await?;
+        let results = writes::upsert(
+            pool,
+            &self.inner.embeddings,
+            &identity,
+            batch,
+            timeout_ms,
+            self.inner.fact_index,
+        )
+        .await?;
         // After the commit: the write is acknowledged whatever detection does.
         let created: Vec<uuid::Uuid> = (results.iter())
             .filter(|r| r.created)
@@ -236,9 +254,24 @@ impl SearchService for SearchSvc {
         )
         .await
         .map_err(Status::from)?;
+        let facts = match q.fact_k {
+            0 => Vec::new(),
+            k => facts::search(
+                &self.inner.pool,
+                &identity,
+                &embedding,
+                &q.filters,
+                k,
+                self.inner.decay_floor,
+                self.inner.timeouts.dense_ms,
+            )
+            .await
+            .map_err(Status::from)?,
+        };
         Ok(Response::new(pb::SearchResponse {
             hits: rows::hits(rows),
             query_embedding,
+            facts: facts.into_iter().map(fact_hit).collect(),
         }))
     }
 
@@ -253,6 +286,7 @@ impl SearchService for SearchSvc {
         Ok(Response::new(pb::SearchResponse {
             hits,
             query_embedding: Vec::new(),
+            facts: Vec::new(),
         }))
     }
 

@@ -609,7 +609,12 @@ pub struct VectorQuery {
     pub embedding_opt: Option<Vec<f32>>,
     pub filters: SearchFilters,
     pub k: u32,
+    /// Sentences to return beside the hits (0 = none).
+    pub fact_k: u32,
 }
+
+/// Most sentences one vector search returns as facts.
+pub const MAX_FACT_K: u32 = 50;
 
 impl TryFrom<pb::VectorSearchRequest> for VectorQuery {
     type Error = Error;
@@ -619,8 +624,15 @@ impl TryFrom<pb::VectorSearchRequest> for VectorQuery {
             embedding,
             filters,
             k,
+            fact_k,
         } = r;
         check_query_text(&text)?;
+        if fact_k > MAX_FACT_K {
+            return Err(Error::invalid(
+                "fact_k",
+                format!("must be at most {MAX_FACT_K}"),
+            ));
+        }
         let embedding_opt = if embedding.is_empty() {
             if text.trim().is_empty() {
                 return Err(Error::invalid(
@@ -638,6 +650,7 @@ impl TryFrom<pb::VectorSearchRequest> for VectorQuery {
             embedding_opt,
             filters: SearchFilters::from_proto("filters", filters)?,
             k: check_k(k)?,
+            fact_k,
         })
     }
 }

@@ -40,6 +40,7 @@ use uuid::Uuid;
 use crate::bounds;
 use crate::embed::Embeddings;
 use crate::error::{Error, Result};
+use crate::facts::{self, Planned};
 use crate::turns;
 use crate::validate::{DeleteIds, EdgeBatch, FeedbackBatch, NewMemory, RankExample, UpsertBatch};
 
@@ -122,6 +123,7 @@ pub async fn upsert(
     identity: &Identity,
     batch: UpsertBatch,
     timeout_ms: u64,
+    fact_index: bool,
 ) -> Result<Vec<pb::UpsertResult>> {
     for (idx, m) in batch.0.iter().enumerate() {
         if m.access_level > identity.trust {
@@ -164,8 +166,13 @@ pub async fn upsert(
             )
             .await?;
         let mut computed: HashMap<usize, Vec<f32>> = to_embed.into_iter().zip(vectors).collect();
+        let planned = match fact_index {
+            true => plan_facts(embeddings, &existing, &sorted, &computed).await?,
+            false => Planned::default(),
+        };
         let plan = (sorted.as_slice(), entity_plans.as_slice());
-        match write_batch(pool, timeout_ms, identity, plan, &mut computed).await {
+        let facts_opt = fact_index.then_some(&planned);
+        match write_batch(pool, timeout_ms, identity, plan, &mut computed, facts_opt).await {
             Ok(results) => {
                 tracing::debug!(tenant = %identity.tenant, count = results.len(), attempt, "upserted memories");
                 return Ok(results);
@@ -178,6 +185,32 @@ pub async fn upsert(
         }
     }
     Err(last_err.unwrap_or_else(|| Error::Conflict("upsert kept conflicting; retry".into())))
+}
+
+/// The fact index's sentences of every memory whose content is new or
+/// changed (crate::facts), embedded before the transaction.
+async fn plan_facts(
+    embeddings: &Embeddings,
+    existing: &HashMap<Uuid, Existing>,
+    sorted: &[(usize, NewMemory)],
+    computed: &HashMap<usize, Vec<f32>>,
+) -> Result<Planned> {
+    let memories: Vec<&NewMemory> = sorted.iter().map(|(_, m)| m).collect();
+    let positions: Vec<usize> = (0..memories.len())
+        .filter(|&p| {
+            existing
+                .get(&memories[p].id)
+                .is_none_or(|e| e.content_hash != memories[p].content_hash)
+        })
+        .collect();
+    let vectors: HashMap<usize, Vec<f32>> = positions
+        .iter()
+        .filter_map(|&p| {
+            let v = memories[p].embedding_opt.as_ref().or(computed.get(&p))?;
+            Some((p, v.clone()))
+        })
+        .collect();
+    facts::plan(embeddings, &memories, &positions, &vectors).await
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -318,6 +351,7 @@ async fn write_batch(
     identity: &Identity,
     (sorted, entity_plans): (&[(usize, NewMemory)], &[Vec<ExtractedEntity>]),
     computed: &mut HashMap<usize, Vec<f32>>,
+    facts_opt: Option<&Planned>,
 ) -> Result<Vec<pb::UpsertResult>> {
     let ids: Vec<Uuid> = sorted.iter().map(|(_, m)| m.id).collect();
     let mut tx = bounds::begin(pool, timeout_ms).await?;
@@ -363,6 +397,7 @@ async fn write_batch(
     let contexts = turn_contexts(&mut tx, &identity.tenant, sorted).await?;
     let mut results: Vec<(usize, pb::UpsertResult)> = Vec::with_capacity(sorted.len());
     let mut rewrite_entities: Vec<usize> = Vec::new();
+    let mut rewrite_facts: Vec<usize> = Vec::new();
     for (pos, (idx, m)) in sorted.iter().enumerate() {
         if let Some(t) = m.supersedes_opt
             && !visible_targets.contains(&t)
@@ -427,6 +462,17 @@ async fn write_batch(
         if changed || !m.entities.is_empty() || !m.triples.is_empty() {
             rewrite_entities.push(pos);
         }
+        if let Some(planned) = facts_opt
+            && changed
+        {
+            if !planned.has(pos) {
+                // Content changed under us since the sentences were planned.
+                return Err(Error::Conflict(format!(
+                    "memories[{idx}]: changed concurrently; retry"
+                )));
+            }
+            rewrite_facts.push(pos);
+        }
         if let Some(t) = m.supersedes_opt {
             close_superseded(&mut tx, identity, m, t).await?;
         }
@@ -441,6 +487,9 @@ async fn write_batch(
         ));
     }
     write_entities(&mut tx, identity, sorted, entity_plans, &rewrite_entities).await?;
+    if let Some(planned) = facts_opt {
+        facts::write(&mut tx, &ids, &rewrite_facts, planned).await?;
+    }
     // ...and come back as they are now (last: these rows are the hot ones).
     let after = stat_rows(&mut tx, &ids).await?;
     let mut delta = StatsDelta::default();

@@ -8,6 +8,8 @@ use engram_common::AccessLevel;
 use engram_proto as pb;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 const WORDS: &[&str] = &["apple", "river", "stone", "cloud", "tiger"];
 
@@ -18,7 +20,11 @@ fn level(i: u8) -> AccessLevel {
 #[test]
 fn results_never_exceed_trust_or_cross_tenants() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let mut h = rt.block_on(start());
+    // The fact index on, so its sentences are under the property too.
+    let mut h = rt.block_on(start_configured(embeddings(), |s| {
+        s.search.keyword_scoring = "bm25".into();
+        s.search.fact_index = true;
+    }));
     let tenants = [tenant(), tenant()];
     // (tenant index, access level, word index, axis)
     let memories =
@@ -28,12 +34,14 @@ fn results_never_exceed_trust_or_cross_tenants() {
         cases: 12,
         ..Config::default()
     });
+    // Every memory written, by id: (tenant index, access level).
+    let written: Mutex<HashMap<String, (usize, u8)>> = Mutex::new(HashMap::new());
     let result = runner.run(&(memories, caller), |(mems, (ct, cl, word, ax))| {
         let mut client = h.client.clone();
         rt.block_on(async {
             for (t, l, w, a) in &mems {
                 let who = ident(&tenants[*t], "writer", AccessLevel::Sensitive);
-                upsert(
+                let r = upsert(
                     &mut client,
                     &who,
                     vec![pb::Memory {
@@ -47,8 +55,25 @@ fn results_never_exceed_trust_or_cross_tenants() {
                     }],
                 )
                 .await;
+                let mut w = written.lock().expect("written");
+                for res in r.results {
+                    w.insert(res.id, (*t, *l));
+                }
             }
             let me = ident(&tenants[ct], "reader", level(cl));
+            // Facts (the sentence index) name only their memory: it must be
+            // one of this tenant's at or below the caller's trust.
+            let found = dense_facts(&mut client, &me, axis(ax), 50).await;
+            for fact in found {
+                let found = written
+                    .lock()
+                    .expect("written")
+                    .get(&fact.memory_id)
+                    .copied();
+                let (t, l) = found.expect("a fact of a memory this test never wrote");
+                assert_eq!(t, ct, "a fact of a foreign tenant leaked");
+                assert!(l <= cl, "a fact at level {l} above trust {cl}");
+            }
             let check = |hits: &[pb::SearchHit]| {
                 for hit in hits {
                     let m = hit.memory.as_ref().expect("memory");

@@ -43,6 +43,7 @@ async fn upsert_then_dense_and_keyword_search_find_it() {
                 embedding: vec![],
                 filters: None,
                 k: 1,
+                fact_k: 0,
             },
             &me,
         ))

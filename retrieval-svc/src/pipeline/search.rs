@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use engram_common::settings::{FusionWeights, PipelineSettings, StrategyWeights};
 use engram_proto::{
-    Filters, GetRequest, KeywordSearchRequest, Memory, PprRequest, PprResponse, SearchResponse,
-    Seed, VectorSearchRequest,
+    FactSeed, Filters, GetRequest, KeywordSearchRequest, Memory, PprRequest, PprResponse,
+    SearchResponse, Seed, VectorSearchRequest,
 };
 use tokio::time::Instant;
 
@@ -75,6 +75,9 @@ pub struct Plan {
     pub graph: bool,
     /// Seed the graph walk with the top dense hits (sequential vector → graph).
     pub dense_seeds: bool,
+    /// Sentences nearest the query to ask for with the vector list; their
+    /// entities seed the walk (sequential vector → graph). 0 = none.
+    pub fact_seeds: u32,
     /// Keep at most this many fused candidates.
     pub pool: usize,
     pub fusion: Fusion,
@@ -109,6 +112,7 @@ impl Plan {
             keyword: w.keyword > 0.0,
             graph: w.graph > 0.0,
             dense_seeds: p.graph_dense_seeds > 0,
+            fact_seeds: p.graph_fact_seeds,
             pool: Self::pool(p, limit),
             fusion: Fusion::Fixed(Weights {
                 vector: w.vector.max(f32::MIN_POSITIVE),
@@ -125,6 +129,7 @@ impl Plan {
             keyword: true,
             graph: true,
             dense_seeds: p.graph_dense_seeds > 0,
+            fact_seeds: p.graph_fact_seeds,
             pool: Self::pool(p, limit),
             fusion: Fusion::ByEvidence {
                 indicator,
@@ -151,6 +156,7 @@ impl Plan {
             keyword: keyword > 0.0,
             graph: graph > 0.0,
             dense_seeds: false,
+            fact_seeds: 0,
             pool: limit as usize,
             fusion: Fusion::Fixed(Weights {
                 vector,
@@ -271,15 +277,21 @@ async fn fan_out(
     let (ds, id, p) = (ctx.ds, &ctx.identity, &ctx.settings.pipeline);
     let text = ctx.query.text.as_str();
     let k = p.candidates_per_strategy.clamp(1, 200);
-    let vector_req = |t: &str| VectorSearchRequest {
+    let fact_k = match plan.graph {
+        true => plan.fact_seeds,
+        false => 0,
+    };
+    let vector_req = |t: &str, fact_k: u32| VectorSearchRequest {
         text: t.to_string(),
         embedding: Vec::new(),
         filters: Some(filters.clone()),
         k,
+        fact_k,
     };
-    let ppr_req = |seeds: Vec<Seed>| PprRequest {
+    let ppr_req = |seeds: Vec<Seed>, facts: Vec<FactSeed>| PprRequest {
         query_text: text.to_string(),
         seeds,
+        facts,
         k: k.min(50),
         namespace: filters.namespace.clone(),
         // An as-of query needs the versions that are history now; the
@@ -289,16 +301,20 @@ async fn fan_out(
             || filters.as_of_ingestion.is_some(),
         ..Default::default()
     };
-    let seeded = plan.graph && plan.dense_seeds && plan.vector;
+    let seeded = plan.graph && plan.vector && (plan.dense_seeds || fact_k > 0);
     let vector_then_graph = async {
         let v = match plan.vector {
-            true => Some(call_until(&ds.vector, id, deadline, vector_req(text)).await),
+            true => Some(call_until(&ds.vector, id, deadline, vector_req(text, fact_k)).await),
             false => None,
         };
         let g = match seeded {
             true => {
-                let seeds = dense_seeds(&v, p.graph_dense_seeds as usize);
-                Some(call_until(&ds.ppr, id, deadline, ppr_req(seeds)).await)
+                let seeds = match plan.dense_seeds {
+                    true => dense_seeds(&v, p.graph_dense_seeds as usize),
+                    false => Vec::new(),
+                };
+                let req = ppr_req(seeds, fact_seeds(&v));
+                Some(call_until(&ds.ppr, id, deadline, req).await)
             }
             false => None,
         };
@@ -317,7 +333,10 @@ async fn fan_out(
     };
     let graph_parallel = async {
         match plan.graph && !seeded {
-            true => Some(call_until(&ds.ppr, id, deadline, ppr_req(Vec::new())).await),
+            true => {
+                let req = ppr_req(Vec::new(), Vec::new());
+                Some(call_until(&ds.ppr, id, deadline, req).await)
+            }
             false => None,
         }
     };
@@ -325,7 +344,7 @@ async fn fan_out(
         hypotheses
             .iter()
             .filter(|_| plan.vector)
-            .map(|h| call_until(&ds.vector, id, deadline, vector_req(h))),
+            .map(|h| call_until(&ds.vector, id, deadline, vector_req(h, 0))),
     );
     let ((vector, g_seq), keyword, g_par, hyde) =
         tokio::join!(vector_then_graph, keyword, graph_parallel, hyde);
@@ -352,6 +371,21 @@ fn dense_seeds(v: &Outcome<SearchResponse>, n: usize) -> Vec<Seed> {
         .map(|(i, m)| Seed {
             memory_id: m.id.clone(),
             weight: 1.0 / (i as f32 + 1.0),
+        })
+        .collect()
+}
+
+/// The sentences the vector search matched, as fact seeds (a failed
+/// vector search leaves the walk its query's own names).
+fn fact_seeds(v: &Outcome<SearchResponse>) -> Vec<FactSeed> {
+    let Some(Ok(r)) = v else {
+        return Vec::new();
+    };
+    r.facts
+        .iter()
+        .map(|f| FactSeed {
+            text: f.text.clone(),
+            weight: f.score.max(0.0),
         })
         .collect()
 }

@@ -157,6 +157,7 @@ pub async fn dense(
             embedding,
             filters,
             k,
+            fact_k: 0,
         },
         id,
     ))
@@ -164,6 +165,29 @@ pub async fn dense(
     .expect("vector search")
     .into_inner()
     .hits
+}
+
+/// The fact index's sentences nearest `embedding` (no hits asked for).
+pub async fn dense_facts(
+    c: &mut Client,
+    id: &Identity,
+    embedding: Vec<f32>,
+    fact_k: u32,
+) -> Vec<pb::FactHit> {
+    c.vector_search(req(
+        pb::VectorSearchRequest {
+            text: String::new(),
+            embedding,
+            filters: None,
+            k: 1,
+            fact_k,
+        },
+        id,
+    ))
+    .await
+    .expect("vector search with facts")
+    .into_inner()
+    .facts
 }
 
 pub fn ids(hits: &[pb::SearchHit]) -> Vec<String> {
