@@ -26,6 +26,8 @@ pub mod writes;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use engram_common::server::{ServingStatus, health};
 use engram_common::{Identity, Settings};
@@ -69,7 +71,16 @@ struct Inner {
     serve_opts: engram_common::server::ServeOptions,
     feed: changes::Feed,
     updates: updates::Policy,
+    /// The database watcher's last verdict (serve_svc); writes consult it
+    /// so they fail fast while Postgres is gone.
+    db_up: Arc<AtomicBool>,
 }
+
+/// How long a write waits to learn that a database the watcher saw down is
+/// back, before it is refused: without this check a write waits the pool's
+/// whole acquire timeout (10 s) during an outage, holding its caller and
+/// the gateway's write slots.
+const WRITE_DB_PROBE: Duration = Duration::from_millis(750);
 
 impl SearchSvc {
     pub fn new(settings: &Settings, pool: PgPool, embeddings: Embeddings) -> anyhow::Result<Self> {
@@ -82,6 +93,7 @@ impl SearchSvc {
         Ok(Self {
             inner: Arc::new(Inner {
                 feed: changes::Feed::new(pool.clone()),
+                db_up: Arc::new(AtomicBool::new(true)),
                 pool,
                 embeddings,
                 internal_token_opt: settings.auth.internal_token_opt.clone(),
@@ -126,6 +138,27 @@ impl SearchSvc {
         let identity = self.identity(&req)?;
         let msg = U::try_from(req.into_inner())?;
         Ok((slot, identity, msg))
+    }
+
+    /// A write's opening after [`Self::open`]: refused at once with
+    /// UNAVAILABLE (never acknowledged, so nothing is lost; the caller
+    /// retries) while the database watcher sees Postgres unreachable and a
+    /// short probe agrees. A probe that succeeds marks it back up, so a
+    /// recovery is noticed by the first write, not the next watcher tick.
+    async fn writable(&self) -> Result<(), Status> {
+        if self.inner.db_up.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let probe = sqlx::query("SELECT 1").execute(&self.inner.pool);
+        match tokio::time::timeout(WRITE_DB_PROBE, probe).await {
+            Ok(Ok(_)) => {
+                self.inner.db_up.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            _ => Err(Status::unavailable(
+                "database unreachable: the write was not applied; retry it",
+            )),
+        }
     }
 
     /// Keyword search with an explicit scoring (the eval compares both).
@@ -180,6 +213,7 @@ impl SearchService for SearchSvc {
         req: Request<pb::UpsertRequest>,
     ) -> Result<Response<pb::UpsertResponse>, Status> {
         let (_slot, identity, batch) = self.open::<_, UpsertBatch>(req)?;
+        self.writable().await?;
         let (pool, timeout_ms) = (&self.inner.pool, self.inner.timeouts.write_ms);
         let results = writes::upsert(
             pool,
@@ -206,6 +240,7 @@ impl SearchService for SearchSvc {
         req: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let (_slot, identity, ids) = self.open::<_, DeleteIds>(req)?;
+        self.writable().await?;
         let timeout_ms = self.inner.timeouts.write_ms;
         let deleted = writes::delete(&self.inner.pool, &identity, ids, timeout_ms).await?;
         Ok(Response::new(pb::DeleteResponse { deleted }))
@@ -223,6 +258,7 @@ impl SearchService for SearchSvc {
         req: Request<pb::AddEdgesRequest>,
     ) -> Result<Response<pb::AddEdgesResponse>, Status> {
         let (_slot, identity, batch) = self.open::<_, EdgeBatch>(req)?;
+        self.writable().await?;
         let timeout_ms = self.inner.timeouts.write_ms;
         let added = writes::add_edges(&self.inner.pool, &identity, batch, timeout_ms).await?;
         Ok(Response::new(pb::AddEdgesResponse { added }))
@@ -309,6 +345,7 @@ impl SearchService for SearchSvc {
         req: Request<pb::StoreFeedbackRequest>,
     ) -> Result<Response<pb::StoreFeedbackResponse>, Status> {
         let (_slot, identity, batch) = self.open::<_, FeedbackBatch>(req)?;
+        self.writable().await?;
         let timeout_ms = self.inner.timeouts.write_ms;
         let stored = writes::store_feedback(&self.inner.pool, &identity, batch, timeout_ms).await?;
         Ok(Response::new(pb::StoreFeedbackResponse { stored }))
@@ -337,9 +374,11 @@ pub async fn serve_svc(
         .await;
     // SERVING needs both the model and Postgres; the watcher follows the
     // database for as long as the server runs.
+    let db_up = svc.inner.db_up.clone();
     let watcher = tokio::spawn(engram_common::server::watch_database(
         svc.inner.pool.clone(),
         move |db_ok| {
+            db_up.store(db_ok, Ordering::Relaxed);
             let reporter = reporter.clone();
             let serving = status(db_ok && model_ready);
             tokio::spawn(async move {

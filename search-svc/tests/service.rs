@@ -901,3 +901,74 @@ async fn pooled_connections_carry_the_hnsw_settings() {
         assert_eq!(scan, "relaxed_order");
     }
 }
+
+/// While Postgres is unreachable a write is refused at once with
+/// UNAVAILABLE (not acknowledged, so the caller retries it), instead of
+/// waiting out the pool's acquire timeout with the caller's slot held.
+#[tokio::test]
+async fn writes_fail_fast_with_unavailable_while_the_database_is_down() {
+    // Nothing listens on a port the OS just gave back.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .connect_lazy(&format!("postgres://engram:x@127.0.0.1:{port}/engram"))
+        .expect("lazy pool");
+    let mut settings = engram_common::db::test_settings();
+    settings.auth.internal_token_opt = Some(TOKEN.into());
+    let svc = search_svc::SearchSvc::new(
+        &settings,
+        pool,
+        search_svc::Embeddings::unavailable("test: no model"),
+    )
+    .expect("svc");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(search_svc::serve_svc(listener, svc, async move {
+        let _ = stopped.await;
+    }));
+    let mut client = connect(addr).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    // The watcher's first check decides (it is bounded by two seconds).
+    let listing = tonic_health::pb::HealthCheckRequest {
+        service: "engram.v1.ListingService".into(),
+    };
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    for _ in 0..100 {
+        let st = health.check(listing.clone()).await.expect("health");
+        if st.into_inner().status == not_serving {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let me = ident(&tenant(), "a", AccessLevel::Internal);
+    let err = client
+        .upsert(req(
+            pb::UpsertRequest {
+                memories: vec![pb::Memory {
+                    embedding: axis(1),
+                    ..mem("", "", "written during an outage")
+                }],
+            },
+            &me,
+        ))
+        .await
+        .expect_err("no database");
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(
+        err.message().contains("not applied; retry"),
+        "{}",
+        err.message()
+    );
+    let _ = stop.send(());
+}
