@@ -433,7 +433,9 @@ fn detached_pid(data: &Path) -> Option<u32> {
 }
 
 /// The pid in `postmaster.pid` (line 1), whether or not it is alive.
-fn postmaster_pid(data: &Path) -> Option<u32> {
+/// The postmaster's pid from `<data dir>/postmaster.pid` (its first line),
+/// whether or not that process still runs.
+pub fn postmaster_pid(data: &Path) -> Option<u32> {
     let text = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
     text.lines().next()?.trim().parse().ok()
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use engram_common::Settings;
-use engram_common::pg::EmbeddedPostgres;
+use engram_common::pg::{EmbeddedPostgres, postmaster_pid};
 
 /// The private server's data dir, relative to the home.
 pub const DATA_DIR: &str = "soak-pgdata";
@@ -150,12 +150,6 @@ fn alive(pid: u32) -> bool {
             Some(state != "Z" && state != "X")
         })
         .unwrap_or(false)
-}
-
-/// The pid on the first line of `<data>/postmaster.pid`.
-pub fn postmaster_pid(data: &Path) -> Option<u32> {
-    let text = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
-    text.lines().next()?.trim().parse().ok()
 }
 
 /// The port of a `postgres://user@host:port/db` URL.
