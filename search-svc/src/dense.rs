@@ -24,17 +24,12 @@ pub async fn search(
     default_decay_floor: f32,
     timeout_ms: u64,
 ) -> Result<Vec<(MemoryRow, f32)>> {
-    let q = Vector::from(embedding.to_vec());
-    let mut qb = QueryBuilder::<Postgres>::new("SELECT ");
-    qb.push(MEMORY_COLUMNS)
-        .push(", (m.embedding <=> ")
-        .push_bind(q.clone())
-        .push(")::float8 AS score FROM memories m WHERE m.embedding IS NOT NULL AND ");
-    push_where(&mut qb, identity, filters, default_decay_floor);
-    qb.push(" ORDER BY m.embedding <=> ")
-        .push_bind(q)
-        .push(" LIMIT ")
-        .push_bind(i64::from(k));
+    let nearest = Nearest {
+        select: MEMORY_COLUMNS,
+        column: "m.embedding",
+        from: "memories m WHERE m.embedding IS NOT NULL AND ",
+    };
+    let qb = nearest.query(embedding, identity, filters, default_decay_floor, k);
 
     let mut tx = bounds::begin(pool, timeout_ms).await?;
     let mut found = ScoredRow::fetch_all(qb, &mut tx).await?;
@@ -46,4 +41,45 @@ pub async fn search(
         .collect();
     rows.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok(rows)
+}
+
+/// One nearest-neighbour statement over a vector column, with dense
+/// search's whole access predicate on the memory row `m` inside it:
+/// `SELECT <select>, (<column> <=> q)::float8 AS score FROM <from> <predicate>
+/// ORDER BY <column> <=> q LIMIT k`. Dense search and the fact index
+/// (facts.rs) both read through it, so their access rules cannot drift.
+pub(crate) struct Nearest {
+    pub select: &'static str,
+    pub column: &'static str,
+    /// The FROM clause up to the predicate (ends in `WHERE ` or `AND `).
+    pub from: &'static str,
+}
+
+impl Nearest {
+    pub(crate) fn query(
+        &self,
+        embedding: &[f32],
+        identity: &Identity,
+        filters: &SearchFilters,
+        default_decay_floor: f32,
+        k: u32,
+    ) -> QueryBuilder<Postgres> {
+        let q = Vector::from(embedding.to_vec());
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT ");
+        qb.push(self.select)
+            .push(", (")
+            .push(self.column)
+            .push(" <=> ")
+            .push_bind(q.clone())
+            .push(")::float8 AS score FROM ")
+            .push(self.from);
+        push_where(&mut qb, identity, filters, default_decay_floor);
+        qb.push(" ORDER BY ")
+            .push(self.column)
+            .push(" <=> ")
+            .push_bind(q)
+            .push(" LIMIT ")
+            .push_bind(i64::from(k));
+        qb
+    }
 }

@@ -16,14 +16,13 @@ use std::collections::HashMap;
 
 use engram_common::Identity;
 use engram_common::sentences;
-use pgvector::Vector;
-use sqlx::{PgPool, Postgres, QueryBuilder, Transaction};
+use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::bounds;
+use crate::dense::Nearest;
 use crate::embed::Embeddings;
 use crate::error::Result;
-use crate::filters::push_where;
 use crate::validate::{NewMemory, SearchFilters, embedding_text};
 
 /// The indexed sentences of one memory: (text as embedded, vector).
@@ -142,7 +141,8 @@ pub struct Fact {
 struct FactRow {
     memory_id: Uuid,
     text: String,
-    distance: f64,
+    /// Cosine distance.
+    score: f64,
 }
 
 /// The `k` sentences nearest `embedding` among the memories the caller may
@@ -156,15 +156,12 @@ pub async fn search(
     default_decay_floor: f32,
     timeout_ms: u64,
 ) -> Result<Vec<Fact>> {
-    let q = Vector::from(embedding.to_vec());
-    let mut qb = QueryBuilder::<Postgres>::new("SELECT s.memory_id, s.text, (s.embedding <=> ");
-    qb.push_bind(q.clone())
-        .push(")::float8 AS distance FROM memory_sentences s JOIN memories m ON m.id = s.memory_id WHERE ");
-    push_where(&mut qb, identity, filters, default_decay_floor);
-    qb.push(" ORDER BY s.embedding <=> ")
-        .push_bind(q)
-        .push(" LIMIT ")
-        .push_bind(i64::from(k));
+    let nearest = Nearest {
+        select: "s.memory_id, s.text",
+        column: "s.embedding",
+        from: "memory_sentences s JOIN memories m ON m.id = s.memory_id WHERE ",
+    };
+    let mut qb = nearest.query(embedding, identity, filters, default_decay_floor, k);
     let mut tx = bounds::begin(pool, timeout_ms).await?;
     let rows: Vec<FactRow> = qb.build_query_as().fetch_all(&mut *tx).await?;
     tx.commit().await?;
@@ -173,7 +170,7 @@ pub async fn search(
         .map(|r| Fact {
             memory_id: r.memory_id,
             text: r.text,
-            score: (1.0 - r.distance) as f32,
+            score: (1.0 - r.score) as f32,
         })
         .collect();
     facts.sort_by(|a, b| b.score.total_cmp(&a.score));
