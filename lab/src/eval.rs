@@ -89,13 +89,8 @@ pub fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
     sorted_ms[idx.min(sorted_ms.len() - 1)]
 }
 
-/// Bumped when what the write path indexes changes, so evaluation tenants
-/// ingested before are not reused (v2: the fact index of sentences).
-const INDEX_VERSION: &[u8] = b"engram-index-v2";
-
 pub(crate) fn hash_files(paths: &[&Path]) -> anyhow::Result<String> {
     let mut h = Sha256::new();
-    h.update(INDEX_VERSION);
     for p in paths {
         h.update(std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?);
     }

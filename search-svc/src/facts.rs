@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 use engram_common::Identity;
 use engram_common::sentences;
+use pgvector::Vector;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
@@ -71,12 +72,23 @@ pub async fn plan(
             }
         }
     }
+    embed_into(embeddings, to_embed, &mut planned).await?;
+    Ok(planned)
+}
+
+/// Embeds `(position, sentence text)` pairs in one call and adds each to
+/// its position's sentences, in order.
+async fn embed_into(
+    embeddings: &Embeddings,
+    to_embed: Vec<(usize, String)>,
+    planned: &mut Planned,
+) -> Result<()> {
     let texts: Vec<String> = to_embed.iter().map(|(_, t)| t.clone()).collect();
     let computed = embeddings.embed(texts).await?;
     for ((pos, text), v) in to_embed.into_iter().zip(computed) {
         planned.by_pos.entry(pos).or_default().push((text, v));
     }
-    Ok(planned)
+    Ok(())
 }
 
 /// Replaces the sentences of the memories at `positions` with the planned
@@ -101,7 +113,7 @@ pub async fn write(
             memory_ids.push(ids[pos]);
             ords.push(ord as i16);
             texts.push(text.clone());
-            vectors.push(vector_literal(v));
+            vectors.push(Vector::from(v.clone()));
         }
     }
     if memory_ids.is_empty() {
@@ -109,8 +121,8 @@ pub async fn write(
     }
     sqlx::query(
         "INSERT INTO memory_sentences (memory_id, ord, text, embedding) \
-         SELECT u.memory_id, u.ord, u.text, u.embedding::vector \
-         FROM unnest($1::uuid[], $2::int2[], $3::text[], $4::text[]) \
+         SELECT u.memory_id, u.ord, u.text, u.embedding \
+         FROM unnest($1::uuid[], $2::int2[], $3::text[], $4::vector[]) \
               AS u(memory_id, ord, text, embedding)",
     )
     .bind(&memory_ids)
@@ -120,13 +132,6 @@ pub async fn write(
     .execute(&mut **tx)
     .await?;
     Ok(())
-}
-
-/// pgvector's text form, `[0.1,-0.2,...]` (bound as text and cast: one
-/// statement for the whole batch).
-fn vector_literal(v: &[f32]) -> String {
-    let parts: Vec<String> = v.iter().map(f32::to_string).collect();
-    format!("[{}]", parts.join(","))
 }
 
 /// One matched sentence.
@@ -234,14 +239,7 @@ async fn backfill_batch(
     rows: &[Unindexed],
     timeout_ms: u64,
 ) -> Result<u64> {
-    let memories: Vec<NewMemoryText<'_>> = rows
-        .iter()
-        .map(|r| NewMemoryText {
-            title: &r.title,
-            content: &r.content,
-        })
-        .collect();
-    let planned = plan_texts(embeddings, &memories).await?;
+    let planned = plan_stored(embeddings, rows).await?;
     let mut tx = bounds::begin(pool, timeout_ms).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
     let current: HashMap<Uuid, Vec<u8>> = sqlx::query_as::<_, (Uuid, Vec<u8>)>(
@@ -261,26 +259,17 @@ async fn backfill_batch(
     Ok(positions.len() as u64)
 }
 
-/// The title and body of a stored memory, as [`plan`] reads a new one.
-struct NewMemoryText<'a> {
-    title: &'a str,
-    content: &'a str,
-}
-
-/// Every memory's sentences embedded (the backfill has no memory vectors
-/// at hand to reuse; one-sentence memories cost one embedding each).
-async fn plan_texts(embeddings: &Embeddings, memories: &[NewMemoryText<'_>]) -> Result<Planned> {
-    let mut to_embed: Vec<(usize, String)> = Vec::new();
-    for (pos, m) in memories.iter().enumerate() {
-        for s in sentences::split(m.content) {
-            to_embed.push((pos, embedding_text(m.title, s)));
-        }
-    }
-    let texts: Vec<String> = to_embed.iter().map(|(_, t)| t.clone()).collect();
-    let computed = embeddings.embed(texts).await?;
+/// Every stored memory's sentences embedded (the backfill has no memory
+/// vectors at hand to reuse; one-sentence memories cost one embedding each).
+async fn plan_stored(embeddings: &Embeddings, rows: &[Unindexed]) -> Result<Planned> {
+    let to_embed: Vec<(usize, String)> = (rows.iter().enumerate())
+        .flat_map(|(pos, r)| {
+            sentences::split(&r.content)
+                .into_iter()
+                .map(move |s| (pos, embedding_text(&r.title, s)))
+        })
+        .collect();
     let mut planned = Planned::default();
-    for ((pos, text), v) in to_embed.into_iter().zip(computed) {
-        planned.by_pos.entry(pos).or_default().push((text, v));
-    }
+    embed_into(embeddings, to_embed, &mut planned).await?;
     Ok(planned)
 }
