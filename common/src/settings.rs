@@ -294,11 +294,13 @@ pub struct SearchSettings {
     pub fact_index: bool,
     /// Detect at write time when a new memory updates an older one and
     /// write a system-detected `contradicts` edge (search-svc updates.rs).
-    /// Off by default: on the labelled dev set (`engram eval updates`) the
-    /// detector's precision is 0.59 at recall 0.77, and a false pair makes
-    /// Stage 5 hide a true memory.
+    /// Off by default: on pairs from domains it was never fitted on
+    /// (`engram eval updates`, held-out set) the detector's precision is
+    /// 0.79 at recall 0.76, and a false pair makes Stage 5 hide a true
+    /// memory.
     pub update_detection: bool,
-    /// The score a pair must reach to count as an update.
+    /// The probability (of `search_svc::updates::MODEL`) a pair must reach
+    /// to count as an update.
     pub update_threshold: f32,
     /// Memory types judged for updates (not documents, conversation turns
     /// or working memory: see search-svc updates.rs).

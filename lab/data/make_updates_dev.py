@@ -12,6 +12,11 @@ when both can be true at once. Kinds:
              cue       update wording ("now", "moved to", "no longer", ...)
   negatives  other     the same slot for a different named subject
              compat    another, compatible fact about the same subject
+             compat_cue  an update of ANOTHER slot of the same subject
+                       ("Priya likes hiking." / "Priya moved to Amsterdam."):
+                       update wording alone does not make a pair an update.
+                       Drawn from a second random stream so that the other
+                       kinds' pairs stay as they were before it was added.
              multi     a second value of a many-valued slot ("likes tea" /
                        "likes cake"): both stay true
              restate   the same fact reworded
@@ -220,7 +225,7 @@ DOMAINS = {
 }
 
 # Pairs per kind and domain.
-COUNTS = dict(plain=12, cue=14, other=9, compat=9, multi=7, restate=6, addition=6)
+COUNTS = dict(plain=12, cue=14, other=9, compat=9, multi=7, restate=6, addition=6, compat_cue=8)
 
 
 def fill(t, s, v, old=""):
@@ -228,7 +233,7 @@ def fill(t, s, v, old=""):
     return out[0].upper() + out[1:]
 
 
-def pairs(rng, domain, slots):
+def pairs(rng, cue_rng, domain, slots):
     single = [x for x in slots if not x.get("multi")]
     multi = [x for x in slots if x.get("multi")]
     seen = set()
@@ -291,16 +296,29 @@ def pairs(rng, domain, slots):
         s, v = rng.choice(sl["subjects"]), rng.choice(sl["values"])
         return add("addition", fill(sl["stmt"][0], s, v), fill(rng.choice(sl["add"]), s, v), False)
 
+    def compat_cue():
+        a_sl, b_sl = cue_rng.sample(slots, 2)
+        shared = [s for s in a_sl["subjects"] if s in b_sl["subjects"]]
+        if not shared or not b_sl["cue"]:
+            return False
+        s = cue_rng.choice(shared)
+        old = fill(cue_rng.choice(a_sl["stmt"]), s, cue_rng.choice(a_sl["values"]))
+        b_old, b_new = cue_rng.sample(b_sl["values"], 2)
+        new = fill(cue_rng.choice(b_sl["cue"]), s, b_new, b_old)
+        return add("compat_cue", old, new, False)
+
     for kind, make in [("plain", plain), ("cue", cue), ("other", other), ("compat", compat),
-                       ("multi", many), ("restate", restate), ("addition", addition)]:
+                       ("multi", many), ("restate", restate), ("addition", addition),
+                       ("compat_cue", compat_cue)]:
         take(kind, make)
     return out
 
 
 def main():
     rng = random.Random(SEED)
+    cue_rng = random.Random(SEED + 1)
     for domain, slots in DOMAINS.items():
-        for p in pairs(rng, domain, slots):
+        for p in pairs(rng, cue_rng, domain, slots):
             sys.stdout.write(json.dumps(p, ensure_ascii=False) + "\n")
 
 

@@ -216,6 +216,14 @@ pub enum EvalDataset {
         data: Option<PathBuf>,
         #[arg(long)]
         json: bool,
+        /// Also write every pair with its cosine as JSON lines to this
+        /// file (to study features outside the build).
+        #[arg(long)]
+        dump: Option<PathBuf>,
+        /// Fit the detector's model on all the pairs and print it as the
+        /// Rust source of `search_svc::updates::MODEL` (on stderr).
+        #[arg(long)]
+        fit: bool,
     },
 }
 
@@ -308,8 +316,14 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
     use crate::eval as ev;
     let (name, parts, common) = match dataset {
         EvalDataset::Abstain { limit } => return abstain(settings, limit).await,
-        EvalDataset::Updates { data, json } => {
-            return crate::updates_eval::run(settings, data.as_deref(), json).await;
+        EvalDataset::Updates {
+            data,
+            json,
+            dump,
+            fit,
+        } => {
+            let (data, dump) = (data.as_deref(), dump.as_deref());
+            return crate::updates_eval::run(settings, data, json, dump, fit).await;
         }
         EvalDataset::TwoWiki(files) => {
             let (c, q) = files.paths(
