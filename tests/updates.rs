@@ -3,7 +3,10 @@
 //! system-detected `contradicts` edge, and the answer is what is true now.
 
 use engram::client::Client;
-use engram_proto::{Memory, RetrieveRequest, UpsertRequest};
+use engram_proto::{
+    ConflictDecision, GetRequest, ListConflictsRequest, Memory, RetrieveRequest,
+    ReviewConflictRequest, UpsertRequest,
+};
 use engram_tests::TestStack;
 
 fn at(days_ago: i64) -> prost_types::Timestamp {
@@ -228,5 +231,233 @@ async fn auto_supersede_closes_the_old_version_which_history_still_shows() -> an
         history.context_block
     );
     ts.shutdown().await;
+    Ok(())
+}
+
+fn review(new_id: &str, old_id: &str, decision: ConflictDecision) -> ReviewConflictRequest {
+    ReviewConflictRequest {
+        new_id: new_id.into(),
+        old_id: old_id.into(),
+        decision: decision as i32,
+    }
+}
+
+async fn pending(c: &mut Client) -> anyhow::Result<Vec<(String, String)>> {
+    let r = c
+        .memories
+        .list_conflicts(ListConflictsRequest::default())
+        .await?
+        .into_inner();
+    Ok(r.conflicts
+        .into_iter()
+        .map(|p| (p.new_id, p.old_id))
+        .collect())
+}
+
+/// A detected update is listed for review; a rejection removes it for good
+/// (rewriting the newer memory does not bring it back) and reopens what it
+/// closed; a confirmation closes the old version.
+#[tokio::test]
+async fn detected_conflicts_are_listed_and_reviews_stick() -> anyhow::Result<()> {
+    let mut settings = engram_tests::settings().await?;
+    settings.search.update_detection = true;
+    settings.search.update_auto_supersede = 0.6;
+    let ts = TestStack::start_with(
+        settings,
+        engram::stack::Service::ALL.into_iter().collect(),
+        "sensitive",
+    )
+    .await?;
+    let mut c = ts.client().await?;
+    let berlin = write(&mut c, OLD[0], 150).await?;
+    let standup = write(&mut c, OLD[1], 140).await?;
+    let amsterdam = write(&mut c, NEW[0], 10).await?;
+    let ten = write(&mut c, NEW[1], 9).await?;
+    let listed = c
+        .memories
+        .list_conflicts(ListConflictsRequest::default())
+        .await?
+        .into_inner();
+    let pairs: Vec<(&str, &str)> = (listed.conflicts.iter())
+        .map(|p| (p.new_id.as_str(), p.old_id.as_str()))
+        .collect();
+    assert!(
+        pairs.contains(&(ten.as_str(), standup.as_str())),
+        "{listed:?}"
+    );
+    assert!(
+        pairs.contains(&(amsterdam.as_str(), berlin.as_str())),
+        "{listed:?}"
+    );
+    let moved = (listed.conflicts.iter())
+        .find(|p| p.new_id == amsterdam)
+        .ok_or_else(|| anyhow::anyhow!("listed"))?;
+    assert_eq!(
+        (moved.new_content.as_str(), moved.old_content.as_str()),
+        (NEW[0], OLD[0])
+    );
+    assert!(
+        moved.score >= 0.6 && moved.reason.contains("amsterdam"),
+        "{moved:?}"
+    );
+    assert!(moved.old_closed, "auto-supersede closed Berlin");
+
+    // Reject: the edge goes, Berlin is current again, and a rewrite of the
+    // newer memory does not flag the pair again.
+    let r = c
+        .memories
+        .review_conflict(review(&amsterdam, &berlin, ConflictDecision::Reject))
+        .await?
+        .into_inner();
+    assert!(r.conflict.is_none());
+    assert!(
+        !pending(&mut c)
+            .await?
+            .contains(&(amsterdam.clone(), berlin.clone()))
+    );
+    let got = c
+        .memories
+        .get(GetRequest {
+            ids: vec![berlin.clone()],
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert!(
+        got.memories[0].valid_to.is_none(),
+        "the rejected pair's close is undone"
+    );
+    let rewrite = Memory {
+        id: amsterdam.clone(),
+        content: "Priya now lives in Amsterdam.".into(),
+        memory_type: "semantic".into(),
+        event_time: Some(at(10)),
+        ..Default::default()
+    };
+    c.memories
+        .upsert(UpsertRequest {
+            memories: vec![rewrite],
+        })
+        .await?;
+    // The same words in a new memory are flagged: the detector would flag
+    // the rewrite too, were the pair not rejected.
+    let control = write(&mut c, "Priya now lives in Amsterdam.", 8).await?;
+    let now_pending = pending(&mut c).await?;
+    assert!(
+        now_pending.contains(&(control, berlin.clone())),
+        "{now_pending:?}"
+    );
+    assert!(
+        !now_pending.contains(&(amsterdam.clone(), berlin.clone())),
+        "a rejected pair is never flagged again"
+    );
+    let again = c
+        .memories
+        .review_conflict(review(&amsterdam, &berlin, ConflictDecision::Confirm))
+        .await;
+    assert_eq!(
+        again.map_err(|s| s.code()).err(),
+        Some(tonic::Code::NotFound)
+    );
+
+    // Confirm: the pair stays, marked, and leaves the pending list.
+    let r = c
+        .memories
+        .review_conflict(review(&ten, &standup, ConflictDecision::Confirm))
+        .await?
+        .into_inner();
+    let confirmed = r
+        .conflict
+        .ok_or_else(|| anyhow::anyhow!("confirmed pair"))?;
+    assert!(confirmed.confirmed_at.is_some() && confirmed.old_closed);
+    assert!(
+        !pending(&mut c)
+            .await?
+            .contains(&(ten.clone(), standup.clone()))
+    );
+    let all = c
+        .memories
+        .list_conflicts(ListConflictsRequest {
+            include_confirmed: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert!(
+        all.conflicts
+            .iter()
+            .any(|p| p.new_id == ten && p.confirmed_at.is_some())
+    );
+
+    // Bad input names its field.
+    let bad = c
+        .memories
+        .review_conflict(review("nope", &standup, ConflictDecision::Reject))
+        .await
+        .err()
+        .ok_or_else(|| anyhow::anyhow!("refused"))?;
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    assert!(bad.message().contains("new_id"), "{}", bad.message());
+    ts.shutdown().await;
+    Ok(())
+}
+
+/// A key below a pair's trust level neither sees the pair nor can review
+/// it; another tenant's key sees nothing.
+#[tokio::test]
+async fn a_lower_trust_key_cannot_see_or_review_a_higher_trust_conflict() -> anyhow::Result<()> {
+    let mut settings = engram_tests::settings().await?;
+    settings.search.update_detection = true;
+    let (stack, uri, keys) = engram_tests::stack_with_keys(
+        settings,
+        &[("t", "sensitive"), ("t", "public"), ("u", "sensitive")],
+    )
+    .await?;
+    let mut high = Client::connect(&uri, &keys[0]).await?;
+    let mut low = Client::connect(&uri, &keys[1]).await?;
+    let mut other = Client::connect(&uri, &keys[2]).await?;
+    let secret = Memory {
+        content: OLD[0].into(),
+        memory_type: "semantic".into(),
+        access_level: engram_proto::AccessLevel::Sensitive as i32,
+        event_time: Some(at(100)),
+        ..Default::default()
+    };
+    let r = high
+        .memories
+        .upsert(UpsertRequest {
+            memories: vec![secret],
+        })
+        .await?
+        .into_inner();
+    let old = r.results[0].id.clone();
+    let new = write(&mut high, NEW[0], 1).await?;
+    assert!(
+        pending(&mut high)
+            .await?
+            .contains(&(new.clone(), old.clone()))
+    );
+    assert!(
+        pending(&mut low).await?.is_empty(),
+        "the sensitive side is hidden"
+    );
+    assert!(
+        pending(&mut other).await?.is_empty(),
+        "another tenant sees nothing"
+    );
+    for (who, client) in [("public key", &mut low), ("other tenant", &mut other)] {
+        let e = client
+            .memories
+            .review_conflict(review(&new, &old, ConflictDecision::Reject))
+            .await
+            .err()
+            .ok_or_else(|| anyhow::anyhow!("{who} must be refused"))?;
+        assert_eq!(e.code(), tonic::Code::NotFound, "{who}: {e:?}");
+    }
+    assert!(
+        pending(&mut high).await?.contains(&(new, old)),
+        "the pair is untouched"
+    );
+    stack.shutdown().await;
     Ok(())
 }

@@ -7,6 +7,7 @@
 //! integration tests use.
 
 pub mod commands;
+pub mod conflicts;
 pub mod demo;
 pub mod ingest;
 pub mod mcp;

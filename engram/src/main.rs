@@ -67,6 +67,12 @@ enum Command {
         #[command(subcommand)]
         command: engram::memories::MemoriesCommand,
     },
+    /// Review the updates engram detected at write time
+    /// (search.update_detection): list, confirm, reject.
+    Conflicts {
+        #[command(subcommand)]
+        command: engram::conflicts::ConflictsCommand,
+    },
     /// Serve engram's memory as MCP tools over stdio, or streamable HTTP
     /// with --http (docs/mcp.md).
     Mcp {
@@ -116,6 +122,7 @@ fn main() -> ExitCode {
                 commands::index_facts(settings, tenant, batch).await
             }
             Command::Memories { command } => engram::memories::run(settings, command).await,
+            Command::Conflicts { command } => engram::conflicts::run(settings, command).await,
             Command::Mcp { args } => engram::mcp::run(settings, args).await,
             Command::Query {
                 text,

@@ -384,7 +384,7 @@ impl Session {
     }
 }
 
-fn status_error(s: tonic::Status) -> anyhow::Error {
+pub fn status_error(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
 }
 

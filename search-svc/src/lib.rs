@@ -5,10 +5,13 @@
 //! identity, and every read predicate carries tenant and trust level.
 //! Each query kind has its own statement_timeout and the requests in flight
 //! are capped (`bounds.rs`); the decay job keeps `decay_score` (`decay.rs`).
-//! Beside it, `ListingService` pages through a tenant's memories (`list.rs`).
+//! Beside it, `ListingService` pages through a tenant's memories (`list.rs`)
+//! and `ConflictService` reviews the updates detected at write time
+//! (`conflicts.rs`).
 
 pub mod bounds;
 pub mod changes;
+pub mod conflicts;
 pub mod decay;
 pub mod dense;
 pub mod embed;
@@ -32,6 +35,7 @@ use std::time::Duration;
 use engram_common::server::{ServingStatus, health};
 use engram_common::{Identity, Settings};
 use engram_proto as pb;
+use engram_proto::conflict_service_server::ConflictServiceServer;
 use engram_proto::listing_service_server::ListingServiceServer;
 use engram_proto::search_service_server::{SearchService, SearchServiceServer};
 use sqlx::PgPool;
@@ -225,8 +229,10 @@ impl SearchService for SearchSvc {
         )
         .await?;
         // After the commit: the write is acknowledged whatever detection does.
+        // New memories and rewrites (their embedding was recomputed: the
+        // content changed) are judged; a rewrite may now update another.
         let created: Vec<uuid::Uuid> = (results.iter())
-            .filter(|r| r.created)
+            .filter(|r| r.created || r.embedded)
             .filter_map(|r| r.id.parse().ok())
             .collect();
         if let Err(e) = updates::detect(pool, &identity, &created, &self.inner.updates).await {
@@ -368,10 +374,13 @@ pub async fn serve_svc(
     reporter
         .set_service_status(SERVICE_NAME, status(model_ready))
         .await;
-    // Listing needs no model, only Postgres, which the watcher follows.
-    reporter
-        .set_service_status(list::SERVICE_NAME, ServingStatus::Serving)
-        .await;
+    // Listing and review need no model, only Postgres, which the watcher
+    // follows.
+    for name in [list::SERVICE_NAME, conflicts::SERVICE_NAME] {
+        reporter
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
     // SERVING needs both the model and Postgres; the watcher follows the
     // database for as long as the server runs.
     let db_up = svc.inner.db_up.clone();
@@ -383,9 +392,9 @@ pub async fn serve_svc(
             let serving = status(db_ok && model_ready);
             tokio::spawn(async move {
                 reporter.set_service_status(SERVICE_NAME, serving).await;
-                reporter
-                    .set_service_status(list::SERVICE_NAME, status(db_ok))
-                    .await;
+                for name in [list::SERVICE_NAME, conflicts::SERVICE_NAME] {
+                    reporter.set_service_status(name, status(db_ok)).await;
+                }
             });
         },
     ));
@@ -396,7 +405,8 @@ pub async fn serve_svc(
         feed_stop.cancel();
     };
     let routes = Routes::new(SearchServiceServer::new(svc.clone()))
-        .add_service(ListingServiceServer::new(svc));
+        .add_service(ListingServiceServer::new(svc.clone()))
+        .add_service(ConflictServiceServer::new(svc));
     let result =
         engram_common::server::serve_with(listener, routes, health_svc, opts, shutdown).await;
     watcher.abort();

@@ -628,6 +628,7 @@ CROSS JOIN LATERAL (
            OR (o.event_time = n.event_time AND o.ingestion_time < n.ingestion_time))
       AND o.memory_type = n.memory_type
       AND (n.supersedes IS NULL OR n.supersedes <> o.id)
+      AND NOT EXISTS (SELECT 1 FROM rejected_updates r WHERE r.new_id = n.id AND r.old_id = o.id)
     ORDER BY o.embedding <=> n.embedding
     LIMIT 5
 ) o

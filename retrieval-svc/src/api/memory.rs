@@ -11,10 +11,12 @@ use engram_proto::listing_service_client::ListingServiceClient;
 use engram_proto::memory_service_server::MemoryService;
 use engram_proto::{
     AddEdgesRequest, AddEdgesResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse,
-    ListMemoriesRequest, ListMemoriesResponse, TimeRange, UpsertRequest, UpsertResponse,
+    ListConflictsRequest, ListConflictsResponse, ListMemoriesRequest, ListMemoriesResponse,
+    ReviewConflictRequest, ReviewConflictResponse, TimeRange, UpsertRequest, UpsertResponse,
 };
 use tonic::{Request, Response, Status};
 
+use crate::api::conflicts::{self, ConflictPage, ConflictReview};
 use crate::error::Error;
 use crate::gateway::Gateway;
 use crate::surfaces::writes;
@@ -80,6 +82,28 @@ impl MemoryService for Memory {
         let _permit = self.0.admit(&identity, 1)?;
         let page = ListPage::try_from(request.into_inner())?;
         let r = list(&self.0, identity, page).await?;
+        Ok(Response::new(r))
+    }
+
+    async fn list_conflicts(
+        &self,
+        request: Request<ListConflictsRequest>,
+    ) -> Result<Response<ListConflictsResponse>, Status> {
+        let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit(&identity, 1)?;
+        let page = ConflictPage::try_from(request.into_inner())?;
+        let r = conflicts::list(&self.0, &identity, page).await?;
+        Ok(Response::new(r))
+    }
+
+    async fn review_conflict(
+        &self,
+        request: Request<ReviewConflictRequest>,
+    ) -> Result<Response<ReviewConflictResponse>, Status> {
+        let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit_write(&identity)?;
+        let review = ConflictReview::try_from(request.into_inner())?;
+        let r = conflicts::review(&self.0, &identity, review).await?;
         Ok(Response::new(r))
     }
 }
@@ -187,20 +211,7 @@ async fn list(
     let mut r = client
         .list_memories(req)
         .await
-        .map_err(|status| match status.code() {
-            // tonic's own end of the grpc-timeout above.
-            tonic::Code::Cancelled if status.message() == "Timeout expired" => {
-                Error::DeadlineExceeded
-            }
-            tonic::Code::Unavailable | tonic::Code::Unknown => Error::DownstreamUnavailable {
-                service: "search",
-                reason: status.message().to_string(),
-            },
-            _ => Error::Downstream {
-                service: "search",
-                status,
-            },
-        })?
+        .map_err(conflicts::search_error)?
         .into_inner();
     r.memories
         .retain(|m| m.tenant_id == identity.tenant && m.access_level <= identity.trust.to_proto());
