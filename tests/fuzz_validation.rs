@@ -246,6 +246,13 @@ mod base {
             }],
         }
     }
+    pub fn review_conflict() -> pb::ReviewConflictRequest {
+        pb::ReviewConflictRequest {
+            new_id: uuid(),
+            old_id: uuid(),
+            decision: pb::ConflictDecision::Reject as i32,
+        }
+    }
     pub fn feedback() -> pb::FeedbackRequest {
         pb::FeedbackRequest {
             query_id: uuid(),
@@ -344,8 +351,9 @@ type Target = (
 );
 
 /// Every request search-svc validates, by name.
-fn search_svc_targets() -> [Target; 9] {
+fn search_svc_targets() -> [Target; 11] {
     use engram_proto as pb;
+    use search_svc::conflicts::{ConflictQuery, Review};
     use search_svc::list::ListQuery;
     use search_svc::validate as v;
     [
@@ -379,6 +387,14 @@ fn search_svc_targets() -> [Target; 9] {
             validates::<pb::ListMemoriesRequest, ListQuery>(
                 &c.bytes(&pb::ListMemoriesRequest::default()),
             )
+        }),
+        ("ListConflicts", |c| {
+            validates::<pb::ListConflictsRequest, ConflictQuery>(
+                &c.bytes(&pb::ListConflictsRequest::default()),
+            )
+        }),
+        ("ReviewConflict", |c| {
+            validates::<pb::ReviewConflictRequest, Review>(&c.bytes(&base::review_conflict()))
         }),
     ]
 }
@@ -432,13 +448,15 @@ enum Rpc {
     Get,
     AddEdges,
     ListMemories,
+    ListConflicts,
+    ReviewConflict,
     GetMemory,
     GetDemand,
     Basic,
     Agentic,
 }
 
-const RPCS: [Rpc; 11] = [
+const RPCS: [Rpc; 13] = [
     Rpc::Retrieve,
     Rpc::Feedback,
     Rpc::Upsert,
@@ -446,6 +464,8 @@ const RPCS: [Rpc; 11] = [
     Rpc::Get,
     Rpc::AddEdges,
     Rpc::ListMemories,
+    Rpc::ListConflicts,
+    Rpc::ReviewConflict,
     Rpc::GetMemory,
     Rpc::GetDemand,
     Rpc::Basic,
@@ -485,6 +505,20 @@ async fn send(mut c: Clients, rpc: Rpc, bytes: Vec<u8>) -> Option<Sent> {
         Rpc::Get => call!(c.memory, get, pb::GetRequest, bytes, &k),
         Rpc::AddEdges => call!(c.memory, add_edges, pb::AddEdgesRequest, bytes, &k),
         Rpc::ListMemories => call!(c.memory, list_memories, pb::ListMemoriesRequest, bytes, &k),
+        Rpc::ListConflicts => call!(
+            c.memory,
+            list_conflicts,
+            pb::ListConflictsRequest,
+            bytes,
+            &k
+        ),
+        Rpc::ReviewConflict => call!(
+            c.memory,
+            review_conflict,
+            pb::ReviewConflictRequest,
+            bytes,
+            &k
+        ),
         Rpc::GetMemory => call!(c.working, get_memory, pb::GetMemoryRequest, bytes, &k),
         Rpc::GetDemand => call!(c.working, get_demand, pb::GetDemandRequest, bytes, &k),
         Rpc::Basic => call!(
@@ -534,6 +568,8 @@ fn wire(c: &Case, rpc: Rpc, tenant: &str) -> Vec<u8> {
         Rpc::Get => c.bytes(&base::ids()),
         Rpc::AddEdges => c.bytes(&base::edges()),
         Rpc::ListMemories => c.bytes(&engram_proto::ListMemoriesRequest::default()),
+        Rpc::ListConflicts => c.bytes(&engram_proto::ListConflictsRequest::default()),
+        Rpc::ReviewConflict => c.bytes(&base::review_conflict()),
         Rpc::GetMemory => c.bytes(&base::get_memory()),
         Rpc::GetDemand => c.bytes(&engram_proto::GetDemandRequest::default()),
         Rpc::Basic => c.bytes(&base::basic(tenant)),
