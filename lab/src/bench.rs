@@ -323,7 +323,6 @@ async fn build_corpus(
 /// not reload the big bench tenant on every batch. Fresh ids (so they are
 /// really embedded), removed afterwards.
 async fn ingest_rate(stack: &Target, part: &crate::eval::Part, n: usize) -> anyhow::Result<f64> {
-    let tenant = "bench-ingest";
     let sample: Vec<Memory> = part.docs[..n.min(part.docs.len())]
         .iter()
         .map(|d| Memory {
@@ -333,6 +332,32 @@ async fn ingest_rate(stack: &Target, part: &crate::eval::Part, n: usize) -> anyh
             ..Default::default()
         })
         .collect();
+    write_rate(stack, sample).await
+}
+
+/// The same for short facts (`semantic`, one second apart), the memories
+/// write-time update detection judges (search.update_detection): the
+/// texts of the labelled update pairs, dev and held-out.
+async fn fact_ingest_rate(stack: &Target) -> anyhow::Result<(f64, usize)> {
+    let start = chrono::Utc::now() - chrono::Duration::days(30);
+    let sample: Vec<Memory> = (crate::updates_eval::fact_texts()?.into_iter().enumerate())
+        .map(|(i, text)| Memory {
+            id: uuid::Uuid::new_v4().to_string(),
+            content: text,
+            memory_type: "semantic".into(),
+            event_time: Some(engram_common::convert::chrono_to_ts(
+                start + chrono::Duration::seconds(i as i64),
+            )),
+            ..Default::default()
+        })
+        .collect();
+    let n = sample.len();
+    Ok((write_rate(stack, sample).await?, n))
+}
+
+/// Memories per second writing `sample` in batches of 32.
+async fn write_rate(stack: &Target, sample: Vec<Memory>) -> anyhow::Result<f64> {
+    let tenant = "bench-ingest";
     let mut c = SearchServiceClient::connect(uri(stack, Service::Search)?)
         .await?
         .max_encoding_message_size(64 << 20);
@@ -663,6 +688,10 @@ pub async fn run(
         Ok(r) => serde_json::json!(round1(r)),
         Err(e) => serde_json::json!(format!("failed: {e:#}")),
     };
+    let (facts_ingest, facts) = match fact_ingest_rate(stack).await {
+        Ok((r, n)) => (serde_json::json!(round1(r)), n),
+        Err(e) => (serde_json::json!(format!("failed: {e:#}")), 0),
+    };
 
     let stage_pcts = |m: BTreeMap<String, Vec<f64>>| -> serde_json::Map<String, serde_json::Value> {
         m.into_iter()
@@ -716,6 +745,9 @@ pub async fn run(
         "ingest": {
             "embedded_memories_per_s": ingest,
             "passages": args.ingest_sample,
+            "facts_per_s": facts_ingest,
+            "facts": facts,
+            "update_detection": stack.settings().search.update_detection,
         },
     }))
 }

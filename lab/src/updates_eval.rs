@@ -328,6 +328,21 @@ pub fn model_source(model: &Model) -> String {
     )
 }
 
+/// Every distinct text of the dev and held-out pairs, in file order: short
+/// facts for `engram bench`'s fact ingest figure.
+pub fn fact_texts() -> anyhow::Result<Vec<String>> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for p in parse(DEV_SET)?.into_iter().chain(parse(HELD_OUT_SET)?) {
+        for text in [p.old, p.new] {
+            if seen.insert(text.clone()) {
+                out.push(text);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Every pair's cosine, embedded as the write path embeds a memory
 /// without a title.
 async fn cosines_of(embeddings: &Embeddings, pairs: &[Labelled]) -> anyhow::Result<Vec<f32>> {

@@ -219,6 +219,16 @@ impl SearchService for SearchSvc {
         let (_slot, identity, batch) = self.open::<_, UpsertBatch>(req)?;
         self.writable().await?;
         let (pool, timeout_ms) = (&self.inner.pool, self.inner.timeouts.write_ms);
+        // Only short facts of the judged types can update another memory:
+        // passages and turns cost detection nothing, not even its query.
+        let judged: std::collections::HashSet<uuid::Uuid> = (batch.0.iter())
+            .filter(|m| {
+                self.inner
+                    .updates
+                    .judges(&m.memory_type, &m.title, &m.content)
+            })
+            .map(|m| m.id)
+            .collect();
         let results = writes::upsert(
             pool,
             &self.inner.embeddings,
@@ -234,6 +244,7 @@ impl SearchService for SearchSvc {
         let created: Vec<uuid::Uuid> = (results.iter())
             .filter(|r| r.created || r.embedded)
             .filter_map(|r| r.id.parse().ok())
+            .filter(|id| judged.contains(id))
             .collect();
         if let Err(e) = updates::detect(pool, &identity, &created, &self.inner.updates).await {
             tracing::warn!(tenant = %identity.tenant, error = %e, "update detection skipped");

@@ -653,6 +653,17 @@ pub struct Policy {
     pub timeout_ms: u64,
 }
 
+impl Policy {
+    /// Whether a memory of this type and text is judged at all: detection
+    /// on, one of `types`, and short enough to be one fact (the same word
+    /// count [`features`] allows, over the text the candidate query reads).
+    pub fn judges(&self, memory_type: &str, title: &str, content: &str) -> bool {
+        self.enabled
+            && self.types.iter().any(|t| t == memory_type)
+            && tokens(&format!("{title} {content}")).len() <= MAX_WORDS
+    }
+}
+
 /// Detects updates among the memories `created` by `identity`'s write and
 /// records each as a system-detected `contradicts` edge (new → old).
 /// Returns the edges written.
@@ -887,6 +898,27 @@ mod tests {
             )
         );
         assert_eq!((h[0].start, h[0].end), (4, 6));
+    }
+
+    #[test]
+    fn only_short_facts_of_the_judged_types_are_judged() {
+        let policy = Policy {
+            enabled: true,
+            threshold: T,
+            types: vec!["semantic".into()],
+            auto_supersede: 0.0,
+            timeout_ms: 1000,
+        };
+        assert!(policy.judges("semantic", "", "Priya lives in Berlin."));
+        assert!(!policy.judges("document", "", "Priya lives in Berlin."));
+        let passage: Vec<String> = (0..=MAX_WORDS).map(|i| format!("word{i}")).collect();
+        let passage = passage.join(" ");
+        assert!(!policy.judges("semantic", "A title", &passage));
+        let off = Policy {
+            enabled: false,
+            ..policy
+        };
+        assert!(!off.judges("semantic", "", "Priya lives in Berlin."));
     }
 
     #[test]
