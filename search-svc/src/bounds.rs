@@ -19,6 +19,7 @@
 //! and counts exactly the search RPCs.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use engram_common::settings::SearchSettings;
 use sqlx::{PgPool, Postgres, Transaction};
@@ -62,6 +63,34 @@ pub async fn begin(pool: &PgPool, timeout_ms: u64) -> Result<Transaction<'static
     Ok(pool.begin_with(sqlx::AssertSqlSafe(sql)).await?)
 }
 
+/// How long a write waits for a pool connection before it is refused. The
+/// pool's own acquire timeout (10 s, common/src/db.rs) is the readers'; a
+/// write that cannot start within this while Postgres is gone (before the
+/// database watcher has noticed) is refused UNAVAILABLE, never applied, so
+/// its caller retries instead of holding its slots through the outage.
+pub const WRITE_ACQUIRE: Duration = Duration::from_secs(2);
+
+/// [`begin`] for a write: refused with [`Error::Unavailable`] when no
+/// connection is to be had within `acquire` (or the pool reports the
+/// database unreachable). Nothing has been written when it fails.
+pub async fn begin_write(
+    pool: &PgPool,
+    timeout_ms: u64,
+    acquire: Duration,
+) -> Result<Transaction<'static, Postgres>> {
+    let refused = || {
+        Error::Unavailable(format!(
+            "no database connection within {} ms: the write was not applied; retry it",
+            acquire.as_millis()
+        ))
+    };
+    match tokio::time::timeout(acquire, begin(pool, timeout_ms)).await {
+        Err(_) => Err(refused()),
+        Ok(Err(Error::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)))) => Err(refused()),
+        Ok(other) => other,
+    }
+}
+
 /// The in-flight cap; `None` when `search.max_concurrent_requests` is 0.
 #[derive(Debug, Clone)]
 pub struct Admission {
@@ -103,6 +132,27 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_write_that_cannot_reach_the_database_is_refused_unavailable() {
+        // Nothing listens on a port the OS just gave back.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy(&format!("postgres://engram:x@127.0.0.1:{port}/engram"))
+            .expect("lazy pool");
+        let e = begin_write(&pool, 1000, Duration::from_millis(200))
+            .await
+            .expect_err("no database");
+        assert!(
+            matches!(&e, Error::Unavailable(m) if m.contains("not applied; retry")),
+            "{e:?}"
+        );
+        assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
+    }
 
     #[test]
     fn a_full_admission_refuses_and_a_dropped_slot_frees_its_place() {

@@ -250,7 +250,7 @@ pub async fn review(
     r: &Review,
     timeout_ms: u64,
 ) -> Result<Option<pb::DetectedConflict>> {
-    let mut tx = bounds::begin(pool, timeout_ms).await?;
+    let mut tx = bounds::begin_write(pool, timeout_ms, bounds::WRITE_ACQUIRE).await?;
     let Some(pair) = visible_pair(&mut tx, identity, r).await? else {
         return Err(Error::NotFound(format!(
             "no detected conflict from {} to {} that this key may see",
@@ -352,7 +352,9 @@ impl ConflictService for crate::SearchSvc {
         let (_slot, identity, r) = self.open::<_, Review>(req)?;
         self.writable().await?;
         let timeout_ms = self.inner.timeouts.write_ms;
-        let conflict = review(&self.inner.pool, &identity, &r, timeout_ms).await?;
+        let conflict = review(&self.inner.pool, &identity, &r, timeout_ms)
+            .await
+            .map_err(|e| self.noted(e))?;
         Ok(Response::new(pb::ReviewConflictResponse { conflict }))
     }
 }

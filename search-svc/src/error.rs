@@ -21,6 +21,10 @@ pub enum Error {
     /// Every request slot is taken (`search.max_concurrent_requests`).
     #[error("{0}")]
     Busy(String),
+    /// The database cannot be reached; nothing was applied and the caller
+    /// may retry.
+    #[error("{0}")]
+    Unavailable(String),
     #[error(transparent)]
     Identity(#[from] IdentityError),
     #[error("database error: {0}")]
@@ -57,6 +61,7 @@ impl From<Error> for tonic::Status {
             Error::ModelUnavailable(m) => tonic::Status::failed_precondition(m),
             Error::Conflict(m) => tonic::Status::aborted(m),
             Error::Busy(m) => tonic::Status::resource_exhausted(m),
+            Error::Unavailable(m) => tonic::Status::unavailable(m),
             Error::Identity(e) => e.into(),
             // query_canceled: our statement_timeout (bounds.rs) stopped a
             // statement that ran too long. The call ran out of time, which

@@ -144,6 +144,17 @@ impl SearchSvc {
         Ok((slot, identity, msg))
     }
 
+    /// A write's error, noted: a write that could not reach Postgres marks
+    /// it down at once, so the writes after it are refused by
+    /// [`Self::writable`]'s short probe instead of each waiting for a
+    /// connection until the watcher's next check.
+    fn noted(&self, e: Error) -> Error {
+        if matches!(e, Error::Unavailable(_)) {
+            self.inner.db_up.store(false, Ordering::Relaxed);
+        }
+        e
+    }
+
     /// A write's opening after [`Self::open`]: refused at once with
     /// UNAVAILABLE (never acknowledged, so nothing is lost; the caller
     /// retries) while the database watcher sees Postgres unreachable and a
@@ -237,7 +248,8 @@ impl SearchService for SearchSvc {
             timeout_ms,
             self.inner.fact_index,
         )
-        .await?;
+        .await
+        .map_err(|e| self.noted(e))?;
         // After the commit: the write is acknowledged whatever detection does.
         // New memories and rewrites (their embedding was recomputed: the
         // content changed) are judged; a rewrite may now update another.
@@ -259,7 +271,9 @@ impl SearchService for SearchSvc {
         let (_slot, identity, ids) = self.open::<_, DeleteIds>(req)?;
         self.writable().await?;
         let timeout_ms = self.inner.timeouts.write_ms;
-        let deleted = writes::delete(&self.inner.pool, &identity, ids, timeout_ms).await?;
+        let deleted = writes::delete(&self.inner.pool, &identity, ids, timeout_ms)
+            .await
+            .map_err(|e| self.noted(e))?;
         Ok(Response::new(pb::DeleteResponse { deleted }))
     }
 
@@ -277,7 +291,9 @@ impl SearchService for SearchSvc {
         let (_slot, identity, batch) = self.open::<_, EdgeBatch>(req)?;
         self.writable().await?;
         let timeout_ms = self.inner.timeouts.write_ms;
-        let added = writes::add_edges(&self.inner.pool, &identity, batch, timeout_ms).await?;
+        let added = writes::add_edges(&self.inner.pool, &identity, batch, timeout_ms)
+            .await
+            .map_err(|e| self.noted(e))?;
         Ok(Response::new(pb::AddEdgesResponse { added }))
     }
 
@@ -364,7 +380,9 @@ impl SearchService for SearchSvc {
         let (_slot, identity, batch) = self.open::<_, FeedbackBatch>(req)?;
         self.writable().await?;
         let timeout_ms = self.inner.timeouts.write_ms;
-        let stored = writes::store_feedback(&self.inner.pool, &identity, batch, timeout_ms).await?;
+        let stored = writes::store_feedback(&self.inner.pool, &identity, batch, timeout_ms)
+            .await
+            .map_err(|e| self.noted(e))?;
         Ok(Response::new(pb::StoreFeedbackResponse { stored }))
     }
 }

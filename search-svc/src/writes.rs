@@ -354,7 +354,7 @@ async fn write_batch(
     facts_opt: Option<&Planned>,
 ) -> Result<Vec<pb::UpsertResult>> {
     let ids: Vec<Uuid> = sorted.iter().map(|(_, m)| m.id).collect();
-    let mut tx = bounds::begin(pool, timeout_ms).await?;
+    let mut tx = bounds::begin_write(pool, timeout_ms, bounds::WRITE_ACQUIRE).await?;
     let locked: HashMap<Uuid, Existing> = sqlx::query_as::<_, Existing>(EXISTING_LOCK_SQL)
         .bind(&ids)
         .fetch_all(&mut *tx)
@@ -681,7 +681,7 @@ pub async fn delete(
     ids: DeleteIds,
     timeout_ms: u64,
 ) -> Result<u32> {
-    let mut tx = bounds::begin(pool, timeout_ms).await?;
+    let mut tx = bounds::begin_write(pool, timeout_ms, bounds::WRITE_ACQUIRE).await?;
     let rows: Vec<DeletedRow> = sqlx::query_as(
         "DELETE FROM memories WHERE tenant_id = $1 AND access_level <= $2 AND id = ANY($3) \
          RETURNING id, access_level, tsv_len, tsvector_to_array(tsv) AS lexemes",
@@ -846,7 +846,7 @@ pub async fn add_edges(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let mut tx = bounds::begin(pool, timeout_ms).await?;
+    let mut tx = bounds::begin_write(pool, timeout_ms, bounds::WRITE_ACQUIRE).await?;
     let visible: BTreeSet<Uuid> = sqlx::query_scalar::<_, Uuid>(
         "SELECT id FROM memories WHERE tenant_id = $1 AND access_level <= $2 AND id = ANY($3) ORDER BY id FOR KEY SHARE",
     )
@@ -902,7 +902,7 @@ pub async fn store_feedback(
         s.push(it.signal);
         v.push(it.value);
     }
-    let mut tx = bounds::begin(pool, timeout_ms).await?;
+    let mut tx = bounds::begin_write(pool, timeout_ms, bounds::WRITE_ACQUIRE).await?;
     let stored = sqlx::query(
         "INSERT INTO feedback (tenant_id, agent_id, query_id, memory_id, signal, value) \
          SELECT $1, $2, t.q, t.m, t.s, t.v FROM unnest($3::text[], $4::uuid[], $5::text[], $6::bool[]) AS t(q, m, s, v)",
