@@ -2,7 +2,9 @@
 //! stack: its wheel is built from this checkout (stubs generated from
 //! proto/ at build time), installed into the project-local `.engram/`, and
 //! its pytest suite (clients/python/tests) drives every method of the sync
-//! and asyncio clients over the gateway's public port.
+//! and asyncio clients over the gateway's public port. The stack runs with
+//! `search.update_detection` on, so the conflict review calls have real
+//! detected pairs to list and settle.
 
 use std::path::{Path, PathBuf};
 
@@ -71,7 +73,13 @@ fn summary(stdout: &str) -> (u32, u32, u32) {
 async fn python_client_against_the_real_stack() -> anyhow::Result<()> {
     let root = workspace_root();
     let pythonpath = install_client(&root).await?;
-    let ts = TestStack::start("sensitive").await?;
+    // Update detection on, so list_conflicts / review_conflict are tested
+    // on pairs the detector really flagged (clients/python/tests/
+    // test_conflicts.py); detect only (no auto-supersede), as by default.
+    let mut settings = engram_tests::settings().await?;
+    settings.search.update_detection = true;
+    let ts =
+        TestStack::start_with(settings, Service::ALL.into_iter().collect(), "sensitive").await?;
     let gw = ts
         .stack
         .addr(Service::Retrieval)

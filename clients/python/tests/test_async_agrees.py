@@ -16,7 +16,7 @@ PUBLIC = sorted(
 
 
 def test_same_methods_and_signatures():
-    assert len(PUBLIC) == 13, PUBLIC
+    assert len(PUBLIC) == 15, PUBLIC
     for name in PUBLIC:
         s, a = getattr(Engram, name), getattr(AsyncEngram, name)
         assert inspect.iscoroutinefunction(a), name
@@ -24,7 +24,7 @@ def test_same_methods_and_signatures():
         assert inspect.signature(s) == inspect.signature(a), name
         assert s.__doc__ == a.__doc__, name
     for name in ("remember", "upsert", "retrieve", "feedback", "get", "delete", "add_edges",
-                 "list_memories",
+                 "list_memories", "list_conflicts", "review_conflict",
                  "remember_working", "get_memory", "get_demand", "retrieve_basic",
                  "retrieve_agentic"):
         assert name in PUBLIC
@@ -39,7 +39,12 @@ def test_retrieve_exposes_every_request_field():
     fields = {f.name for f in retrieval_pb2.RetrieveRequest.DESCRIPTOR.fields}
     params = set(inspect.signature(Engram.retrieve).parameters)
     assert fields <= params, fields - params
-    for msg, method in [(retrieval_pb2.GetMemoryRequest, Engram.get_memory)]:
+    from engram_client._pb import common_pb2
+
+    for msg, method in [(retrieval_pb2.GetMemoryRequest, Engram.get_memory),
+                        (common_pb2.ListMemoriesRequest, Engram.list_memories),
+                        (common_pb2.ListConflictsRequest, Engram.list_conflicts),
+                        (common_pb2.ReviewConflictRequest, Engram.review_conflict)]:
         assert {f.name for f in msg.DESCRIPTOR.fields} <= set(inspect.signature(method).parameters)
 
 
@@ -60,6 +65,8 @@ async def test_async_covers_every_method_and_agrees(engram, aengram, tenant):
     page = await aengram.list_memories(namespace=kb)
     assert page == engram.list_memories(namespace=kb)
     assert {m.id for m in page.memories} == {a.id, b.id}
+    conflicts = await aengram.list_conflicts(namespace=kb)
+    assert conflicts == engram.list_conflicts(namespace=kb)
 
     # retrieve: the same records in the same order, with the same provenance.
     q = f"When does the tram leave {w}?"

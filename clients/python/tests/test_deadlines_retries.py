@@ -69,6 +69,16 @@ class Fake(retrieval_pb2_grpc.RetrievalServiceServicer, retrieval_pb2_grpc.Memor
         self._enter("Delete", context)
         return common_pb2.DeleteResponse(deleted=len(request.ids))
 
+    def ListConflicts(self, request, context):
+        self._enter("ListConflicts", context)
+        return common_pb2.ListConflictsResponse(conflicts=[
+            common_pb2.DetectedConflict(new_id="n-1", old_id="o-1", score=0.9)
+        ])
+
+    def ReviewConflict(self, request, context):
+        self._enter("ReviewConflict", context)
+        return common_pb2.ReviewConflictResponse()
+
     def methods(self):
         return [c[0] for c in self.calls]
 
@@ -122,6 +132,10 @@ def test_reads_retry_on_unavailable(fake):
         fake.fail = 1
         assert [m.id for m in c.get(["a"])] == ["a"]
         assert fake.methods() == ["Get"] * 2
+        fake.calls.clear()
+        fake.fail = 2
+        assert [x.new_id for x in c.list_conflicts().conflicts] == ["n-1"]
+        assert fake.methods() == ["ListConflicts"] * 3
 
 
 def test_reads_give_up_after_max_retries(fake):
@@ -139,6 +153,7 @@ def test_writes_are_never_retried(fake):
             ("Upsert", lambda: c.remember("x")),
             ("Delete", lambda: c.delete(["a"])),
             ("Feedback", lambda: c.feedback("q", ["m"])),
+            ("ReviewConflict", lambda: c.review_conflict("n", "o", "reject")),
         ]:
             fake.calls.clear()
             fake.fail = 1

@@ -1,6 +1,7 @@
 """The examples in clients/python/examples (quoted in docs/clients.md and
 the README) run against the live gateway."""
 
+import datetime as dt
 import importlib.util
 import os
 
@@ -58,12 +59,31 @@ def test_readme_blocks_run(engram, capsys):
     import engram_client
 
     blocks = python_blocks(os.path.join(HERE, "..", "README.md"))
-    assert len(blocks) == 2
+    assert len(blocks) == 3
+    defined = {}
     for block in blocks:
-        exec(compile(block, "README.md", "exec"),
-             {"engram": engram, "InvalidArgument": engram_client.InvalidArgument})
+        # Each block on its own (the first binds and closes its own client).
+        scope = {"engram": engram, "InvalidArgument": engram_client.InvalidArgument}
+        exec(compile(block, "README.md", "exec"), scope)
+        defined.update(scope)
     out = capsys.readouterr().out
     assert "limit -> must be in 1..=100" in out, out
+
+    # The review loop, on an update the stack detects (python_client.rs
+    # turns search.update_detection on).
+    now = dt.datetime.now(dt.timezone.utc)
+    ns = f"readme-{word()}"
+    old = engram.remember("Priya lives in Berlin.", namespace=ns, memory_type="semantic",
+                          event_time=now - dt.timedelta(days=150))
+    new = engram.remember("Priya moved to Amsterdam.", namespace=ns, memory_type="semantic",
+                          event_time=now - dt.timedelta(days=10))
+    decided = []
+    defined["review_updates"](engram, ns, lambda c: decided.append(c) or "confirm")
+    assert [(c.new_id, c.old_id) for c in decided] == [(new.id, old.id)]
+    assert "'Priya lives in Berlin.' -> 'Priya moved to Amsterdam.'" in capsys.readouterr().out
+    assert engram.list_conflicts(namespace=ns).conflicts == []
+    (confirmed,) = engram.list_conflicts(namespace=ns, include_confirmed=True).conflicts
+    assert confirmed.confirmed_at is not None and confirmed.old_closed
 
 
 def test_docs_quote_the_examples():

@@ -18,7 +18,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from ._pb import common_pb2, foundry_pb2, retrieval_pb2
 from .types import (
     AccessLevel,
+    ConflictDecision,
+    ConflictPage,
     ConversationMessage,
+    DetectedConflict,
     DemandResult,
     Edge,
     FeedbackItem,
@@ -92,6 +95,11 @@ def _copy_present(msg: Any, **fields: Any) -> None:
 def _upsert_one(memory: Memory) -> Op:
     req = common_pb2.UpsertRequest(memories=[memory.to_proto()])
     return Op(MEMORY, "Upsert", req, False, lambda r: UpsertResult.from_proto(r.results[0]))
+
+
+def _reviewed(r: Any) -> Optional[DetectedConflict]:
+    """The pair after a confirm; None after a reject (no ``conflict``)."""
+    return DetectedConflict.from_proto(r.conflict) if r.HasField("conflict") else None
 
 
 def tenant_lookup() -> Op:
@@ -197,6 +205,49 @@ class Calls:
         _set_present(req, page_size=page_size)
         _copy_present(req, time_range=time_range and time_range.to_proto())
         return self._run(Op(MEMORY, "ListMemories", req, True, MemoryPage.from_proto), timeout)
+
+    def list_conflicts(
+        self,
+        *,
+        page_size: Optional[int] = None,
+        page_token: str = "",
+        namespace: str = "",
+        include_confirmed: bool = False,
+        timeout: Optional[float] = None,
+    ) -> ConflictPage:
+        """One page (1..200, default 50) of the updates engram detected at
+        write time (``search.update_detection``), newest first
+        (``MemoryService.ListConflicts``): only pairs whose both memories
+        the key may read, only those awaiting review unless
+        ``include_confirmed``; ``namespace`` is the newer memory's. Pass
+        ``next_page_token`` back as ``page_token`` for the next page.
+        Retried on UNAVAILABLE."""
+        req = common_pb2.ListConflictsRequest(
+            page_token=page_token, namespace=namespace, include_confirmed=include_confirmed
+        )
+        _set_present(req, page_size=page_size)
+        return self._run(Op(MEMORY, "ListConflicts", req, True, ConflictPage.from_proto),
+                         timeout)
+
+    def review_conflict(
+        self,
+        new_id: str,
+        old_id: str,
+        decision: Union[ConflictDecision, str],
+        *,
+        timeout: Optional[float] = None,
+    ) -> Optional[DetectedConflict]:
+        """Settles a detected pair (``MemoryService.ReviewConflict``):
+        ``"confirm"`` keeps the edge, marks it confirmed and closes the old
+        memory at the new one's event time (it stays as history) and
+        returns the pair; ``"reject"`` removes the edge, undoes an
+        auto-supersede it caused, remembers the pair so it is never flagged
+        again, and returns None. A pair the key cannot see raises
+        NotFound. Never retried."""
+        req = common_pb2.ReviewConflictRequest(
+            new_id=new_id, old_id=old_id, decision=ConflictDecision.coerce(decision).to_proto()
+        )
+        return self._run(Op(MEMORY, "ReviewConflict", req, False, _reviewed), timeout)
 
     # ------------------------------------------------------------ retrieval
 

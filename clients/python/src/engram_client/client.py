@@ -5,8 +5,8 @@ coroutines. Every call carries the API key (``authorization: Bearer <key>``)
 and a deadline (the client's ``timeout``, 5 s by default, or the call's
 ``timeout=``); the deadline covers retries too. Reads are retried on
 UNAVAILABLE with exponential backoff while the deadline allows; writes
-(remember, upsert, delete, add_edges, feedback, remember_working) never are,
-so a write is sent at most once by this client.
+(remember, upsert, delete, add_edges, review_conflict, feedback,
+remember_working) never are, so a write is sent at most once by this client.
 """
 
 from __future__ import annotations

@@ -28,12 +28,15 @@ __all__ = [
     "ConflictResolution",
     "FeedbackSignal",
     "MemoryOrigin",
+    "ConflictDecision",
     "Triple",
     "Memory",
     "TimeRange",
     "Edge",
     "UpsertResult",
     "MemoryPage",
+    "DetectedConflict",
+    "ConflictPage",
     "ConversationMessage",
     "StrategyHit",
     "Provenance",
@@ -164,6 +167,27 @@ class MemoryOrigin(_ProtoEnum):
     NONE = "none"
     WORKING = "working"
     GRAPH = "graph"
+
+
+class ConflictDecision(_ProtoEnum):
+    """How ``review_conflict`` settles a detected pair. CONFIRM: the newer
+    memory does replace the older one (the edge stays, marked confirmed,
+    and the old memory's validity ends at the new one's event time).
+    REJECT: not an update (the edge is removed, an auto-supersede it caused
+    is undone, and the pair is never flagged again)."""
+
+    CONFIRM = "confirm"
+    REJECT = "reject"
+
+    @classmethod
+    def coerce(cls, value: Union["_ProtoEnum", str, int, None]):
+        """As for the other enums, but there is no default: None (or the
+        proto's UNSPECIFIED) is refused."""
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)
+                             and value not in [m.to_proto() for m in cls]):
+            raise ValueError(f"{cls.__name__}: a decision is required (one of confirm, reject),"
+                             f" got {value!r}")
+        return super().coerce(value)
 
 
 # ---------------------------------------------------------------- helpers
@@ -368,6 +392,49 @@ class MemoryPage:
     @classmethod
     def from_proto(cls, r: Any) -> "MemoryPage":
         return _from(cls, r, memories=[Memory.from_proto(m) for m in r.memories])
+
+
+@dataclass
+class DetectedConflict:
+    """A pair the write-time update detector flagged (a system-detected
+    ``contradicts`` edge): ``new_id`` is the newer memory, ``old_id`` the one
+    it appears to update. Listed by ``list_conflicts``, settled by
+    ``review_conflict``."""
+
+    new_id: str
+    old_id: str
+    #: the detector's probability that this is an update, 0..1
+    score: float
+    #: what changed, e.g. ``update detected (score 0.91): "berlin" -> "amsterdam"``
+    reason: str
+    #: the two memories' text, cut to 200 characters
+    new_content: str
+    old_content: str
+    new_event_time: Optional[_dt.datetime]
+    old_event_time: Optional[_dt.datetime]
+    detected_at: Optional[_dt.datetime]
+    #: set once a reviewer confirmed the pair
+    confirmed_at: Optional[_dt.datetime]
+    #: the old memory's validity was closed (auto-supersede or a confirm)
+    old_closed: bool
+
+    @classmethod
+    def from_proto(cls, c: common_pb2.DetectedConflict) -> "DetectedConflict":
+        times = ("new_event_time", "old_event_time", "detected_at", "confirmed_at")
+        return _from(cls, c, **{t: _ts_out(c, t) for t in times})
+
+
+@dataclass
+class ConflictPage:
+    """One page of ``list_conflicts``, newest detection first: pass
+    ``next_page_token`` back for the next one (empty on the last page)."""
+
+    conflicts: List[DetectedConflict]
+    next_page_token: str
+
+    @classmethod
+    def from_proto(cls, r: Any) -> "ConflictPage":
+        return _from(cls, r, conflicts=[DetectedConflict.from_proto(c) for c in r.conflicts])
 
 
 # ---------------------------------------------------------------- retrieval
