@@ -18,10 +18,12 @@
 //! semaphore refuses with RESOURCE_EXHAUSTED before any work, never queues,
 //! and counts exactly the search RPCs.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use engram_common::settings::SearchSettings;
+use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -78,13 +80,25 @@ pub async fn begin_write(
     timeout_ms: u64,
     acquire: Duration,
 ) -> Result<Transaction<'static, Postgres>> {
+    within(acquire, begin(pool, timeout_ms)).await
+}
+
+/// A pool connection for a write's reads before its transaction, under the
+/// same bound as [`begin_write`].
+pub async fn write_conn(pool: &PgPool, acquire: Duration) -> Result<PoolConnection<Postgres>> {
+    within(acquire, async { Ok(pool.acquire().await?) }).await
+}
+
+/// `step` (getting a connection), refused UNAVAILABLE after `acquire` or
+/// when the pool cannot reach the database.
+async fn within<T>(acquire: Duration, step: impl Future<Output = Result<T>>) -> Result<T> {
     let refused = || {
         Error::Unavailable(format!(
             "no database connection within {} ms: the write was not applied; retry it",
             acquire.as_millis()
         ))
     };
-    match tokio::time::timeout(acquire, begin(pool, timeout_ms)).await {
+    match tokio::time::timeout(acquire, step).await {
         Err(_) => Err(refused()),
         Ok(Err(Error::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)))) => Err(refused()),
         Ok(other) => other,
@@ -152,6 +166,10 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
+        let e = write_conn(&pool, Duration::from_millis(200))
+            .await
+            .expect_err("no database");
+        assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
     }
 
     #[test]

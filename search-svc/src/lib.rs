@@ -149,7 +149,10 @@ impl SearchSvc {
     /// [`Self::writable`]'s short probe instead of each waiting for a
     /// connection until the watcher's next check.
     fn noted(&self, e: Error) -> Error {
-        if matches!(e, Error::Unavailable(_)) {
+        if matches!(
+            e,
+            Error::Unavailable(_) | Error::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_))
+        ) {
             self.inner.db_up.store(false, Ordering::Relaxed);
         }
         e

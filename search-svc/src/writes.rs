@@ -143,13 +143,17 @@ pub async fn upsert(
 
     let mut last_err = None;
     for attempt in 0..MAX_ATTEMPTS {
+        // Bounded like the transaction below: during an outage this is
+        // the first statement a write sends.
+        let mut conn = bounds::write_conn(pool, bounds::WRITE_ACQUIRE).await?;
         let existing: HashMap<Uuid, Existing> = sqlx::query_as::<_, Existing>(EXISTING_SQL)
             .bind(&ids)
-            .fetch_all(pool)
+            .fetch_all(&mut *conn)
             .await?
             .into_iter()
             .map(|e| (e.id, e))
             .collect();
+        drop(conn);
         check_ownership(identity, &existing, &sorted)?;
         let to_embed: Vec<usize> = sorted
             .iter()
