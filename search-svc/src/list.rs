@@ -101,13 +101,7 @@ impl TryFrom<pb::ListMemoriesRequest> for ListQuery {
             include_consolidated,
             newest_first,
         } = r;
-        let page_size = page_size.unwrap_or(DEFAULT_PAGE_SIZE);
-        if !(1..=MAX_PAGE_SIZE).contains(&page_size) {
-            return Err(Error::invalid(
-                "page_size",
-                format!("must be in 1..={MAX_PAGE_SIZE}"),
-            ));
-        }
+        let page_size = crate::validate::page_size(page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)?;
         let after_opt = match page_token.as_str() {
             "" => None,
             t => Some(Position::parse(t)?),

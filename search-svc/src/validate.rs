@@ -82,6 +82,15 @@ pub fn content_hash(title: &str, content: &str) -> Vec<u8> {
     h.finalize().to_vec()
 }
 
+/// A page size: `default` when unset, else within 1..=`max`.
+pub fn page_size(page_size_opt: Option<u32>, default: u32, max: u32) -> Result<u32> {
+    let page_size = page_size_opt.unwrap_or(default);
+    if !(1..=max).contains(&page_size) {
+        return Err(Error::invalid("page_size", format!("must be in 1..={max}")));
+    }
+    Ok(page_size)
+}
+
 pub fn parse_uuid(field: &str, s: &str) -> Result<Uuid> {
     Uuid::parse_str(s).map_err(|_| Error::invalid(field, "must be a UUID"))
 }

@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use engram_common::Identity;
-use engram_common::text::check_text;
 use engram_proto::conflict_service_client::ConflictServiceClient;
 use engram_proto::{
     ConflictDecision, ListConflictsRequest, ListConflictsResponse, ReviewConflictRequest,
@@ -19,6 +18,7 @@ use engram_proto::{
 };
 use tonic::Request;
 
+use crate::api::memory::check_short_texts;
 use crate::error::Error;
 use crate::gateway::Gateway;
 
@@ -52,18 +52,10 @@ impl TryFrom<ListConflictsRequest> for ConflictPage {
                 format!("must be in 1..={MAX_CONFLICT_PAGE}"),
             ));
         }
-        for (field, s, max) in [
+        check_short_texts(&[
             ("page_token", &page_token, MAX_PAGE_TOKEN_CHARS),
             ("namespace", &namespace, MAX_NAMESPACE_CHARS),
-        ] {
-            check_text(s).map_err(|rule| Error::invalid(field, rule))?;
-            if s.chars().count() > max {
-                return Err(Error::invalid(
-                    field,
-                    format!("must be at most {max} characters"),
-                ));
-            }
-        }
+        ])?;
         Ok(Self(ListConflictsRequest {
             page_size,
             page_token,

@@ -108,6 +108,20 @@ impl MemoryService for Memory {
     }
 }
 
+/// Each `(field, text, max)`: plain text of at most `max` characters.
+pub(crate) fn check_short_texts(fields: &[(&'static str, &str, usize)]) -> Result<(), Error> {
+    for &(field, s, max) in fields {
+        check_text(s).map_err(|rule| Error::invalid(field, rule))?;
+        if s.chars().count() > max {
+            return Err(Error::invalid(
+                field,
+                format!("must be at most {max} characters"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A `ListMemoriesRequest` that passed the gateway's checks, with the
 /// page size made explicit.
 #[derive(Debug, Clone)]
@@ -134,18 +148,10 @@ impl TryFrom<ListMemoriesRequest> for ListPage {
                 format!("must be in 1..={MAX_LIST_PAGE}"),
             ));
         }
-        for (field, s, max) in [
+        check_short_texts(&[
             ("page_token", &page_token, MAX_PAGE_TOKEN_CHARS),
             ("namespace", &namespace, MAX_NAMESPACE_CHARS),
-        ] {
-            check_text(s).map_err(|rule| Error::invalid(field, rule))?;
-            if s.chars().count() > max {
-                return Err(Error::invalid(
-                    field,
-                    format!("must be at most {max} characters"),
-                ));
-            }
-        }
+        ])?;
         if memory_types.len() > MAX_LIST_TYPES {
             return Err(Error::invalid(
                 "memory_types",
