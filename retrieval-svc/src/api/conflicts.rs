@@ -18,7 +18,7 @@ use engram_proto::{
 };
 use tonic::Request;
 
-use crate::api::memory::check_short_texts;
+use crate::api::checks::{check_short_texts, search_error};
 use crate::error::Error;
 use crate::gateway::Gateway;
 
@@ -131,22 +131,6 @@ pub async fn review(
     let (mut client, req) = call(gw, identity, review.0);
     let r = client.review_conflict(req).await.map_err(search_error)?;
     Ok(r.into_inner())
-}
-
-/// search-svc's status as the gateway reports it (as listing does).
-pub fn search_error(status: tonic::Status) -> Error {
-    match status.code() {
-        // tonic's own end of the grpc-timeout set on the request.
-        tonic::Code::Cancelled if status.message() == "Timeout expired" => Error::DeadlineExceeded,
-        tonic::Code::Unavailable | tonic::Code::Unknown => Error::DownstreamUnavailable {
-            service: "search",
-            reason: status.message().to_string(),
-        },
-        _ => Error::Downstream {
-            service: "search",
-            status,
-        },
-    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engram_common::Identity;
-use engram_common::text::{check_label, check_text, check_timestamp};
+use engram_common::text::{check_label, check_timestamp};
 use engram_proto::listing_service_client::ListingServiceClient;
 use engram_proto::memory_service_server::MemoryService;
 use engram_proto::{
@@ -16,6 +16,7 @@ use engram_proto::{
 };
 use tonic::{Request, Response, Status};
 
+use crate::api::checks::{check_short_texts, search_error};
 use crate::api::conflicts::{self, ConflictPage, ConflictReview};
 use crate::error::Error;
 use crate::gateway::Gateway;
@@ -106,20 +107,6 @@ impl MemoryService for Memory {
         let r = conflicts::review(&self.0, &identity, review).await?;
         Ok(Response::new(r))
     }
-}
-
-/// Each `(field, text, max)`: plain text of at most `max` characters.
-pub(crate) fn check_short_texts(fields: &[(&'static str, &str, usize)]) -> Result<(), Error> {
-    for &(field, s, max) in fields {
-        check_text(s).map_err(|rule| Error::invalid(field, rule))?;
-        if s.chars().count() > max {
-            return Err(Error::invalid(
-                field,
-                format!("must be at most {max} characters"),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// A `ListMemoriesRequest` that passed the gateway's checks, with the
@@ -217,7 +204,7 @@ async fn list(
     let mut r = client
         .list_memories(req)
         .await
-        .map_err(conflicts::search_error)?
+        .map_err(search_error)?
         .into_inner();
     r.memories
         .retain(|m| m.tenant_id == identity.tenant && m.access_level <= identity.trust.to_proto());

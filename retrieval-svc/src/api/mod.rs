@@ -2,6 +2,7 @@
 //! validates with a `TryFrom` of the request, makes one call into the
 //! pipeline or a surface, and maps the error to a gRPC or HTTP status.
 
+pub mod checks;
 pub mod conflicts;
 pub mod foundry;
 pub mod http;
