@@ -32,6 +32,20 @@ async fn write(c: &mut Client, content: &str, days_ago: i64) -> anyhow::Result<S
     Ok(r.results.first().map(|r| r.id.clone()).unwrap_or_default())
 }
 
+/// Every service with update detection on (and auto-supersede from
+/// `auto_supersede`, 0 = detect only), for a `sensitive` key.
+async fn detecting_stack(auto_supersede: f32) -> anyhow::Result<TestStack> {
+    let mut settings = engram_tests::settings().await?;
+    settings.search.update_detection = true;
+    settings.search.update_auto_supersede = auto_supersede;
+    TestStack::start_with(
+        settings,
+        engram::stack::Service::ALL.into_iter().collect(),
+        "sensitive",
+    )
+    .await
+}
+
 /// Old facts (five months ago), unrelated facts, then the three updates.
 const OLD: [&str; 3] = [
     "Priya lives in Berlin.",
@@ -53,14 +67,7 @@ const NEW: [&str; 3] = [
 
 #[tokio::test]
 async fn an_implicit_update_is_detected_and_the_current_fact_answers() -> anyhow::Result<()> {
-    let mut settings = engram_tests::settings().await?;
-    settings.search.update_detection = true;
-    let ts = TestStack::start_with(
-        settings,
-        engram::stack::Service::ALL.into_iter().collect(),
-        "sensitive",
-    )
-    .await?;
+    let ts = detecting_stack(0.0).await?;
     let mut c = ts.client().await?;
     let mut old_ids = Vec::new();
     for (i, fact) in OLD.iter().enumerate() {
@@ -177,15 +184,7 @@ async fn a_lower_trust_writer_never_flags_a_higher_trust_memory() -> anyhow::Res
 
 #[tokio::test]
 async fn auto_supersede_closes_the_old_version_which_history_still_shows() -> anyhow::Result<()> {
-    let mut settings = engram_tests::settings().await?;
-    settings.search.update_detection = true;
-    settings.search.update_auto_supersede = 0.6;
-    let ts = TestStack::start_with(
-        settings,
-        engram::stack::Service::ALL.into_iter().collect(),
-        "sensitive",
-    )
-    .await?;
+    let ts = detecting_stack(0.6).await?;
     let mut c = ts.client().await?;
     let old = write(&mut c, OLD[0], 150).await?;
     let new = write(&mut c, NEW[0], 10).await?;
@@ -259,15 +258,7 @@ async fn pending(c: &mut Client) -> anyhow::Result<Vec<(String, String)>> {
 /// closed; a confirmation closes the old version.
 #[tokio::test]
 async fn detected_conflicts_are_listed_and_reviews_stick() -> anyhow::Result<()> {
-    let mut settings = engram_tests::settings().await?;
-    settings.search.update_detection = true;
-    settings.search.update_auto_supersede = 0.6;
-    let ts = TestStack::start_with(
-        settings,
-        engram::stack::Service::ALL.into_iter().collect(),
-        "sensitive",
-    )
-    .await?;
+    let ts = detecting_stack(0.6).await?;
     let mut c = ts.client().await?;
     let berlin = write(&mut c, OLD[0], 150).await?;
     let standup = write(&mut c, OLD[1], 140).await?;
