@@ -12,7 +12,7 @@ from engram_client import (
     Memory,
     Unauthenticated,
 )
-from engram_client.errors import from_rpc_error, parse_invalid_argument
+from engram_client.errors import DeadlineExceeded, from_rpc_error, parse_invalid_argument
 
 
 @pytest.mark.parametrize("message,field,rule", [
@@ -46,6 +46,27 @@ def test_invalid_argument_is_also_a_value_error():
     assert (e.field, e.rule) == ("top_k", "must be in 1..=100")
     assert e.code is grpc.StatusCode.INVALID_ARGUMENT and e.metadata == {"retry-after-ms": "5"}
     assert "top_k" in str(e)
+
+
+def test_the_servers_end_of_a_deadline_is_a_deadline():
+    """tonic answers CANCELLED "Timeout expired" when the client's
+    grpc-timeout runs out on the server first: still a DeadlineExceeded."""
+
+    class Fake(grpc.RpcError):
+        def __init__(self, details):
+            self._details = details
+
+        def code(self):
+            return grpc.StatusCode.CANCELLED
+
+        def details(self):
+            return self._details
+
+        def trailing_metadata(self):
+            return ()
+
+    assert isinstance(from_rpc_error(Fake("Timeout expired")), DeadlineExceeded)
+    assert not isinstance(from_rpc_error(Fake("the caller went away")), DeadlineExceeded)
 
 
 @pytest.mark.parametrize("call,field", [

@@ -154,4 +154,10 @@ def from_rpc_error(e: grpc.RpcError) -> EngramError:
     except Exception:  # pragma: no cover - a call that never got trailers
         md = {}
     cls = _BY_CODE.get(code, EngramError)
+    # The server's end of the call's own deadline (tonic answers CANCELLED
+    # "Timeout expired" when the grpc-timeout the client sent runs out
+    # first): the same event as the client's DEADLINE_EXCEEDED, so the
+    # same exception, whichever side noticed first.
+    if code == grpc.StatusCode.CANCELLED and details == "Timeout expired":
+        cls = DeadlineExceeded
     return cls(details, code=code, metadata=md)
