@@ -18,9 +18,20 @@ fn at(days_ago: i64) -> prost_types::Timestamp {
 }
 
 async fn write(c: &mut Client, content: &str, days_ago: i64) -> anyhow::Result<String> {
+    write_at(c, content, days_ago, engram_proto::AccessLevel::Unspecified).await
+}
+
+/// [`write`] at an access level (`Unspecified`: the server's default).
+async fn write_at(
+    c: &mut Client,
+    content: &str,
+    days_ago: i64,
+    level: engram_proto::AccessLevel,
+) -> anyhow::Result<String> {
     let m = Memory {
         content: content.into(),
         memory_type: "semantic".into(),
+        access_level: level as i32,
         event_time: Some(at(days_ago)),
         ..Default::default()
     };
@@ -152,21 +163,8 @@ async fn a_lower_trust_writer_never_flags_a_higher_trust_memory() -> anyhow::Res
         engram_tests::stack_with_keys(settings, &[("t", "sensitive"), ("t", "public")]).await?;
     let mut high = Client::connect(&uri, &keys[0]).await?;
     let mut low = Client::connect(&uri, &keys[1]).await?;
-    let secret = Memory {
-        content: "Priya lives in Berlin.".into(),
-        memory_type: "semantic".into(),
-        access_level: engram_proto::AccessLevel::Sensitive as i32,
-        event_time: Some(at(100)),
-        ..Default::default()
-    };
-    let r = high
-        .memories
-        .upsert(UpsertRequest {
-            memories: vec![secret],
-        })
-        .await?
-        .into_inner();
-    let secret_id: uuid::Uuid = r.results[0].id.parse()?;
+    let sensitive = engram_proto::AccessLevel::Sensitive;
+    let secret_id: uuid::Uuid = write_at(&mut high, OLD[0], 100, sensitive).await?.parse()?;
     write(&mut low, "Priya moved to Amsterdam.", 1).await?;
     let pool = engram_common::db::test_database().await?;
     let (n,): (i64,) =
@@ -407,21 +405,8 @@ async fn a_lower_trust_key_cannot_see_or_review_a_higher_trust_conflict() -> any
     let mut high = Client::connect(&uri, &keys[0]).await?;
     let mut low = Client::connect(&uri, &keys[1]).await?;
     let mut other = Client::connect(&uri, &keys[2]).await?;
-    let secret = Memory {
-        content: OLD[0].into(),
-        memory_type: "semantic".into(),
-        access_level: engram_proto::AccessLevel::Sensitive as i32,
-        event_time: Some(at(100)),
-        ..Default::default()
-    };
-    let r = high
-        .memories
-        .upsert(UpsertRequest {
-            memories: vec![secret],
-        })
-        .await?
-        .into_inner();
-    let old = r.results[0].id.clone();
+    let sensitive = engram_proto::AccessLevel::Sensitive;
+    let old = write_at(&mut high, OLD[0], 100, sensitive).await?;
     let new = write(&mut high, NEW[0], 1).await?;
     assert!(
         pending(&mut high)
