@@ -78,6 +78,9 @@ async fn python_client_against_the_real_stack() -> anyhow::Result<()> {
     // test_conflicts.py); detect only (no auto-supersede), as by default.
     let mut settings = engram_tests::settings().await?;
     settings.search.update_detection = true;
+    // Before the acknowledgement: the Python tests list a pair right after
+    // writing it.
+    settings.search.update_detection_queue = 0;
     let ts =
         TestStack::start_with(settings, Service::ALL.into_iter().collect(), "sensitive").await?;
     let gw = ts

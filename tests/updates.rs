@@ -44,11 +44,20 @@ async fn write_at(
 }
 
 /// Every service with update detection on (and auto-supersede from
-/// `auto_supersede`, 0 = detect only), for a `sensitive` key.
+/// `auto_supersede`, 0 = detect only), for a `sensitive` key. Detection
+/// runs before each write is acknowledged, so a test reads the edge right
+/// after the write.
 async fn detecting_stack(auto_supersede: f32) -> anyhow::Result<TestStack> {
+    detecting_stack_queued(auto_supersede, 0).await
+}
+
+/// [`detecting_stack`] with `queue` writes' detection allowed to wait on
+/// search-svc's background worker (`search.update_detection_queue`).
+async fn detecting_stack_queued(auto_supersede: f32, queue: usize) -> anyhow::Result<TestStack> {
     let mut settings = engram_tests::settings().await?;
     settings.search.update_detection = true;
     settings.search.update_auto_supersede = auto_supersede;
+    settings.search.update_detection_queue = queue;
     TestStack::start_with(
         settings,
         engram::stack::Service::ALL.into_iter().collect(),
@@ -76,9 +85,30 @@ const NEW: [&str; 3] = [
     "Code reviews are now at 15:00.",
 ];
 
+/// The tenant's system-detected `contradicts` edges (new → old, score,
+/// reason), strongest first.
+async fn detected_edges(
+    tenant: &str,
+) -> anyhow::Result<Vec<(uuid::Uuid, uuid::Uuid, f32, String)>> {
+    let pool = engram_common::db::test_database().await?;
+    Ok(sqlx::query_as(
+        "SELECT src_id, dst_id, weight, coalesce(reason, '') FROM edges \
+         WHERE tenant_id = $1 AND origin = 'detected' AND edge_type = 'contradicts' ORDER BY weight DESC",
+    )
+    .bind(tenant)
+    .fetch_all(&pool)
+    .await?)
+}
+
+/// With the default queue detection runs after the acknowledgement, on
+/// search-svc's background worker: the edges appear shortly after.
 #[tokio::test]
 async fn an_implicit_update_is_detected_and_the_current_fact_answers() -> anyhow::Result<()> {
-    let ts = detecting_stack(0.0).await?;
+    let queue = engram_common::Settings::default()
+        .search
+        .update_detection_queue;
+    assert!(queue > 0, "detection is queued by default");
+    let ts = detecting_stack_queued(0.0, queue).await?;
     let mut c = ts.client().await?;
     let mut old_ids = Vec::new();
     for (i, fact) in OLD.iter().enumerate() {
@@ -91,14 +121,14 @@ async fn an_implicit_update_is_detected_and_the_current_fact_answers() -> anyhow
     for (i, fact) in NEW.iter().enumerate() {
         new_ids.push(write(&mut c, fact, 10 - i as i64).await?);
     }
-    let pool = engram_common::db::test_database().await?;
-    let detected: Vec<(uuid::Uuid, uuid::Uuid, f32, String)> = sqlx::query_as(
-        "SELECT src_id, dst_id, weight, coalesce(reason, '') FROM edges \
-         WHERE tenant_id = $1 AND origin = 'detected' AND edge_type = 'contradicts' ORDER BY weight DESC",
-    )
-    .bind(&ts.tenant)
-    .fetch_all(&pool)
-    .await?;
+    let mut detected = Vec::new();
+    for _ in 0..100 {
+        detected = detected_edges(&ts.tenant).await?;
+        if detected.len() >= NEW.len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     for (s, d, w, r) in &detected {
         eprintln!("detected {s} -> {d} {w:.3} {r}");
     }
@@ -159,6 +189,7 @@ async fn an_implicit_update_is_detected_and_the_current_fact_answers() -> anyhow
 async fn a_lower_trust_writer_never_flags_a_higher_trust_memory() -> anyhow::Result<()> {
     let mut settings = engram_tests::settings().await?;
     settings.search.update_detection = true;
+    settings.search.update_detection_queue = 0; // the edge (or none) at the ack
     let (stack, uri, keys) =
         engram_tests::stack_with_keys(settings, &[("t", "sensitive"), ("t", "public")]).await?;
     let mut high = Client::connect(&uri, &keys[0]).await?;
@@ -397,6 +428,7 @@ async fn detected_conflicts_are_listed_and_reviews_stick() -> anyhow::Result<()>
 async fn a_lower_trust_key_cannot_see_or_review_a_higher_trust_conflict() -> anyhow::Result<()> {
     let mut settings = engram_tests::settings().await?;
     settings.search.update_detection = true;
+    settings.search.update_detection_queue = 0; // the edge (or none) at the ack
     let (stack, uri, keys) = engram_tests::stack_with_keys(
         settings,
         &[("t", "sensitive"), ("t", "public"), ("u", "sensitive")],

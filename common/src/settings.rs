@@ -309,6 +309,11 @@ pub struct SearchSettings {
     /// validity when an update says so ("now", "moved", …) and scores at
     /// least this: off / detect-only / auto-supersede.
     pub update_auto_supersede: f32,
+    /// Writes whose detection may wait on search-svc's background worker
+    /// (after the acknowledgement); when they are all taken a write runs its
+    /// own detection before it is acknowledged. 0 = always before the
+    /// acknowledgement, so the edge exists when the write returns.
+    pub update_detection_queue: usize,
     /// Days the Stage 4 training examples (feedback with the features of
     /// the answer it judged) are kept; the decay pass deletes older ones.
     pub ranker_examples_days: u32,
@@ -364,6 +369,7 @@ impl Default for SearchSettings {
                 .map(String::from)
                 .to_vec(),
             update_auto_supersede: 0.0,
+            update_detection_queue: 256,
             ranker_examples_days: 90,
             decay_batch_size: 1000,
             // Events fade in weeks, facts in months, procedures in a year;

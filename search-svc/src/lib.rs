@@ -14,6 +14,7 @@ pub mod changes;
 pub mod conflicts;
 pub mod decay;
 pub mod dense;
+pub mod detection;
 pub mod embed;
 pub mod error;
 pub mod facts;
@@ -74,7 +75,7 @@ struct Inner {
     admission: Admission,
     serve_opts: engram_common::server::ServeOptions,
     feed: changes::Feed,
-    updates: updates::Policy,
+    detector: detection::Detector,
     /// The database watcher's last verdict (serve_svc); writes consult it
     /// so they fail fast while Postgres is gone.
     db_up: Arc<AtomicBool>,
@@ -94,6 +95,17 @@ impl SearchSvc {
                 settings.search.keyword_scoring
             )
         })?;
+        let detector = detection::Detector::new(
+            pool.clone(),
+            updates::Policy {
+                enabled: settings.search.update_detection,
+                threshold: settings.search.update_threshold,
+                types: settings.search.update_types.clone(),
+                auto_supersede: settings.search.update_auto_supersede,
+                timeout_ms: settings.search.statement_timeout_write_ms,
+            },
+            settings.search.update_detection_queue,
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 feed: changes::Feed::new(pool.clone()),
@@ -108,13 +120,7 @@ impl SearchSvc {
                 timeouts: Timeouts::from_settings(&settings.search),
                 admission: Admission::new(settings.search.max_concurrent_requests),
                 serve_opts: engram_common::server::ServeOptions::internal(settings)?,
-                updates: updates::Policy {
-                    enabled: settings.search.update_detection,
-                    threshold: settings.search.update_threshold,
-                    types: settings.search.update_types.clone(),
-                    auto_supersede: settings.search.update_auto_supersede,
-                    timeout_ms: settings.search.statement_timeout_write_ms,
-                },
+                detector,
             }),
         })
     }
@@ -235,12 +241,9 @@ impl SearchService for SearchSvc {
         let (pool, timeout_ms) = (&self.inner.pool, self.inner.timeouts.write_ms);
         // Only short facts of the judged types can update another memory:
         // passages and turns cost detection nothing, not even its query.
+        let detector = &self.inner.detector;
         let judged: std::collections::HashSet<uuid::Uuid> = (batch.0.iter())
-            .filter(|m| {
-                self.inner
-                    .updates
-                    .judges(&m.memory_type, &m.title, &m.content)
-            })
+            .filter(|m| (detector.policy()).judges(&m.memory_type, &m.title, &m.content))
             .map(|m| m.id)
             .collect();
         let results = writes::upsert(
@@ -253,7 +256,8 @@ impl SearchService for SearchSvc {
         )
         .await
         .map_err(|e| self.noted(e))?;
-        // After the commit: the write is acknowledged whatever detection does.
+        // After the commit: the write is acknowledged whatever detection does
+        // (queued, or run here when the queue is full: detection.rs).
         // New memories and rewrites (their embedding was recomputed: the
         // content changed) are judged; a rewrite may now update another.
         let created: Vec<uuid::Uuid> = (results.iter())
@@ -261,9 +265,7 @@ impl SearchService for SearchSvc {
             .filter_map(|r| r.id.parse().ok())
             .filter(|id| judged.contains(id))
             .collect();
-        if let Err(e) = updates::detect(pool, &identity, &created, &self.inner.updates).await {
-            tracing::warn!(tenant = %identity.tenant, error = %e, "update detection skipped");
-        }
+        detector.submit(&identity, created).await;
         Ok(Response::new(pb::UpsertResponse { results }))
     }
 
