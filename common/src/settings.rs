@@ -296,8 +296,8 @@ pub struct SearchSettings {
     /// write a system-detected `contradicts` edge (search-svc updates.rs).
     /// Off by default: on pairs from domains it was never fitted on
     /// (`engram eval updates`, held-out set) the detector's precision is
-    /// 0.79 at recall 0.76, and a false pair makes Stage 5 hide a true
-    /// memory.
+    /// 0.79 at recall 0.79 (on dev, cross-fitted: 0.91 / 0.81), and a
+    /// false pair makes Stage 5 hide a true memory.
     pub update_detection: bool,
     /// The probability (of `search_svc::updates::MODEL`) a pair must reach
     /// to count as an update.
@@ -364,7 +364,7 @@ impl Default for SearchSettings {
             decay_interval_secs: 600,
             fact_index: false,
             update_detection: false,
-            update_threshold: 0.6,
+            update_threshold: 0.65,
             update_types: ["semantic", "episodic", "procedural"]
                 .map(String::from)
                 .to_vec(),

@@ -26,6 +26,7 @@ pub mod rows;
 pub mod turns;
 pub mod updates;
 pub mod validate;
+pub mod values;
 pub mod writes;
 
 use std::future::Future;

@@ -19,8 +19,10 @@
 //! features ([`FEATURES`]): the cosine, shared wording, update wording
 //! ("now", "moved", "no longer", "switched", …), what a word alignment of
 //! the two texts changed (one value swapped, the subject, only predicate
-//! words, a number), and whether the shared predicate holds one value
-//! ("lives in", "is") or several ("likes", "has visited"). A pair scoring at
+//! words, a number), whether the shared predicate holds one value
+//! ("lives in", "is") or several ("likes", "has visited"), and whether the
+//! values that changed are of kinds that cannot replace each other (a time
+//! against a weekday: values.rs). A pair scoring at
 //! least `search.update_threshold` is an update. The model is fitted by
 //! `engram eval updates --fit` on lab/data/updates_dev.jsonl and reported
 //! leave-one-domain-out and on an independent held-out set
@@ -37,6 +39,7 @@ use uuid::Uuid;
 
 use crate::bounds;
 use crate::error::Result;
+use crate::values;
 
 /// What a pair is judged on.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -307,7 +310,7 @@ const STARTERS: &[&str] = &[
 /// what the word-level alignment changed (one value swapped, the subject,
 /// only predicate words, a number), and whether the shared predicate holds
 /// one value or several.
-pub const FEATURES: [&str; 19] = [
+pub const FEATURES: [&str; 20] = [
     "cosine",
     "overlap",
     "cue",
@@ -327,6 +330,7 @@ pub const FEATURES: [&str; 19] = [
     "cue_cosine",
     "kept_after_change",
     "cue_kept",
+    "kinds_differ",
 ];
 
 /// A logistic model over [`FEATURES`].
@@ -341,10 +345,10 @@ pub struct Model {
 /// leave-one-domain-out, and on the held-out set; docs/benchmarks.md).
 pub const MODEL: Model = Model {
     weights: [
-        9.419, 3.005, -0.911, 0.749, 0.250, 0.238, -0.434, 0.786, -2.568, -5.638, -4.905, 7.726,
-        -2.213, 1.761, -4.963, -0.540, 3.624, -0.732, 1.986,
+        9.135, 4.588, -1.277, 0.432, 1.290, 0.380, -0.395, 1.758, -2.281, -5.427, -4.366, 7.368,
+        -3.222, 1.741, -4.809, -0.026, 5.361, -1.138, 2.049, -6.155,
     ],
-    intercept: -9.729,
+    intercept: -12.412,
 };
 
 impl Model {
@@ -568,6 +572,10 @@ pub fn features(p: Pair<'_>) -> Option<[f32; FEATURES.len()]> {
         if cue { p.cosine } else { 0.0 },
         kept_after_change as f32,
         if cue { kept_after_change as f32 } else { 0.0 },
+        flag(values::kinds_differ(
+            &values::values(p.old, is_name),
+            &values::values(p.new, is_name),
+        )),
     ])
 }
 
@@ -773,7 +781,7 @@ mod tests {
     use super::*;
 
     /// `search.update_threshold`'s default.
-    const T: f32 = 0.6;
+    const T: f32 = 0.65;
 
     // The cosines below are the embedder's for these texts (measured with
     // `engram eval updates --dump`).
