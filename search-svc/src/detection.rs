@@ -7,6 +7,11 @@
 //! A queue of 0 always detects before the acknowledgement (the edge exists
 //! when the write returns).
 //!
+//! The queue is shared by tenants: one tenant's flood of facts can delay
+//! another's edges by at most the queue's length of jobs (each one bounded
+//! candidate query, milliseconds), and makes the other's writes run their
+//! own detection while it lasts; it cannot drop them or slow them further.
+//!
 //! Best effort like detection itself: a job still queued when the process
 //! dies is not run (the memories are written; only the edge is missed, and
 //! the next write of an update to the same slot is judged again).
