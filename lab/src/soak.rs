@@ -15,7 +15,15 @@
 //!   proxy; each is slowed past its stage timeout in turn, then restored.
 //! * `soak`: half the measured saturation rate of reads plus writes,
 //!   sampling RSS, open fds and Postgres connections per process and the
-//!   p95 of each window.
+//!   p95 of each window. The corpus is held at a constant size, so memory
+//!   that keeps growing is a leak and not more data: a recycler is passed
+//!   each acknowledged write id as it is acknowledged and, every second,
+//!   reads back the oldest beyond one minute of writes (`writes_per_s` ×
+//!   60) through the gateway and deletes them. Every acknowledged id is
+//!   still read back once, by the recycler or at the end, so lost writes
+//!   are counted as before. `SoakArgs::growing` (`ENGRAM_SOAK_GROWING=1`
+//!   on the command line) keeps every write until the end instead, as
+//!   before: the corpus then grows by `writes_per_s` a second.
 //!
 //! With no external database configured the soak runs on its own embedded
 //! Postgres (`soak-pgdata` under the home, soak_pg.rs), never the home's
@@ -75,6 +83,10 @@ pub struct SoakArgs {
     /// Stage 3 on (off by default, as in the product): only then does a
     /// rerank-svc kill or slowdown reach an answer.
     pub cross_encoder: bool,
+    /// `soak` keeps every write until the end, so the corpus grows for the
+    /// whole run (the old behaviour); off, writes are recycled to keep it
+    /// constant. `faults` never recycles.
+    pub growing: bool,
 }
 
 impl Default for SoakArgs {
@@ -90,14 +102,24 @@ impl Default for SoakArgs {
             kill: vec![Service::Search, Service::Graph, Service::Rerank],
             kill_postgres: true,
             cross_encoder: false,
+            growing: false,
         }
     }
 }
 
+/// Set to 1, `engram soak`'s soak scenario keeps every write until the end
+/// ([`SoakArgs::growing`]): the CLI's arguments are declared in commands.rs.
+const GROWING_ENV: &str = "ENGRAM_SOAK_GROWING";
+
+/// Seconds of writes the constant-size soak keeps: its bound on B's
+/// written memories is `writes_per_s` times this.
+const HELD_WRITE_SECONDS: f64 = 60.0;
+
 /// `engram soak`: one process per service, the scenarios, then one JSON
 /// object on stdout and the figures table on stderr (or stdout with `table_only`).
-pub async fn run(mut settings: Settings, args: SoakArgs) -> anyhow::Result<()> {
+pub async fn run(mut settings: Settings, mut args: SoakArgs) -> anyhow::Result<()> {
     settings.pipeline.cross_encoder = args.cross_encoder;
+    args.growing |= std::env::var(GROWING_ENV).is_ok_and(|v| v == "1");
     let mut dep = Deployment::processes(settings, Tenants::new("lab")).await?;
     let result = async {
         if args.cross_encoder {
@@ -277,16 +299,21 @@ struct Background {
 }
 
 impl Background {
-    fn start(c: &Client, qps: f64, writes_per_s: f64, q: &Arc<Vec<String>>, tag: &str) -> Self {
+    /// With `acks_opt`, each acknowledged write id is passed on as it is
+    /// acknowledged (the soak's recycler); its channel closes at `stop`.
+    fn start(
+        c: &Client,
+        qps: f64,
+        writes_per_s: f64,
+        q: &Arc<Vec<String>>,
+        tag: &str,
+        acks_opt: Option<load::Acks>,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
+        let writes = load::writes(c.clone(), writes_per_s, tag.into(), stop.clone(), acks_opt);
         Self {
             reads: tokio::spawn(load::reads(c.clone(), qps, q.clone(), stop.clone())),
-            writes: tokio::spawn(load::writes(
-                c.clone(),
-                writes_per_s,
-                tag.into(),
-                stop.clone(),
-            )),
+            writes: tokio::spawn(writes),
             stop,
         }
     }
@@ -356,7 +383,7 @@ async fn faults(
             None
         }
     };
-    let bg = Background::start(&b, args.qps, args.writes_per_s, questions, "faults");
+    let bg = Background::start(&b, args.qps, args.writes_per_s, questions, "faults", None);
     let mut times = Vec::new();
     let mut failure = None;
     for target in targets {
@@ -588,7 +615,9 @@ async fn soak(
         .and_then(pg::port_of_url)
         .unwrap_or(5432);
     let every = Duration::from_secs_f64((secs / 20.0).max(0.5));
-    let bg = Background::start(&b, qps, args.writes_per_s, questions, "soak");
+    let (acks_opt, recycler_opt) = recycler(&b, args);
+    let recycling = recycler_opt.is_some();
+    let bg = Background::start(&b, qps, args.writes_per_s, questions, "soak", acks_opt);
     let start = Instant::now();
     let mut samples = Vec::new();
     while start.elapsed().as_secs_f64() < secs {
@@ -597,8 +626,7 @@ async fn soak(
     }
     samples.push(usage_sample(dep, start, pg_port));
     let (reads, writes) = bg.stop().await;
-    let missing = load::missing(&mut b, &writes.acked).await?;
-    load::remove(&mut b, &writes.acked).await?;
+    let written = settle_writes(&mut b, &writes, recycler_opt).await?;
     let windows = window_p95(&reads, start, every);
     let drift = match (windows.first(), windows.last()) {
         (Some(f), Some(l)) if *f > 0.0 => round1(l / f * 100.0) / 100.0,
@@ -609,15 +637,65 @@ async fn soak(
         "saturation_qps": round1(saturation),
         "read_qps": round1(qps),
         "writes_per_s": args.writes_per_s,
+        "constant_size": recycling,
         "reads": summary(&reads.iter().collect::<Vec<_>>()),
-        "writes": {"acknowledged": writes.acked.len(), "failed_by_code": writes.failed,
-                   "missing_after_soak": missing.len()},
+        "writes": written,
         "window_s": round1(every.as_secs_f64()),
         "window_p95_ms": windows,
         "p95_last_over_first": drift,
         "growth": growth(&samples),
         "samples": samples,
         "target": "no RSS growth once caches are full, flat fds and Postgres connections, no p95 drift",
+    }))
+}
+
+/// The recycler that holds the soak's corpus constant, unless
+/// [`SoakArgs::growing`]: the sender the writer passes acknowledged ids
+/// to, and the bound with the task.
+fn recycler(b: &Client, args: &SoakArgs) -> (Option<load::Acks>, Option<Recycler>) {
+    if args.growing {
+        return (None, None);
+    }
+    let bound = (args.writes_per_s * HELD_WRITE_SECONDS).ceil().max(1.0) as usize;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(load::recycle(b.clone(), bound, rx));
+    (Some(tx), Some((bound, task)))
+}
+
+/// The constant-size soak's bound on held writes, and its recycler.
+type Recycler = (usize, tokio::task::JoinHandle<load::Recycled>);
+
+/// Once the writer has stopped: what the recycler left (every write, when
+/// the soak grew) is read back and removed, so every acknowledged id is
+/// read back exactly once; the report's `writes`.
+async fn settle_writes(
+    b: &mut Client,
+    writes: &load::Writes,
+    recycler_opt: Option<Recycler>,
+) -> anyhow::Result<serde_json::Value> {
+    let (bound_opt, rec) = match recycler_opt {
+        Some((bound, task)) => (Some(bound), task.await.context("soak recycler")?),
+        None => (
+            None,
+            load::Recycled {
+                pending: writes.acked.clone(),
+                ..Default::default()
+            },
+        ),
+    };
+    let mut missing = rec.missing;
+    missing.extend(load::missing(b, &rec.pending).await?);
+    load::remove(b, &rec.pending).await?;
+    load::remove(b, &rec.checked).await?;
+    Ok(json!({
+        "acknowledged": writes.acked.len(),
+        "failed_by_code": writes.failed,
+        "read_back": rec.recycled + rec.checked.len() + rec.pending.len(),
+        "recycled": rec.recycled,
+        "held_bound": bound_opt,
+        "max_held": bound_opt.map(|_| rec.max_held),
+        "missing_after_soak": missing.len(),
+        "missing_ids": missing.iter().take(20).collect::<Vec<_>>(),
     }))
 }
 
@@ -790,6 +868,15 @@ fn slow_rows(s: &serde_json::Value, c: &serde_json::Value) -> Vec<Row> {
 }
 
 fn soak_row(s: &serde_json::Value) -> Row {
+    let w = &s["writes"];
+    let corpus = if s["constant_size"] == true {
+        format!(
+            "corpus held at <= {} written memories (max held {}, {} recycled)",
+            w["held_bound"], w["max_held"], w["recycled"]
+        )
+    } else {
+        format!("corpus grew by all {} writes", w["acknowledged"])
+    };
     [
         format!("soak {} s", s["seconds"]),
         format!(
@@ -797,9 +884,11 @@ fn soak_row(s: &serde_json::Value) -> Row {
             s["read_qps"], s["saturation_qps"], s["writes_per_s"]
         ),
         format!(
-            "failed reads {}, p95 first/last window {:?}, growth {}",
+            "failed reads {}, p95 first/last window {:?}; writes {} acknowledged, {} missing, {corpus}; growth {}",
             s["reads"]["errors"],
             first_last(&s["window_p95_ms"]),
+            w["acknowledged"],
+            w["missing_after_soak"],
             compact_growth(&s["growth"])
         ),
         "flat RSS/fds/pg connections, no p95 drift".into(),

@@ -1,9 +1,11 @@
 //! The load `engram soak` drives through the public API: a seeded corpus
 //! per tenant, an open-loop reader (requests leave on a clock, so a slow
 //! answer never lowers the offered load), a writer that remembers which ids
-//! were acknowledged, and tenant A's flood of hostile requests.
+//! were acknowledged (and can pass each on as it is acknowledged), the
+//! soak's recycler that reads back and deletes the oldest of them while the
+//! load runs, and tenant A's flood of hostile requests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -199,16 +201,45 @@ async fn one_write(
     }
 }
 
-/// Open-loop writes, `per_second`, until `stop`.
-pub async fn writes(client: Client, per_second: f64, tag: String, stop: Arc<AtomicBool>) -> Writes {
+/// Where the writer passes each acknowledged id the moment it is
+/// acknowledged (unbounded: the recycler drains it every second).
+pub type Acks = tokio::sync::mpsc::UnboundedSender<String>;
+
+/// [`one_write`], and its id on `acks_opt` once acknowledged. A closed
+/// channel is ignored: the id is still in [`Writes::acked`].
+async fn one_write_passed(
+    c: Client,
+    tag: String,
+    n: usize,
+    acks_opt: Option<Acks>,
+) -> (Instant, f64, Result<String, tonic::Code>) {
+    let r = one_write(c, tag, n).await;
+    if let (Some(acks), (_, _, Ok(id))) = (&acks_opt, &r) {
+        let _ = acks.send(id.clone());
+    }
+    r
+}
+
+/// Open-loop writes, `per_second`, until `stop`; with `acks_opt`, each
+/// acknowledged id is also passed on as it arrives. The channel closes
+/// when this returns, once every write has been answered.
+pub async fn writes(
+    client: Client,
+    per_second: f64,
+    tag: String,
+    stop: Arc<AtomicBool>,
+    acks_opt: Option<Acks>,
+) -> Writes {
     let mut tick = ticker(per_second);
     let mut set = JoinSet::new();
     let mut n = 0usize;
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
-        set.spawn(one_write(client.clone(), tag.clone(), n));
+        let acks = acks_opt.clone();
+        set.spawn(one_write_passed(client.clone(), tag.clone(), n, acks));
         n += 1;
     }
+    drop(acks_opt);
     let mut out = Writes::default();
     for (at, ms, r) in set.join_all().await {
         out.ms.push(ms);
@@ -261,6 +292,101 @@ pub async fn remove(client: &mut Client, ids: &[String]) -> anyhow::Result<()> {
             .await?;
     }
     Ok(())
+}
+
+/// What the soak's recycler did with the acknowledged ids passed to it.
+#[derive(Debug, Default)]
+pub struct Recycled {
+    /// Read back and deleted while the load ran.
+    pub recycled: usize,
+    /// Of those, the ones the read-back did not return (lost writes).
+    pub missing: Vec<String>,
+    /// Read back but not yet deleted (a delete failed): remove, do not
+    /// read again, or ids already partly deleted would count as lost.
+    pub checked: Vec<String>,
+    /// Not read back yet: the caller reads them back and removes them.
+    pub pending: Vec<String>,
+    /// The most ids held at once (seen each second, before recycling).
+    pub max_held: usize,
+}
+
+/// Keeps the acknowledged writes passed on `acks` at `bound`: every second
+/// the oldest beyond it are read back (those not returned count as lost)
+/// and deleted, so the tenant's corpus stays the same size however long
+/// the soak runs. Returns once the writer has finished and the channel is
+/// closed; what is left is in [`Recycled::pending`] and `checked`.
+pub async fn recycle(
+    mut client: Client,
+    bound: usize,
+    mut acks: tokio::sync::mpsc::UnboundedReceiver<String>,
+) -> Recycled {
+    let mut held = VecDeque::new();
+    let mut out = Recycled::default();
+    let mut tick = ticker(1.0);
+    loop {
+        tick.tick().await;
+        let open = drain(&mut acks, &mut held);
+        out.max_held = out.max_held.max(held.len());
+        if !open {
+            break;
+        }
+        recycle_step(&mut client, bound, &mut held, &mut out).await;
+    }
+    out.pending = held.into();
+    out
+}
+
+/// Moves what `acks` holds now into `held`; false once the writer is done.
+fn drain(
+    acks: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    held: &mut VecDeque<String>,
+) -> bool {
+    loop {
+        match acks.try_recv() {
+            Ok(id) => held.push_back(id),
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => return true,
+            Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => return false,
+        }
+    }
+}
+
+/// The oldest ids beyond `bound`, taken out of `held`.
+fn oldest_beyond(held: &mut VecDeque<String>, bound: usize) -> Vec<String> {
+    let over = held.len().saturating_sub(bound);
+    held.drain(..over).collect()
+}
+
+/// One second's recycling. A failed read-back puts the batch back to be
+/// tried next second; a failed delete keeps it in `checked` to delete
+/// again, so a transient error neither loses an id nor counts one twice.
+async fn recycle_step(
+    client: &mut Client,
+    bound: usize,
+    held: &mut VecDeque<String>,
+    out: &mut Recycled,
+) {
+    if out.checked.is_empty() {
+        let batch = oldest_beyond(held, bound);
+        match missing(client, &batch).await {
+            Ok(gone) => {
+                out.missing.extend(gone);
+                out.checked = batch;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, n = batch.len(), "soak recycler read-back failed; retrying");
+                batch.into_iter().rev().for_each(|id| held.push_front(id));
+            }
+        }
+    }
+    if out.checked.is_empty() {
+        return;
+    }
+    match remove(client, &out.checked).await {
+        Ok(()) => out.recycled += std::mem::take(&mut out.checked).len(),
+        Err(e) => {
+            tracing::warn!(error = %e, n = out.checked.len(), "soak recycler delete failed; retrying")
+        }
+    }
 }
 
 /// Tenant A's attacks, in the order each flood worker cycles through them.
@@ -444,4 +570,42 @@ pub fn summary(samples: &[&Sample]) -> serde_json::Value {
 
 pub fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(n: usize) -> VecDeque<String> {
+        (0..n).map(|i| i.to_string()).collect()
+    }
+
+    #[test]
+    fn the_oldest_beyond_the_bound_are_taken_first() {
+        let mut h = held(7);
+        assert_eq!(oldest_beyond(&mut h, 4), ["0", "1", "2"]);
+        assert_eq!(h, held(7).split_off(3));
+    }
+
+    #[test]
+    fn nothing_is_taken_at_or_under_the_bound() {
+        let mut h = held(4);
+        assert!(oldest_beyond(&mut h, 4).is_empty());
+        assert!(oldest_beyond(&mut h, 10).is_empty());
+        assert_eq!(h.len(), 4);
+    }
+
+    #[tokio::test]
+    async fn drain_moves_every_id_and_sees_the_writer_finish() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut h = VecDeque::new();
+        for id in ["a", "b"] {
+            tx.send(id.to_string()).expect("receiver open");
+        }
+        assert!(drain(&mut rx, &mut h));
+        tx.send("c".into()).expect("receiver open");
+        drop(tx);
+        assert!(!drain(&mut rx, &mut h));
+        assert_eq!(h, ["a", "b", "c"]);
+    }
 }
