@@ -100,12 +100,22 @@ fn seed(base: u8, batch: u64) -> [u8; 32] {
     s
 }
 
-/// A proptest config of `n` cases whose failures are persisted next to
-/// this file (the `proptest!` macro sets `source_file`; a hand-made
-/// runner must too).
+/// Where proptest keeps the failing cases it replays first on every run.
+/// A path, not proptest's default `SourceParallel`: that one looks for the
+/// crate's lib.rs or main.rs beside `file!()`, which an integration test
+/// crate has not, and then saves nothing.
+const REGRESSIONS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/fuzz_validation.proptest-regressions"
+);
+
+/// A proptest config of `n` cases whose failures are persisted to
+/// [`REGRESSIONS`].
 fn config(n: u32) -> Config {
     Config {
-        source_file: Some(file!()),
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct(REGRESSIONS),
+        )),
         ..Config::with_cases(n)
     }
 }
@@ -1457,11 +1467,17 @@ async fn present_all(
 }
 
 /// The gateway's answer to one credential: only OK or UNAUTHENTICATED,
-/// and the one expected when there is an expectation.
+/// and the one expected when there is an expectation. UNAVAILABLE and
+/// DEADLINE_EXCEEDED come from past authentication (the Get's call to
+/// search-svc timed out on a loaded machine: one in 87,000 during a
+/// 10-minute run beside another), so they count as accepted: the
+/// credential got in, which is what this target judges.
 fn judge_credential(cred: &Credential, r: &Result<(), tonic::Status>) -> Judgement {
+    use tonic::Code;
     let ok = match r {
         Ok(()) => true,
-        Err(s) if s.code() == tonic::Code::Unauthenticated => false,
+        Err(s) if s.code() == Code::Unauthenticated => false,
+        Err(s) if matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded) => true,
         Err(s) => {
             return Judgement {
                 label: format!("{} {:?}", cred.header, s.code()),
