@@ -76,6 +76,10 @@ pub enum LabCommand {
         /// default, as in the product).
         #[arg(long)]
         cross_encoder: bool,
+        /// Keep every soak write until the end, so B's corpus grows by the
+        /// write rate (the soak before it was held at a constant size).
+        #[arg(long)]
+        soak_growing: bool,
     },
 }
 
@@ -150,6 +154,7 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
             qps,
             only,
             cross_encoder,
+            soak_growing,
         } => {
             let args = crate::soak::SoakArgs {
                 seconds,
@@ -157,6 +162,7 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
                 qps,
                 scenarios: only,
                 cross_encoder,
+                growing: soak_growing,
                 ..Default::default()
             };
             crate::soak::run(settings, args).await

@@ -21,7 +21,7 @@
 //!   reads back the oldest beyond one minute of writes (`writes_per_s` ×
 //!   60) through the gateway and deletes them. Every acknowledged id is
 //!   still read back once, by the recycler or at the end, so lost writes
-//!   are counted as before. `SoakArgs::growing` (`ENGRAM_SOAK_GROWING=1`
+//!   are counted as before. `SoakArgs::growing` (`--soak-growing`
 //!   on the command line) keeps every write until the end instead, as
 //!   before: the corpus then grows by `writes_per_s` a second.
 //!
@@ -107,19 +107,14 @@ impl Default for SoakArgs {
     }
 }
 
-/// Set to 1, `engram soak`'s soak scenario keeps every write until the end
-/// ([`SoakArgs::growing`]): the CLI's arguments are declared in commands.rs.
-const GROWING_ENV: &str = "ENGRAM_SOAK_GROWING";
-
 /// Seconds of writes the constant-size soak keeps: its bound on B's
 /// written memories is `writes_per_s` times this.
 const HELD_WRITE_SECONDS: f64 = 60.0;
 
 /// `engram soak`: one process per service, the scenarios, then one JSON
 /// object on stdout and the figures table on stderr (or stdout with `table_only`).
-pub async fn run(mut settings: Settings, mut args: SoakArgs) -> anyhow::Result<()> {
+pub async fn run(mut settings: Settings, args: SoakArgs) -> anyhow::Result<()> {
     settings.pipeline.cross_encoder = args.cross_encoder;
-    args.growing |= std::env::var(GROWING_ENV).is_ok_and(|v| v == "1");
     let mut dep = Deployment::processes(settings, Tenants::new("lab")).await?;
     let result = async {
         if args.cross_encoder {
