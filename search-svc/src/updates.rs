@@ -949,4 +949,19 @@ mod tests {
         assert_eq!(stem("mornings"), stem("morning"));
         assert_eq!(stem("is"), "is");
     }
+
+    proptest::proptest! {
+        /// Any pair of texts a tenant's writes can put side by side is
+        /// judged without a panic (multi-byte words, 1-3 letter stems,
+        /// texts over the word limit), and judging is deterministic.
+        #[test]
+        fn any_pair_is_judged(
+            new in "\\PC{0,120}",
+            old in "[A-Za-zé ':0-9$€.,]{0,120}",
+            cosine in -1.0f32..1.0,
+        ) {
+            let p = pair(&new, &old, cosine);
+            proptest::prop_assert_eq!(judge(p, T), judge(p, T));
+        }
+    }
 }

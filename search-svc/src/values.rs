@@ -243,4 +243,15 @@ mod tests {
         // Nothing to compare: one side states no value of its own.
         assert!(!differ("Priya likes tea.", "Priya likes tea and cake."));
     }
+
+    proptest::proptest! {
+        /// Any text a tenant writes is read without a panic: multi-byte
+        /// characters, currency signs, lone colons and apostrophes.
+        #[test]
+        fn any_text_is_read(old in "\\PC{0,80}", new in "[0-9:$€£¥'’sS aAmpP.,]{0,40}") {
+            let (a, b) = (values(&old, caps), values(&new, caps));
+            let _ = kinds_differ(&a, &b);
+            let _ = kinds_differ(&b, &a);
+        }
+    }
 }
