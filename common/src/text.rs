@@ -6,6 +6,24 @@
 use prost_types::value::Kind;
 use prost_types::{Struct, Timestamp};
 
+/// The English month names, lowercase, January first: how the gateway
+/// reads dates in questions (retrieval-svc pipeline/when.rs) and search-svc
+/// the dates a fact states (values.rs).
+pub const MONTHS: [&str; 12] = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+];
+
 /// The rule [`check_text`] enforces, as it is reported.
 pub const TEXT_RULE: &str =
     "must not contain control characters (tab, newline and carriage return are allowed)";

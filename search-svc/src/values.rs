@@ -48,20 +48,6 @@ const WEEKDAYS: &[&str] = &[
     "weekend",
     "weekday",
 ];
-const MONTHS: &[&str] = &[
-    "january",
-    "february",
-    "march",
-    "april",
-    "may",
-    "june",
-    "july",
-    "august",
-    "september",
-    "october",
-    "november",
-    "december",
-];
 const DAY_PARTS: &[&str] = &[
     "morning",
     "afternoon",
@@ -116,7 +102,7 @@ fn value_at(words: &[(String, bool)], i: usize) -> Option<(Kind, String, usize)>
     if in_list(WEEKDAYS, w) {
         return whole(Kind::Weekday);
     }
-    if MONTHS.contains(&w.as_str()) && (capital || is_number(next)) {
+    if engram_common::text::MONTHS.contains(&w.as_str()) && (capital || is_number(next)) {
         return whole(Kind::Date);
     }
     if let Some(amount) = w.strip_prefix(CURRENCY_SIGNS).filter(|a| is_number(a)) {

@@ -38,28 +38,13 @@ impl Span {
     }
 }
 
-const MONTHS: [&str; 12] = [
-    "january",
-    "february",
-    "march",
-    "april",
-    "may",
-    "june",
-    "july",
-    "august",
-    "september",
-    "october",
-    "november",
-    "december",
-];
-
 /// Words after which a bare month or year is a time ("may" alone is a verb).
 const LEADS: [&str; 10] = [
     "in", "on", "during", "since", "of", "last", "early", "late", "mid", "around",
 ];
 
 fn month_of(word: &str) -> Option<u32> {
-    MONTHS
+    engram_common::text::MONTHS
         .iter()
         .position(|m| *m == word || (word.len() == 3 && m.starts_with(word) && word != "may"))
         .map(|i| i as u32 + 1)
