@@ -47,6 +47,16 @@ pub fn check_text(s: &str) -> Result<(), &'static str> {
     }
 }
 
+/// [`check_text`], and at most `max_chars` characters: the rule for short
+/// fields (names, ids, captions), the same words in every service.
+pub fn check_short_text(s: &str, max_chars: usize) -> Result<(), String> {
+    check_text(s).map_err(str::to_string)?;
+    match s.chars().count() > max_chars {
+        true => Err(format!("must be at most {max_chars} characters")),
+        false => Ok(()),
+    }
+}
+
 /// A label (memory type): what search-svc stores, so a filter on anything
 /// else could never match and is the caller's mistake.
 pub fn check_label(s: &str) -> Result<(), &'static str> {
@@ -105,6 +115,16 @@ mod tests {
         assert!(check_text("a\0b").is_err());
         assert!(check_text("\u{1b}[31m").is_err());
         assert!(check_text("\u{85}").is_err());
+    }
+
+    #[test]
+    fn short_text_counts_characters_not_bytes() {
+        assert!(check_short_text("ééé", 3).is_ok());
+        assert_eq!(
+            check_short_text("éééé", 3),
+            Err("must be at most 3 characters".to_string())
+        );
+        assert_eq!(check_short_text("a\0", 9), Err(TEXT_RULE.to_string()));
     }
 
     #[test]

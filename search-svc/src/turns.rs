@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use engram_common::AccessLevel;
-use engram_common::text::check_text;
+use engram_common::text::check_short_text;
 use engram_proto as pb;
 use sqlx::{Postgres, Transaction};
 
@@ -89,14 +89,7 @@ impl Turn {
 }
 
 fn check_short(field: &str, s: &str, max_chars: usize) -> Result<()> {
-    check_text(s).map_err(|rule| Error::invalid(field, rule))?;
-    if s.chars().count() > max_chars {
-        return Err(Error::invalid(
-            field,
-            format!("must be at most {max_chars} characters"),
-        ));
-    }
-    Ok(())
+    check_short_text(s, max_chars).map_err(|rule| Error::invalid(field, rule))
 }
 
 /// A turn of the same session that may lend its words to another's index.

@@ -3,20 +3,14 @@
 //! of search-svc's status. A module of its own so that `memory` and
 //! `conflicts` both depend on it and not on each other.
 
-use engram_common::text::check_text;
+use engram_common::text::check_short_text;
 
 use crate::error::Error;
 
 /// Each `(field, text, max)`: plain text of at most `max` characters.
 pub fn check_short_texts(fields: &[(&'static str, &str, usize)]) -> Result<(), Error> {
     for &(field, s, max) in fields {
-        check_text(s).map_err(|rule| Error::invalid(field, rule))?;
-        if s.chars().count() > max {
-            return Err(Error::invalid(
-                field,
-                format!("must be at most {max} characters"),
-            ));
-        }
+        check_short_text(s, max).map_err(|rule| Error::invalid(field, rule))?;
     }
     Ok(())
 }
