@@ -80,6 +80,18 @@ pub enum LabCommand {
         /// write rate (the soak before it was held at a constant size).
         #[arg(long)]
         soak_growing: bool,
+        /// Tenant A's concurrent flood loops in `noisy`.
+        #[arg(long, default_value_t = 8)]
+        flood_workers: usize,
+        /// Which of A's requests the flood loops cycle through,
+        /// comma-separated (default: every attack; `plain` is an ordinary
+        /// question, to see what a well-behaved neighbour costs).
+        #[arg(long, value_delimiter = ',')]
+        attacks: Vec<String>,
+        /// Nice value of A's flood threads (0: as the services); the
+        /// attacker's client stands in for another machine.
+        #[arg(long, default_value_t = 19)]
+        flood_nice: i32,
     },
 }
 
@@ -155,7 +167,11 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
             only,
             cross_encoder,
             soak_growing,
+            flood_workers,
+            attacks,
+            flood_nice,
         } => {
+            let defaults = crate::soak::SoakArgs::default();
             let args = crate::soak::SoakArgs {
                 seconds,
                 soak_seconds,
@@ -163,7 +179,14 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
                 scenarios: only,
                 cross_encoder,
                 growing: soak_growing,
-                ..Default::default()
+                flood_workers,
+                flood_nice,
+                attacks: if attacks.is_empty() {
+                    defaults.attacks.clone()
+                } else {
+                    crate::soak::checked_attacks(attacks)?
+                },
+                ..defaults
             };
             crate::soak::run(settings, args).await
         }

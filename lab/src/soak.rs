@@ -87,6 +87,12 @@ pub struct SoakArgs {
     /// whole run (the old behaviour); off, writes are recycled to keep it
     /// constant. `faults` never recycles.
     pub growing: bool,
+    /// What A's flood loops send in `noisy`, cycled through in order: names
+    /// from [`load::ATTACKS`] or `plain` (see [`checked_attacks`]).
+    pub attacks: Vec<String>,
+    /// Nice value of A's flood threads in `noisy` (0: the services'
+    /// priority): the attacker's client stands in for another machine.
+    pub flood_nice: i32,
 }
 
 impl Default for SoakArgs {
@@ -103,8 +109,24 @@ impl Default for SoakArgs {
             kill_postgres: true,
             cross_encoder: false,
             growing: false,
+            attacks: load::ATTACKS.iter().map(|a| a.to_string()).collect(),
+            flood_nice: 19,
         }
     }
+}
+
+/// `attacks` when every name is one of [`load::ATTACKS`] or `plain`.
+pub fn checked_attacks(attacks: Vec<String>) -> anyhow::Result<Vec<String>> {
+    for a in &attacks {
+        if a != load::PLAIN && !load::ATTACKS.contains(&a.as_str()) {
+            anyhow::bail!(
+                "unknown attack {a:?}: expected {} or {}",
+                load::ATTACKS.join(", "),
+                load::PLAIN
+            );
+        }
+    }
+    Ok(attacks)
 }
 
 /// Seconds of writes the constant-size soak keeps: its bound on B's
@@ -206,7 +228,13 @@ async fn noisy(
     let solo = timed_reads(b, args.qps, questions, secs).await;
     let cpu1 = deploy::cpu_seconds(pids);
     let stop = Arc::new(AtomicBool::new(false));
-    let flood = load::flood_apart(uri, key_a, tenant_a, args.flood_workers, stop.clone());
+    let flood = load::flood_apart(
+        uri,
+        (key_a, tenant_a),
+        (args.attacks.clone(), args.flood_workers),
+        args.flood_nice,
+        stop.clone(),
+    );
     let attack = timed_reads(b, args.qps, questions, secs).await;
     stop.store(true, Ordering::Relaxed);
     let counts = match flood.await {
@@ -237,6 +265,9 @@ async fn noisy(
         "b_solo": solo,
         "b_under_attack": attack,
         "b_p95_ratio": ratio,
+        "a_attacks": args.attacks,
+        "a_workers": args.flood_workers,
+        "a_client_nice": args.flood_nice,
         "a_requests": sent,
         "a_rate_per_s": round1(sent as f64 / secs.as_secs_f64()),
         "a_by_code": by_code,

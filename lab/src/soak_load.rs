@@ -389,6 +389,9 @@ async fn recycle_step(
     }
 }
 
+/// An ordinary question, for a flood of well-behaved requests.
+pub const PLAIN: &str = "plain";
+
 /// Tenant A's attacks, in the order each flood worker cycles through them.
 pub const ATTACKS: [&str; 7] = [
     "limit_100_big_budget",
@@ -431,7 +434,7 @@ fn attack_request(kind: &str, i: usize) -> RetrieveRequest {
 /// per-tenant concurrency, so the burst is refused in part at any rate.
 const BURST: usize = 64;
 
-async fn one_retrieve(mut c: Client, kind: &'static str, i: usize) -> tonic::Code {
+async fn one_retrieve(mut c: Client, kind: &str, i: usize) -> tonic::Code {
     let mut req = tonic::Request::new(attack_request(kind, i));
     req.set_timeout(if kind == "deadline_1ms" {
         Duration::from_millis(1)
@@ -446,7 +449,7 @@ async fn one_retrieve(mut c: Client, kind: &'static str, i: usize) -> tonic::Cod
 
 /// One hostile call (a burst for `over_rate`); the gRPC codes it ended
 /// with ("Ok" when served).
-async fn one_attack(mut c: Client, tenant: &str, kind: &'static str, i: usize) -> Vec<tonic::Code> {
+async fn one_attack(mut c: Client, tenant: &str, kind: &str, i: usize) -> Vec<tonic::Code> {
     match kind {
         "agentic_fanout" => {
             let req = AgenticRetrieveRequest {
@@ -473,26 +476,31 @@ async fn one_attack(mut c: Client, tenant: &str, kind: &'static str, i: usize) -
 
 /// [`flood`] on a runtime and a connection of its own, on its own OS
 /// threads: a real attacker is not in B's client process, so its work must
-/// not queue on the tokio workers that time B's requests (the cores are
-/// still shared, as they would be with a neighbour on the same host).
+/// not queue on the tokio workers that time B's requests. Nor is it on the
+/// server's host: those threads run at `nice` (19 by default), so the
+/// attacker's own client work (encoding 5 MiB messages, thousands of
+/// refused calls a second) takes the cores only when the services leave
+/// them idle; what A's requests cost the *server* is what is measured.
 pub fn flood_apart(
     uri: String,
-    key: String,
-    tenant: String,
-    workers: usize,
+    (key, tenant): (String, String),
+    (attacks, workers): (Vec<String>, usize),
+    nice: i32,
     stop: Arc<AtomicBool>,
 ) -> tokio::sync::oneshot::Receiver<anyhow::Result<BTreeMap<(String, String), usize>>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
+        lower_priority(nice);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("soak-flood")
+            .on_thread_start(move || lower_priority(nice))
             .enable_all()
             .build();
         let r = match rt {
             Ok(rt) => rt.block_on(async move {
                 let client = Client::connect(&uri, &key).await?;
-                Ok(flood(client, tenant, workers, stop).await)
+                Ok(flood(client, tenant, attacks, workers, stop).await)
             }),
             Err(e) => Err(e.into()),
         };
@@ -501,24 +509,43 @@ pub fn flood_apart(
     rx
 }
 
+/// Adds `nice` to this thread's nice value (Linux: per thread); a failure
+/// only makes the flood harsher.
+fn lower_priority(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    if let Err(e) = rustix::process::nice(nice) {
+        tracing::warn!(error = %e, "cannot lower the flood thread's priority");
+    }
+}
+
 /// Tenant A's flood: `workers` closed loops, each as fast as answers come
-/// back, cycling through [`ATTACKS`]. Returns counts by attack and code.
+/// back, cycling through `attacks` (e.g. [`ATTACKS`]). Returns counts by
+/// attack and code.
 pub async fn flood(
     client: Client,
     tenant: String,
+    attacks: Vec<String>,
     workers: usize,
     stop: Arc<AtomicBool>,
 ) -> BTreeMap<(String, String), usize> {
     let mut set = JoinSet::new();
+    let attacks = Arc::new(if attacks.is_empty() {
+        vec![PLAIN.to_string()]
+    } else {
+        attacks
+    });
     for w in 0..workers.max(1) {
         let (c, stop, tenant) = (client.clone(), stop.clone(), tenant.clone());
+        let attacks = attacks.clone();
         set.spawn(async move {
             let mut counts: BTreeMap<(String, String), usize> = BTreeMap::new();
             let mut i = w;
             while !stop.load(Ordering::Relaxed) {
-                let kind = ATTACKS[i % ATTACKS.len()];
+                let kind = &attacks[i % attacks.len()];
                 for code in one_attack(c.clone(), &tenant, kind, i).await {
-                    *counts.entry((kind.into(), code_name(code))).or_default() += 1;
+                    *counts.entry((kind.clone(), code_name(code))).or_default() += 1;
                 }
                 i += 1;
             }
