@@ -82,7 +82,8 @@ pub struct TenantLimitSettings {
     /// that the tenants active in the last `active_window_ms` share: each
     /// may run at most slots / active tenants (at least one); a tenant
     /// alone is held only by `max_concurrent` (retrieval-svc/src/fair.rs).
-    /// 0: two per core.
+    /// 0: one per core (raise it when runs mostly wait on I/O, e.g. a
+    /// remote Postgres).
     pub work_slots: u32,
     /// How long after its last request a tenant still counts as active,
     /// keeping its share of the work slots free for it.

@@ -7,12 +7,14 @@
 //!
 //! So every pipeline run takes a slot, and while several tenants are
 //! active (a request in the last window), each may hold at most its share:
-//! the slots (two per core by default) divided by the active tenants. Two
-//! get half each, whatever either sends. One slot per core isolated best in
-//! `engram soak` (B's p95 under attack 1.9–2.4× solo, two per core 2.75×,
-//! no slots 13.6×) but leaves a tenant one run at a time as soon as three
-//! are active, which a debug build (or a remote Postgres) cannot serve at
-//! the soak test's 10 QPS. The share is *not*
+//! the slots (one per core by default) divided by the active tenants. Two
+//! get half each, whatever either sends. In `engram soak` (2 cores) B's p95
+//! under attack was 1.8–2.4× solo with one slot per core and 2.6–3.1× with
+//! two (no slots: 13.6×); a well-behaved neighbour running one query at a
+//! time already costs B 1.6×, so a share below one run is what the rest
+//! would take. A deployment whose runs mostly wait on I/O (a remote
+//! Postgres) raises `tenant.work_slots`, or its cores idle while two
+//! tenants wait on the network. The share is *not*
 //! work-conserving on purpose: a slot left idle for a quiet tenant is what
 //! lets its next request start at once instead of waiting for a hostile
 //! tenant's slow one to finish. A tenant alone is not held by slots at all
@@ -48,7 +50,7 @@ pub struct FairConfig {
 impl FairConfig {
     pub fn from_settings(s: &TenantLimitSettings) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let auto = u32::try_from(cores * 2).unwrap_or(u32::MAX);
+        let auto = u32::try_from(cores).unwrap_or(u32::MAX);
         Self {
             slots: if s.work_slots == 0 {
                 auto
