@@ -16,6 +16,12 @@ pub enum Error {
     /// The bulkhead is full: the caller should skip reranking, not wait.
     #[error("rerank queue is full ({capacity} waiting)")]
     Overloaded { capacity: usize },
+    /// The queue ahead and this request's pairs would take longer than the
+    /// caller's deadline leaves: skipped before it takes any CPU.
+    #[error(
+        "rerank would take ~{estimate_ms} ms with {left_ms} ms left before the deadline; skipped"
+    )]
+    TooLate { estimate_ms: u64, left_ms: u64 },
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error("internal error: {0}")]
@@ -23,6 +29,13 @@ pub enum Error {
 }
 
 impl Error {
+    pub fn too_late(late: crate::backlog::Late) -> Self {
+        Self::TooLate {
+            estimate_ms: late.estimate.as_millis() as u64,
+            left_ms: late.left.as_millis() as u64,
+        }
+    }
+
     pub fn invalid(field: impl std::fmt::Display, rule: impl std::fmt::Display) -> Self {
         Self::InvalidArgument(format!("{field}: {rule}"))
     }
@@ -36,7 +49,9 @@ impl From<Error> for tonic::Status {
             Error::InvalidArgument(m) => tonic::Status::invalid_argument(m),
             Error::Identity(e) => e.into(),
             Error::ModelUnavailable(_) => tonic::Status::failed_precondition(e.to_string()),
-            Error::Overloaded { .. } => tonic::Status::resource_exhausted(e.to_string()),
+            Error::Overloaded { .. } | Error::TooLate { .. } => {
+                tonic::Status::resource_exhausted(e.to_string())
+            }
             Error::Model(ModelError::InvalidArgument(m)) => {
                 tonic::Status::invalid_argument(format!("max_length: {m}"))
             }

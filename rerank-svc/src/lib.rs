@@ -2,6 +2,7 @@
 //! The model is optional at startup: without it the service still answers
 //! health (NOT_SERVING) so the gateway can skip reranking instead of failing.
 
+pub mod backlog;
 pub mod error;
 pub mod service;
 pub mod worker;

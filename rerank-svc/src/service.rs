@@ -2,8 +2,10 @@
 //! model thread (worker.rs), and the cross-encoder behind it.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use engram_common::Identity;
+use engram_common::server::grpc_timeout;
 use engram_common::settings::Settings;
 use engram_models::MAX_PAIR_TOKENS;
 use engram_proto::rerank_service_server::RerankService;
@@ -134,8 +136,9 @@ impl RerankSvc {
     }
 
     /// Scores a validated request on the model thread, or refuses at once
-    /// when the bulkhead is full: a late rerank is worse than none.
-    pub async fn score(&self, req: ValidScore) -> Result<Vec<f32>> {
+    /// when the bulkhead is full or the scores could not be ready by
+    /// `deadline_opt`: a late rerank is worse than none.
+    pub async fn score(&self, req: ValidScore, deadline_opt: Option<Instant>) -> Result<Vec<f32>> {
         let model = self
             .model
             .as_ref()
@@ -155,7 +158,7 @@ impl RerankSvc {
         let ValidScore {
             query, candidates, ..
         } = req;
-        model.score((query, candidates, max_length), permit).await
+        (model.score((query, candidates, max_length), deadline_opt, permit)).await
     }
 }
 
@@ -168,10 +171,12 @@ impl RerankService for RerankSvc {
         let identity =
             Identity::read_internal(request.metadata(), self.internal_token_opt.as_deref())
                 .map_err(Error::from)?;
+        let started = Instant::now();
+        // The caller's deadline, as the gateway advertises it.
+        let deadline_opt = grpc_timeout(request.metadata()).map(|t| started + t);
         let req = ValidScore::try_from(request.into_inner())?;
         let n = req.candidates.len();
-        let started = std::time::Instant::now();
-        let scores = RerankSvc::score(self, req).await?;
+        let scores = RerankSvc::score(self, req, deadline_opt).await?;
         tracing::debug!(
             tenant = %identity.tenant,
             candidates = n,

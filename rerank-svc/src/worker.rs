@@ -10,17 +10,21 @@
 //! threads are created by that thread when the session is built, so they
 //! inherit it. The kernel then gives the cores to search first, and when the
 //! cross-encoder cannot finish within the gateway's rerank budget the answer
-//! is degraded (rerank) instead of search timing out. Admission (how many
-//! requests may wait) stays with the bulkhead in service.rs.
+//! is degraded (rerank) instead of search timing out. How many requests may
+//! wait is the bulkhead's (service.rs); whether one can still finish before
+//! its deadline is the backlog's (backlog.rs), checked when it is queued
+//! and again when its turn comes.
 //!
 //! One thread is enough: the session runs one request at a time.
 
 use std::sync::Arc;
 use std::sync::mpsc;
+use std::time::Instant;
 
 use engram_models::CrossEncoder;
 use tokio::sync::oneshot;
 
+use crate::backlog::Backlog;
 use crate::error::{Error, Result};
 
 /// Added to the thread's nice value: 10 gives it about a tenth of the CPU
@@ -32,6 +36,8 @@ struct Job {
     query: String,
     candidates: Vec<String>,
     max_length: usize,
+    /// When the caller stops waiting (its `grpc-timeout`), if it said.
+    deadline_opt: Option<Instant>,
     /// Dropped after the model is done, so the bulkhead counts real work.
     permit: tokio::sync::OwnedSemaphorePermit,
     reply: oneshot::Sender<Result<Vec<f32>>>,
@@ -41,6 +47,7 @@ struct Job {
 #[derive(Clone)]
 pub struct ModelThread {
     tx: mpsc::Sender<Job>,
+    backlog: Arc<Backlog>,
 }
 
 impl ModelThread {
@@ -61,6 +68,8 @@ impl ModelThread {
     {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = oneshot::channel();
+        let backlog = Arc::new(Backlog::default());
+        let thread_backlog = backlog.clone();
         std::thread::Builder::new()
             .name("rerank-model".into())
             .spawn(move || {
@@ -68,7 +77,7 @@ impl ModelThread {
                 match load() {
                     Ok(model) => {
                         let _ = ready_tx.send(Ok(()));
-                        serve(&model, &rx);
+                        serve(&model, &rx, &thread_backlog);
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -77,7 +86,7 @@ impl ModelThread {
             })
             .map_err(|e| Error::Internal(format!("cannot start the model thread: {e}")))?;
         match ready_rx.await {
-            Ok(Ok(())) => Ok(Self { tx }),
+            Ok(Ok(())) => Ok(Self { tx, backlog }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(Error::Internal(
                 "the model thread stopped while loading".into(),
@@ -86,22 +95,31 @@ impl ModelThread {
     }
 
     /// Scores on the model thread; `permit` is held until it is done.
+    /// TooLate at once when the queue ahead and these pairs would outlast
+    /// `deadline_opt`.
     pub async fn score(
         &self,
         (query, candidates, max_length): (String, Vec<String>, usize),
+        deadline_opt: Option<Instant>,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<Vec<f32>> {
+        let pairs = candidates.len();
+        (self.backlog)
+            .admit(pairs, Instant::now(), deadline_opt)
+            .map_err(Error::too_late)?;
         let (reply, answer) = oneshot::channel();
         let job = Job {
             query,
             candidates,
             max_length,
+            deadline_opt,
             permit,
             reply,
         };
-        self.tx
-            .send(job)
-            .map_err(|_| Error::Internal("the model thread is gone".into()))?;
+        if self.tx.send(job).is_err() {
+            self.backlog.done(pairs, None);
+            return Err(Error::Internal("the model thread is gone".into()));
+        }
         answer
             .await
             .map_err(|_| Error::Internal("the model thread dropped a request".into()))?
@@ -115,22 +133,34 @@ impl std::fmt::Debug for ModelThread {
 }
 
 /// Runs jobs until every handle is dropped.
-fn serve(model: &CrossEncoder, rx: &mpsc::Receiver<Job>) {
+fn serve(model: &CrossEncoder, rx: &mpsc::Receiver<Job>, backlog: &Backlog) {
     while let Ok(job) = rx.recv() {
         let Job {
             query,
             candidates,
             max_length,
+            deadline_opt,
             permit,
             reply,
         } = job;
-        // A caller that went away (its deadline passed) needs no answer.
+        let pairs = candidates.len();
+        // A caller that went away (its deadline passed) needs no answer,
+        // and one whose deadline its own pairs would outlast gets none in
+        // time: skipped before they take the CPU.
         if reply.is_closed() {
+            backlog.done(pairs, None);
+            continue;
+        }
+        if let Err(late) = backlog.still_in_time(pairs, Instant::now(), deadline_opt) {
+            backlog.done(pairs, None);
             drop(permit);
+            let _ = reply.send(Err(Error::too_late(late)));
             continue;
         }
         let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
+        let started = Instant::now();
         let r = model.score(&query, &refs, max_length).map_err(Error::from);
+        backlog.done(pairs, r.is_ok().then(|| started.elapsed()));
         drop(permit);
         let _ = reply.send(r);
     }
