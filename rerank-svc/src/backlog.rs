@@ -11,7 +11,11 @@
 //! it measured) and the pairs queued ahead; a request whose estimated
 //! finish is past its `grpc-timeout` gets RESOURCE_EXHAUSTED at once,
 //! which the gateway reports as a skipped rerank (degraded), neutral to
-//! its breaker. Until the first request is measured everything is admitted.
+//! its breaker. Until the first request is measured everything is admitted,
+//! and so is a request with nothing queued ahead of it: it starts at once,
+//! and it is how the estimate learns that load has passed (refused requests
+//! teach nothing; without this rule one slow measurement under load would
+//! refuse every later request, as it did in `engram bench`).
 //!
 //! Plain arithmetic on a mutex-guarded pair of numbers: no crate needed.
 
@@ -45,19 +49,22 @@ pub struct Late {
 
 impl Backlog {
     /// Admits `pairs` to the queue when they can be scored, behind what is
-    /// queued, before `deadline_opt` (no deadline: always admitted).
+    /// queued, before `deadline_opt` (no deadline: always admitted), or
+    /// when nothing is queued. Ok(true) for a request first in line: the
+    /// model thread then scores it without a second check.
     pub fn admit(
         &self,
         pairs: usize,
         now: Instant,
         deadline_opt: Option<Instant>,
-    ) -> Result<(), Late> {
+    ) -> Result<bool, Late> {
         let mut st = self.lock();
-        if let Some(deadline) = deadline_opt {
+        let first = st.queued_pairs == 0;
+        if let Some(deadline) = deadline_opt.filter(|_| !first) {
             check(estimate(&st, st.queued_pairs + pairs), now, deadline)?;
         }
         st.queued_pairs += pairs;
-        Ok(())
+        Ok(first)
     }
 
     /// Whether `pairs` at the head of the queue can still finish before
@@ -138,8 +145,15 @@ mod tests {
         // 10 pairs in 200 ms: 20 ms a pair.
         b.admit(10, now, None).expect("no deadline");
         b.done(10, Some(200 * MS));
-        b.admit(40, now, Some(now + 1000 * MS))
-            .expect("800 ms of work in 1 s");
+        // First in line: admitted whatever the estimate says.
+        assert_eq!(b.admit(100, now, Some(now + MS)), Ok(true));
+        b.done(100, None);
+        assert_eq!(b.admit(30, now, None), Ok(true));
+        assert_eq!(
+            b.admit(10, now, Some(now + 1000 * MS)),
+            Ok(false),
+            "800 ms of work in 1 s"
+        );
         let late = b
             .admit(20, now, Some(now + 1000 * MS))
             .expect_err("60 pairs = 1.2 s");
@@ -169,9 +183,32 @@ mod tests {
             b.done(10, Some(400 * MS));
         }
         let now = Instant::now();
-        // Close to 40 ms a pair now: 10 pairs no longer fit 300 ms.
+        b.admit(1, now, None).expect("something queued ahead");
+        // Close to 40 ms a pair now: 1 + 10 pairs no longer fit 300 ms.
         assert!(b.admit(10, now, Some(now + 300 * MS)).is_err());
-        assert!(b.admit(10, now, Some(now + 450 * MS)).is_ok());
+        assert_eq!(b.admit(10, now, Some(now + 450 * MS)), Ok(false));
+    }
+
+    #[test]
+    fn a_slow_estimate_never_locks_the_model_out() {
+        let b = Backlog::default();
+        // Measured under heavy load: 1 s a pair.
+        b.done(10, Some(10_000 * MS));
+        let now = Instant::now();
+        // Nothing queued: admitted and first in line, so it is measured
+        // and the estimate can learn that the load has passed.
+        assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(true));
+        // Behind it, the slow estimate still refuses.
+        assert!(b.admit(10, now, Some(now + 300 * MS)).is_err());
+        b.done(20, None);
+        // Each request first in line is measured, fast now: the mean comes
+        // back down and requests behind others are admitted again.
+        for _ in 0..30 {
+            assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(true));
+            b.done(10, Some(100 * MS));
+        }
+        b.admit(1, now, None).expect("queued ahead");
+        assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(false));
     }
 
     #[test]

@@ -36,7 +36,8 @@ struct Job {
     query: String,
     candidates: Vec<String>,
     max_length: usize,
-    /// When the caller stops waiting (its `grpc-timeout`), if it said.
+    /// When the caller stops waiting (its `grpc-timeout`), if it said;
+    /// None also for a request that was first in line (backlog.rs).
     deadline_opt: Option<Instant>,
     /// Dropped after the model is done, so the bulkhead counts real work.
     permit: tokio::sync::OwnedSemaphorePermit,
@@ -104,7 +105,7 @@ impl ModelThread {
         permit: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<Vec<f32>> {
         let pairs = candidates.len();
-        (self.backlog)
+        let first_in_line = (self.backlog)
             .admit(pairs, Instant::now(), deadline_opt)
             .map_err(Error::too_late)?;
         let (reply, answer) = oneshot::channel();
@@ -112,7 +113,7 @@ impl ModelThread {
             query,
             candidates,
             max_length,
-            deadline_opt,
+            deadline_opt: deadline_opt.filter(|_| !first_in_line),
             permit,
             reply,
         };

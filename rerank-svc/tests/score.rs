@@ -333,25 +333,32 @@ async fn the_model_runs_on_a_thread_of_lower_priority() {
 async fn a_request_that_cannot_finish_before_its_deadline_is_skipped_at_once() {
     let s = start(settings(), Ok(model())).await;
     let passage = "The ferry crossed twice a day until the tunnel opened in 1988. ".repeat(6);
+    let q = "when did the tunnel open?";
     // One measured request teaches the service what a pair costs.
     client(&s)
-        .score(request(
-            "when did the tunnel open?",
-            &[passage.as_str(); 4],
-            128,
-        ))
+        .score(request(q, &[passage.as_str(); 4], 128))
         .await
         .expect("scored");
-    // 200 pairs of ~90 word pieces need far more than 300 ms on any CPU:
-    // refused before the model sees them (RESOURCE_EXHAUSTED naming the
-    // skip, not the client's own "Timeout expired").
-    let mut late = request("when did the tunnel open?", &[passage.as_str(); 200], 128);
+    // 200 pairs keep the model busy for far more than 250 ms on any CPU...
+    let mut busy_client = client(&s);
+    let busy_req = request(q, &[passage.as_str(); 200], 128);
+    let busy = tokio::spawn(async move { busy_client.score(busy_req).await });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // ...so 200 more behind them cannot be ready in 300 ms: refused before
+    // the model sees them (RESOURCE_EXHAUSTED naming the skip, not the
+    // client's own "Timeout expired").
+    let mut late = request(q, &[passage.as_str(); 200], 128);
     late.set_timeout(Duration::from_millis(300));
     let err = client(&s).score(late).await.expect_err("too late");
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains("skipped"), "{}", err.message());
-    // With time enough the same service still answers.
-    let mut fine = request("when did the tunnel open?", &[passage.as_str(); 2], 128);
+    let scored = busy
+        .await
+        .expect("join")
+        .expect("the busy request is scored");
+    assert_eq!(scored.into_inner().scores.len(), 200);
+    // Nothing queued: a request first in line is always admitted.
+    let mut fine = request(q, &[passage.as_str(); 2], 128);
     fine.set_timeout(Duration::from_secs(30));
     let scored = client(&s).score(fine).await.expect("in time");
     assert_eq!(scored.into_inner().scores.len(), 2);
