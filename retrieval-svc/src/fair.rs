@@ -246,6 +246,18 @@ mod tests {
         held
     }
 
+    #[test]
+    fn zero_slots_means_one_per_core() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let auto = FairConfig::from_settings(&TenantLimitSettings::default());
+        assert_eq!(auto.slots as usize, cores);
+        let set = FairConfig::from_settings(&TenantLimitSettings {
+            work_slots: 7,
+            ..TenantLimitSettings::default()
+        });
+        assert_eq!(set.slots, 7);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_lone_tenant_is_not_held_by_slots() {
         let g = gate(2);
