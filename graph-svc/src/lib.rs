@@ -51,6 +51,8 @@ pub const SERVICE_NAME: &str = "engram.v1.GraphService";
 struct Readiness {
     listening: AtomicBool,
     database: AtomicBool,
+    /// Held while a status is computed and set, so reports land in order.
+    reporting: tokio::sync::Mutex<()>,
 }
 
 impl Default for Readiness {
@@ -59,20 +61,30 @@ impl Default for Readiness {
             listening: AtomicBool::new(false),
             // Until the first check says otherwise: the pool just connected.
             database: AtomicBool::new(true),
+            reporting: tokio::sync::Mutex::new(()),
         }
     }
 }
 
 impl Readiness {
-    fn report(&self, reporter: &server::Reporter) {
-        let serving =
-            self.listening.load(Ordering::Relaxed) && self.database.load(Ordering::Relaxed);
-        let status = match serving {
-            true => ServingStatus::Serving,
-            false => ServingStatus::NotServing,
-        };
-        let reporter = reporter.clone();
-        tokio::spawn(async move { reporter.set_service_status(SERVICE_NAME, status).await });
+    /// Sets health from both flags as they are when the report runs, one
+    /// report at a time. Each report used to carry the status computed
+    /// when it was spawned, so the database watcher's first NOT_SERVING
+    /// (listener not up yet) could land after the listener's SERVING and
+    /// stay: both callbacks fire only on a change. Seen once in CI as "graph
+    /// service did not report SERVING within 120s".
+    fn report(self: &Arc<Self>, reporter: &server::Reporter) {
+        let (state, reporter) = (self.clone(), reporter.clone());
+        tokio::spawn(async move {
+            let _turn = state.reporting.lock().await;
+            let serving =
+                state.listening.load(Ordering::SeqCst) && state.database.load(Ordering::SeqCst);
+            let status = match serving {
+                true => ServingStatus::Serving,
+                false => ServingStatus::NotServing,
+            };
+            reporter.set_service_status(SERVICE_NAME, status).await;
+        });
     }
 }
 
@@ -96,12 +108,12 @@ pub async fn run(
     let state = Arc::new(Readiness::default());
     let (rep, st) = (reporter.clone(), state.clone());
     let listen = tokio::spawn(store::listen(pool.clone(), tx, move |ok| {
-        st.listening.store(ok, Ordering::Relaxed);
+        st.listening.store(ok, Ordering::SeqCst);
         st.report(&rep);
     }));
     let (rep, st) = (reporter.clone(), state.clone());
     let watcher = tokio::spawn(server::watch_database(pool, move |ok| {
-        st.database.store(ok, Ordering::Relaxed);
+        st.database.store(ok, Ordering::SeqCst);
         st.report(&rep);
     }));
     let preload = tokio::spawn(store::preload(
