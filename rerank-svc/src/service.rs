@@ -172,8 +172,9 @@ impl RerankService for RerankSvc {
             Identity::read_internal(request.metadata(), self.internal_token_opt.as_deref())
                 .map_err(Error::from)?;
         let started = Instant::now();
-        // The caller's deadline, as the gateway advertises it.
-        let deadline_opt = grpc_timeout(request.metadata()).map(|t| started + t);
+        // The caller's deadline, as the gateway advertises it; a timeout too
+        // large for the clock (grpc-timeout takes any digits) means none.
+        let deadline_opt = grpc_timeout(request.metadata()).and_then(|t| started.checked_add(t));
         let req = ValidScore::try_from(request.into_inner())?;
         let n = req.candidates.len();
         let scores = RerankSvc::score(self, req, deadline_opt).await?;
