@@ -174,11 +174,16 @@ where
                     // tonic enforces the same grpc-timeout client-side and
                     // reports it as Cancelled; it is a timeout: the stack's
                     // own (a failure) or the caller's deadline (neutral).
-                    if s.code() == tonic::Code::Cancelled && s.message() == "Timeout expired" {
-                        match by_caller {
-                            true => BoxError::from(deadline::DeadlineReached),
-                            false => BoxError::from(tower::timeout::error::Elapsed::new()),
-                        }
+                    // A downstream that gave up on the caller's advertised
+                    // time (DEADLINE_EXCEEDED) ran out of the caller's time
+                    // too.
+                    let client_timer =
+                        s.code() == tonic::Code::Cancelled && s.message() == "Timeout expired";
+                    let gave_up = s.code() == tonic::Code::DeadlineExceeded;
+                    if by_caller && (client_timer || gave_up) {
+                        BoxError::from(deadline::DeadlineReached)
+                    } else if client_timer {
+                        BoxError::from(tower::timeout::error::Elapsed::new())
                     } else {
                         BoxError::from(s)
                     }

@@ -287,6 +287,26 @@ mod tests {
         assert_eq!(count(&metrics, "timeout"), "0");
     }
 
+    /// The inner tonic call can report the caller's deadline itself (its
+    /// grpc-timeout timer fires on the deadline layer's tick and is polled
+    /// first): still neutral, or 1 ms deadlines would open the breaker.
+    #[tokio::test(start_paused = true)]
+    async fn a_callers_deadline_reported_from_inside_is_neutral_too() {
+        let (svc, breaker, mut handle, metrics) = counted_stack(spec(true));
+        let id = ident();
+        for _ in 0..5 {
+            let (s, i) = (svc.clone(), id.clone());
+            let deadline = Instant::now() + Duration::from_millis(10);
+            let task = tokio::spawn(async move { call_by(&s, &i, deadline).await });
+            let (_r, send) = handle.next_request().await.expect("request");
+            send.send_error(super::super::deadline::DeadlineReached);
+            let r = task.await.expect("join");
+            assert!(matches!(r, Err(DownstreamError::Deadline)), "{r:?}");
+            assert_eq!(breaker.phase(), BreakerPhase::Closed);
+        }
+        assert_eq!(count(&metrics, "deadline"), "5");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_dropped_call_is_counted_and_releases_a_half_open_trial() {
         let (svc, breaker, mut handle, metrics) = counted_stack(spec(false));
