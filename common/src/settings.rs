@@ -263,9 +263,10 @@ pub struct ModelSettings {
     pub embedding_tokenizer_path_opt: Option<PathBuf>,
     /// Cross-encoder directory (model.onnx + tokenizer.json).
     pub cross_encoder_dir_opt: Option<PathBuf>,
-    /// ONNX Runtime threads; 0 = number of cores. The embedder uses them as
-    /// intra-op threads; the cross-encoder as that many single-threaded
-    /// sessions scoring pairs side by side (1.35-1.6x faster on 2 cores).
+    /// ONNX Runtime threads; 0 = number of cores. Each model runs that many
+    /// single-threaded sessions, a request's texts side by side, one text
+    /// per run (models/src/sessions.rs: 1.35-1.6x faster than intra-op
+    /// threads on 2 cores, and a text's output never depends on its batch).
     pub intra_threads: usize,
 }
 

@@ -2,15 +2,14 @@
 //! relevance of (query, passage) pairs, encoded the way it was trained
 //! (`truncation='only_second'`, query = segment 0, passage = segment 1).
 
-use std::path::Path;
-use std::sync::Mutex;
-
 use ort::session::Session;
+use std::path::Path;
 use tokenizers::utils::truncation::truncate_encodings;
 use tokenizers::{
     Encoding, PostProcessor, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy,
 };
 
+use crate::sessions::Sessions;
 use crate::{Batch, BertInputs, ModelError};
 
 /// Longest pair the model's position embeddings allow.
@@ -22,15 +21,10 @@ pub const MAX_PAIR_TOKENS: usize = 512;
 /// have kept, and a 64 KiB passage no longer costs a full tokenization.
 const BYTES_PER_TOKEN_CAP: usize = 32;
 
-/// More sessions than this only add memory (~25 MB each for the int8 model).
-const MAX_SESSIONS: usize = 8;
-
 pub struct CrossEncoder {
-    /// `Session::run` takes `&mut self`, so one session runs one pair at a
-    /// time. Several single-threaded sessions score a request's pairs side
-    /// by side: a 128-token pair is too small for intra-op threads to keep
-    /// two cores busy, two pairs at once do.
-    sessions: Vec<Mutex<Session>>,
+    /// Single-threaded sessions scoring a request's pairs side by side
+    /// (crate::sessions).
+    sessions: Sessions,
     tokenizer: Tokenizer,
     inputs: BertInputs,
     output: String,
@@ -48,8 +42,7 @@ impl CrossEncoder {
     /// `dir` holds `model.onnx` and `tokenizer.json`. `threads` (0 = the
     /// machine's cores) is split into that many single-threaded sessions.
     pub fn load(dir: &Path, threads: usize) -> Result<Self, ModelError> {
-        let n = crate::resolve_threads(threads).clamp(1, MAX_SESSIONS);
-        Self::load_with(dir, n, 1)
+        Self::load_with(dir, crate::resolve_threads(threads), 1)
     }
 
     /// `sessions` sessions of `intra_threads` intra-op threads each.
@@ -59,23 +52,22 @@ impl CrossEncoder {
         intra_threads: usize,
     ) -> Result<Self, ModelError> {
         let model = dir.join("model.onnx");
-        let session = crate::open_session(&model, intra_threads)?;
-        let inputs = BertInputs::discover(&session)?;
-        let output = session
-            .outputs()
-            .iter()
-            .find(|o| o.name() == "logits")
-            .or_else(|| session.outputs().first())
-            .map(|o| o.name().to_string())
-            .ok_or_else(|| ModelError::Output("model declares no outputs".into()))?;
+        let sessions = Sessions::open(&model, sessions, intra_threads)?;
+        let (inputs, output) = {
+            let first = sessions.lock(0)?;
+            let output = first
+                .outputs()
+                .iter()
+                .find(|o| o.name() == "logits")
+                .or_else(|| first.outputs().first())
+                .map(|o| o.name().to_string())
+                .ok_or_else(|| ModelError::Output("model declares no outputs".into()))?;
+            (BertInputs::discover(&first)?, output)
+        };
         let tokenizer = crate::load_tokenizer(&dir.join("tokenizer.json"))?;
-        let mut all = vec![Mutex::new(session)];
-        for _ in 1..sessions.max(1) {
-            all.push(Mutex::new(crate::open_session(&model, intra_threads)?));
-        }
-        tracing::info!(model = %model.display(), sessions = all.len(), intra_threads, "cross-encoder loaded");
+        tracing::info!(model = %model.display(), sessions = sessions.len(), intra_threads, "cross-encoder loaded");
         Ok(Self {
-            sessions: all,
+            sessions,
             tokenizer,
             inputs,
             output,
@@ -113,56 +105,11 @@ impl CrossEncoder {
         // activations per batch, so batching moves a pair's logit by up to
         // 0.3 depending on its neighbours (1.41 instead of the reference
         // 1.69 for the check pair). Unbatched scores are reproducible; the
-        // sessions split the pairs by length (see `balance`), each on its
+        // sessions split the pairs by length (crate::sessions), each on its
         // own thread.
-        let n = self.sessions.len().min(encodings.len()).max(1);
-        if n == 1 {
-            let mut session = self.lock(0)?;
-            return encodings
-                .iter()
-                .map(|enc| self.run_one(&mut session, enc))
-                .collect();
-        }
         let lengths: Vec<usize> = encodings.iter().map(|e| e.get_ids().len()).collect();
-        let encodings = &encodings;
-        let mut logits = vec![0.0f32; passages.len()];
-        let results: Vec<Result<Vec<(usize, f32)>, ModelError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = balance(&lengths, n)
-                .into_iter()
-                .enumerate()
-                .map(|(k, share)| {
-                    scope.spawn(move || {
-                        let mut session = self.lock(k)?;
-                        share
-                            .into_iter()
-                            .map(|i| Ok((i, self.run_one(&mut session, &encodings[i])?)))
-                            .collect()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ModelError::Inference(
-                            "cross-encoder thread panicked".into(),
-                        ))
-                    })
-                })
-                .collect()
-        });
-        for r in results {
-            for (i, logit) in r? {
-                logits[i] = logit;
-            }
-        }
-        Ok(logits)
-    }
-
-    fn lock(&self, k: usize) -> Result<std::sync::MutexGuard<'_, Session>, ModelError> {
-        self.sessions[k]
-            .lock()
-            .map_err(|_| ModelError::Inference("model lock poisoned by an earlier panic".into()))
+        self.sessions
+            .run_each(&lengths, |session, i| self.run_one(session, &encodings[i]))
     }
 
     fn run_one(&self, session: &mut Session, enc: &Encoding) -> Result<f32, ModelError> {
@@ -257,46 +204,10 @@ fn cut_at(s: &str, max_bytes: usize) -> &str {
     &s[..end]
 }
 
-/// Splits pair indices over `n` sessions so their token totals are as even
-/// as greedy longest-first gets them. The request waits for the slowest
-/// session, and pair lengths vary up to `max_length`: round-robin could hand
-/// one session most of the long passages.
-fn balance(lengths: &[usize], n: usize) -> Vec<Vec<usize>> {
-    let n = n.max(1);
-    let mut order: Vec<usize> = (0..lengths.len()).collect();
-    order.sort_by(|&a, &b| lengths[b].cmp(&lengths[a]).then(a.cmp(&b)));
-    let mut shares: Vec<(usize, Vec<usize>)> = (0..n).map(|_| (0, Vec::new())).collect();
-    for i in order {
-        if let Some(least) = shares.iter_mut().min_by_key(|(load, _)| *load) {
-            least.0 += lengths[i];
-            least.1.push(i);
-        }
-    }
-    shares.into_iter().map(|(_, share)| share).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::test_support;
-
-    #[test]
-    fn balance_evens_out_long_pairs() {
-        // Round-robin would give session 0 the three 128-token pairs.
-        let lengths = [128, 20, 128, 20, 128, 20];
-        let shares = balance(&lengths, 2);
-        let load = |s: &Vec<usize>| s.iter().map(|&i| lengths[i]).sum::<usize>();
-        assert_eq!(shares.len(), 2);
-        assert!(
-            load(&shares[0]).abs_diff(load(&shares[1])) <= 108,
-            "{shares:?}"
-        );
-        let mut all: Vec<usize> = shares.concat();
-        all.sort_unstable();
-        assert_eq!(all, (0..6).collect::<Vec<_>>());
-        assert_eq!(balance(&[5, 6], 1), vec![vec![1, 0]]);
-        assert_eq!(balance(&[], 2), vec![Vec::<usize>::new(), Vec::new()]);
-    }
 
     fn model() -> CrossEncoder {
         test_support::init();

@@ -4,11 +4,11 @@
 //! mask, L2-normalise.
 
 use std::path::Path;
-use std::sync::Mutex;
 
 use ort::session::Session;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
+use crate::sessions::Sessions;
 use crate::{Batch, BertInputs, ModelError};
 
 pub const EMBEDDING_DIM: usize = 384;
@@ -16,18 +16,11 @@ pub const EMBEDDING_DIM: usize = 384;
 /// `max_seq_length` of the sentence-transformers config of the model.
 const MAX_TOKENS: usize = 256;
 
-/// Texts per inference call.
-const MAX_BATCH: usize = 32;
-
-/// Padded tokens per inference call. ONNX Runtime's arena keeps its peak:
-/// 32 texts of 256 tokens took the search process from 235 MB to 1.4 GB
-/// (attention alone is batch x 12 heads x 256^2 floats per layer), so long
-/// texts go in smaller batches; short ones (queries) still go 32 at a time.
-const MAX_BATCH_TOKENS: usize = 2048;
-
 pub struct Embedder {
-    /// `Session::run` takes `&mut self`; inference is serialised per model.
-    session: Mutex<Session>,
+    /// Single-threaded sessions embedding a request's texts side by side,
+    /// one text per run (crate::sessions: a text's vector then never
+    /// depends on its batch neighbours, and it is faster here).
+    sessions: Sessions,
     tokenizer: Tokenizer,
     inputs: BertInputs,
     output: String,
@@ -37,21 +30,26 @@ impl std::fmt::Debug for Embedder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Embedder")
             .field("output", &self.output)
+            .field("sessions", &self.sessions.len())
             .finish_non_exhaustive()
     }
 }
 
 impl Embedder {
-    pub fn load(model: &Path, tokenizer: &Path, intra_threads: usize) -> Result<Self, ModelError> {
-        let session = crate::open_session(model, intra_threads)?;
-        let inputs = BertInputs::discover(&session)?;
-        let output = session
-            .outputs()
-            .iter()
-            .find(|o| o.name() == "last_hidden_state")
-            .or_else(|| session.outputs().first())
-            .map(|o| o.name().to_string())
-            .ok_or_else(|| ModelError::Output("model declares no outputs".into()))?;
+    /// `threads` (0 = the machine's cores) single-threaded sessions.
+    pub fn load(model: &Path, tokenizer: &Path, threads: usize) -> Result<Self, ModelError> {
+        let sessions = Sessions::open(model, crate::resolve_threads(threads), 1)?;
+        let (inputs, output) = {
+            let first = sessions.lock(0)?;
+            let output = first
+                .outputs()
+                .iter()
+                .find(|o| o.name() == "last_hidden_state")
+                .or_else(|| first.outputs().first())
+                .map(|o| o.name().to_string())
+                .ok_or_else(|| ModelError::Output("model declares no outputs".into()))?;
+            (BertInputs::discover(&first)?, output)
+        };
         let mut tokenizer = crate::load_tokenizer(tokenizer)?;
         tokenizer
             .with_truncation(Some(TruncationParams {
@@ -61,9 +59,9 @@ impl Embedder {
                 stride: 0,
             }))
             .map_err(|e| ModelError::Encode(e.to_string()))?;
-        tracing::info!(model = %model.display(), output = %output, "embedding model loaded");
+        tracing::info!(model = %model.display(), output = %output, sessions = sessions.len(), "embedding model loaded");
         Ok(Self {
-            session: Mutex::new(session),
+            sessions,
             tokenizer,
             inputs,
             output,
@@ -77,35 +75,21 @@ impl Embedder {
             .tokenizer
             .encode_batch_fast(texts.to_vec(), true)
             .map_err(|e| ModelError::Encode(e.to_string()))?;
-        // Batches of similar length waste little on padding; this model's
-        // vectors do not depend on batch composition (checked against the
-        // Python reference, batched and one at a time), so sorting is free.
-        let mut order: Vec<usize> = (0..encodings.len()).collect();
-        order.sort_by_key(|&i| encodings[i].len());
-        let mut out: Vec<Vec<f32>> = vec![Vec::new(); encodings.len()];
-        let lengths: Vec<usize> = order.iter().map(|&i| encodings[i].len()).collect();
-        let mut start = 0;
-        for size in batch_sizes(&lengths) {
-            let chunk = &order[start..start + size];
-            start += size;
-            let batch: Vec<tokenizers::Encoding> =
-                chunk.iter().map(|&i| encodings[i].clone()).collect();
-            for (&i, v) in chunk.iter().zip(self.embed_batch(&batch)?) {
-                out[i] = v;
-            }
-        }
-        Ok(out)
+        let lengths: Vec<usize> = encodings.iter().map(tokenizers::Encoding::len).collect();
+        self.sessions.run_each(&lengths, |session, i| {
+            self.embed_one(session, &encodings[i])
+        })
     }
 
-    fn embed_batch(&self, encodings: &[tokenizers::Encoding]) -> Result<Vec<Vec<f32>>, ModelError> {
-        let batch = Batch::from_encodings(encodings);
-        let (rows, cols) = (batch.rows, batch.cols);
+    fn embed_one(
+        &self,
+        session: &mut Session,
+        encoding: &tokenizers::Encoding,
+    ) -> Result<Vec<f32>, ModelError> {
+        let batch = Batch::from_encodings(std::slice::from_ref(encoding));
+        let cols = batch.cols;
         let mask = batch.mask.clone();
         let inputs = batch.into_inputs(self.inputs)?;
-        let mut session = self
-            .session
-            .lock()
-            .map_err(|_| ModelError::Inference("model lock poisoned by an earlier panic".into()))?;
         let outputs = session
             .run(inputs)
             .map_err(|e| ModelError::Inference(e.to_string()))?;
@@ -116,47 +100,36 @@ impl Embedder {
             .try_extract_tensor::<f32>()
             .map_err(|e| ModelError::Output(e.to_string()))?;
         let dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
-        let vectors = match dims.as_slice() {
-            [b, s, d] if *b == rows && *s == cols && *d == EMBEDDING_DIM => {
-                mean_pool(data, &mask, rows, cols)
-            }
-            [b, d] if *b == rows && *d == EMBEDDING_DIM => data
-                .chunks_exact(EMBEDDING_DIM)
-                .map(<[f32]>::to_vec)
-                .collect(),
+        let vector = match dims.as_slice() {
+            [1, s, d] if *s == cols && *d == EMBEDDING_DIM => mean_pool(data, &mask, cols),
+            [1, d] if *d == EMBEDDING_DIM => data.to_vec(),
             _ => {
                 return Err(ModelError::Output(format!(
-                    "output {} has shape {dims:?}, expected [{rows}, {cols}, {EMBEDDING_DIM}] or [{rows}, {EMBEDDING_DIM}]",
+                    "output {} has shape {dims:?}, expected [1, {cols}, {EMBEDDING_DIM}] or [1, {EMBEDDING_DIM}]",
                     self.output
                 )));
             }
         };
-        Ok(vectors.into_iter().map(normalise).collect())
+        Ok(normalise(vector))
     }
 }
 
-/// Mean of the token vectors where the mask is 1 (sentence-transformers'
-/// "mean" pooling; the mask sum is clamped at 1e-9 like theirs).
-fn mean_pool(hidden: &[f32], mask: &[i64], rows: usize, cols: usize) -> Vec<Vec<f32>> {
-    (0..rows)
-        .map(|r| {
-            let mut acc = vec![0f32; EMBEDDING_DIM];
-            let mut count = 0f32;
-            for c in 0..cols {
-                if mask[r * cols + c] == 0 {
-                    continue;
-                }
-                count += 1.0;
-                let base = (r * cols + c) * EMBEDDING_DIM;
-                for (a, h) in acc.iter_mut().zip(&hidden[base..base + EMBEDDING_DIM]) {
-                    *a += h;
-                }
-            }
-            let count = count.max(1e-9);
-            acc.iter_mut().for_each(|a| *a /= count);
-            acc
-        })
-        .collect()
+/// Mean of one text's token vectors where the mask is 1
+/// (sentence-transformers' "mean" pooling; the mask sum is clamped at 1e-9
+/// like theirs).
+fn mean_pool(hidden: &[f32], mask: &[i64], cols: usize) -> Vec<f32> {
+    let mut acc = vec![0f32; EMBEDDING_DIM];
+    let mut count = 0f32;
+    for c in (0..cols).filter(|&c| mask[c] != 0) {
+        count += 1.0;
+        let base = c * EMBEDDING_DIM;
+        for (a, h) in acc.iter_mut().zip(&hidden[base..base + EMBEDDING_DIM]) {
+            *a += h;
+        }
+    }
+    let count = count.max(1e-9);
+    acc.iter_mut().for_each(|a| *a /= count);
+    acc
 }
 
 fn normalise(mut v: Vec<f32>) -> Vec<f32> {
@@ -165,25 +138,6 @@ fn normalise(mut v: Vec<f32>) -> Vec<f32> {
         v.iter_mut().for_each(|x| *x /= norm);
     }
     v
-}
-
-/// Consecutive batch sizes over texts sorted by ascending token count: each
-/// batch at most [`MAX_BATCH`] texts and [`MAX_BATCH_TOKENS`] padded tokens
-/// (its longest text times its size), at least one text.
-fn batch_sizes(sorted_lengths: &[usize]) -> Vec<usize> {
-    let mut sizes = Vec::new();
-    let mut size = 0;
-    for &len in sorted_lengths {
-        if size > 0 && (size == MAX_BATCH || (size + 1) * len > MAX_BATCH_TOKENS) {
-            sizes.push(size);
-            size = 0;
-        }
-        size += 1;
-    }
-    if size > 0 {
-        sizes.push(size);
-    }
-    sizes
 }
 
 #[cfg(test)]
@@ -231,27 +185,34 @@ mod tests {
         );
     }
 
+    /// Ingest-side embedding throughput on real passages (issue 22): the
+    /// first 512 2Wiki passages in calls of 32, on one and on two
+    /// single-threaded sessions.
+    /// `cargo test --release -p engram-models --lib embed_throughput -- --ignored --nocapture`
     #[test]
-    fn batches_are_bounded_by_texts_and_padded_tokens() {
-        assert_eq!(batch_sizes(&[]), Vec::<usize>::new());
-        // Queries: short, 32 per call.
-        assert_eq!(batch_sizes(&[12; 70]), vec![32, 32, 6]);
-        // Long passages: 2048 / 256 = 8 per call.
-        assert_eq!(batch_sizes(&[256; 20]), vec![8, 8, 4]);
-        // Mixed (sorted): the batch closes when its longest text would
-        // push it past the token budget.
-        let mut lens = vec![10; 5];
-        lens.extend([200; 12]);
-        let sizes = batch_sizes(&lens);
-        assert_eq!(sizes.iter().sum::<usize>(), 17);
-        let mut start = 0;
-        for size in sizes {
-            let longest = lens[start + size - 1];
-            assert!(
-                size == 1 || size * longest <= MAX_BATCH_TOKENS,
-                "{size} x {longest}"
-            );
-            start += size;
+    #[ignore]
+    fn embed_throughput_on_wiki_passages() {
+        use std::time::Instant;
+        test_support::init();
+        let corpus = test_support::engram_home()
+            .join("../../shared/data/hipporag/2wikimultihopqa_corpus.json");
+        let raw = std::fs::read_to_string(&corpus).expect("2wiki corpus");
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&raw).expect("json");
+        let field = |r: &serde_json::Value, k: &str| r[k].as_str().unwrap_or("").to_string();
+        let texts: Vec<String> = (rows.iter().take(512))
+            .map(|r| format!("{}\n{}", field(r, "title"), field(r, "text")))
+            .collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let (m, t) = test_support::embedder_files();
+        for sessions in [1usize, 2] {
+            let e = Embedder::load(&m, &t, sessions).expect("embedder");
+            let _ = e.embed(&refs[..32]).expect("warmup");
+            let start = Instant::now();
+            for chunk in refs.chunks(32) {
+                let _ = e.embed(chunk).expect("embed");
+            }
+            let rate = refs.len() as f64 / start.elapsed().as_secs_f64();
+            eprintln!("{sessions} session(s): {rate:.1} passages/s");
         }
     }
 

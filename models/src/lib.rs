@@ -7,6 +7,7 @@
 
 mod cross_encoder;
 mod embedder;
+mod sessions;
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
