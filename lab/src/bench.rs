@@ -150,7 +150,7 @@ async fn embed(stack: &Target, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>
         .await?
         .max_decoding_message_size(64 << 20);
     let mut out = Vec::with_capacity(texts.len());
-    for chunk in texts.chunks(64) {
+    for chunk in texts.chunks(32) {
         let req = internal(
             stack,
             "bench-embed",
@@ -321,8 +321,15 @@ async fn build_corpus(
 /// Ingest with server-side embeddings, straight into search-svc (the write
 /// path the gateway forwards to) in a tenant of its own, so graph-svc does
 /// not reload the big bench tenant on every batch. Fresh ids (so they are
-/// really embedded), removed afterwards.
-async fn ingest_rate(stack: &Target, part: &crate::eval::Part, n: usize) -> anyhow::Result<f64> {
+/// really embedded), removed afterwards. Reported with its breakdown: the
+/// embedding alone (`Embed`, the same texts and batches) and the write
+/// alone (the same memories with their vectors supplied), and with two
+/// batches in flight, as a loader that keeps the pipe full sees it.
+async fn ingest_rates(
+    stack: &Target,
+    part: &crate::eval::Part,
+    n: usize,
+) -> anyhow::Result<serde_json::Value> {
     let sample: Vec<Memory> = part.docs[..n.min(part.docs.len())]
         .iter()
         .map(|d| Memory {
@@ -332,7 +339,35 @@ async fn ingest_rate(stack: &Target, part: &crate::eval::Part, n: usize) -> anyh
             ..Default::default()
         })
         .collect();
-    write_rate(stack, sample).await
+    let texts: Vec<String> = sample
+        .iter()
+        .map(|m| format!("{}\n{}", m.title, m.content))
+        .collect();
+    let t = Instant::now();
+    let vectors = embed(stack, &texts).await?;
+    let embed_only = texts.len() as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    let supplied: Vec<Memory> = (sample.iter().zip(vectors))
+        .map(|(m, v)| Memory {
+            id: uuid::Uuid::new_v4().to_string(),
+            embedding: v,
+            ..m.clone()
+        })
+        .collect();
+    let fresh = |memories: &[Memory]| -> Vec<Memory> {
+        (memories.iter())
+            .map(|m| Memory {
+                id: uuid::Uuid::new_v4().to_string(),
+                ..m.clone()
+            })
+            .collect()
+    };
+    Ok(serde_json::json!({
+        "embedded_memories_per_s": round1(write_rate(stack, sample.clone(), 1).await?),
+        "embedded_memories_per_s_2_in_flight": round1(write_rate(stack, fresh(&sample), 2).await?),
+        "embed_only_per_s": round1(embed_only),
+        "write_only_per_s": round1(write_rate(stack, supplied, 1).await?),
+        "passages": sample.len(),
+    }))
 }
 
 /// The same for short facts (`semantic`, one second apart), the memories
@@ -352,26 +387,33 @@ async fn fact_ingest_rate(stack: &Target) -> anyhow::Result<(f64, usize)> {
         })
         .collect();
     let n = sample.len();
-    Ok((write_rate(stack, sample).await?, n))
+    Ok((write_rate(stack, sample, 1).await?, n))
 }
 
-/// Memories per second writing `sample` in batches of 32.
-async fn write_rate(stack: &Target, sample: Vec<Memory>) -> anyhow::Result<f64> {
+/// Memories per second writing `sample` in batches of 32, `in_flight`
+/// batches at a time.
+async fn write_rate(stack: &Target, sample: Vec<Memory>, in_flight: usize) -> anyhow::Result<f64> {
     let tenant = "bench-ingest";
     let mut c = SearchServiceClient::connect(uri(stack, Service::Search)?)
         .await?
         .max_encoding_message_size(64 << 20);
     let t = Instant::now();
-    for chunk in sample.chunks(32) {
-        c.upsert(internal(
+    let calls = sample.chunks(32).map(|chunk| {
+        let mut c = c.clone();
+        let req = internal(
             stack,
             tenant,
             UpsertRequest {
                 memories: chunk.to_vec(),
             },
-        ))
-        .await?;
+        );
+        async move { c.upsert(req).await }
+    });
+    let mut answers = futures::stream::iter(calls).buffer_unordered(in_flight.max(1));
+    while let Some(answer) = answers.next().await {
+        answer?;
     }
+    drop(answers);
     let rate = sample.len() as f64 / t.elapsed().as_secs_f64().max(1e-9);
     let ids: Vec<String> = sample.iter().map(|m| m.id.clone()).collect();
     for chunk in ids.chunks(1000) {
@@ -387,18 +429,16 @@ async fn write_rate(stack: &Target, sample: Vec<Memory>) -> anyhow::Result<f64> 
     Ok(rate)
 }
 
-pub async fn run(
+/// The synthetic corpus of `args.memories` memories in `tenant`, built
+/// unless its completion marker is there; what building it took.
+pub(crate) async fn ensure_corpus(
     stack: &Target,
     client: &mut Client,
     tenant: &str,
     args: &BenchArgs,
+    part: &crate::eval::Part,
     progress: bool,
 ) -> anyhow::Result<serde_json::Value> {
-    let part = load_2wiki(
-        &crate::eval::data_path("hipporag/2wikimultihopqa_corpus.json"),
-        &crate::eval::data_path("hipporag/2wiki_dev.jsonl"),
-        None,
-    )?;
     let base_n = args.base_texts.min(part.docs.len()).max(1);
     let base_texts: Vec<String> = part.docs[..base_n]
         .iter()
@@ -417,7 +457,7 @@ pub async fn run(
     let mut corpus = serde_json::json!({"reused": true});
     if have.memories.is_empty() {
         let (upsert_secs, edge_secs, edges) =
-            build_corpus(stack, client, tenant, args, &part, &base_texts, progress).await?;
+            build_corpus(stack, client, tenant, args, part, &base_texts, progress).await?;
         corpus = serde_json::json!({
             "reused": false,
             "upsert_seconds": round1(upsert_secs),
@@ -427,6 +467,107 @@ pub async fn run(
             "write_concurrency": args.write_concurrency,
         });
     }
+    Ok(corpus)
+}
+
+/// Queries one at a time until five in a row come back whole: the tenant's
+/// graph has loaded (a first load of 100K memories takes seconds and would
+/// otherwise be most of a profile) and connections and plans are warm.
+/// Gives up after two minutes.
+async fn warm_up(client: &Client, questions: &[String]) -> anyhow::Result<()> {
+    let until = Instant::now() + std::time::Duration::from_secs(120);
+    let mut whole = 0;
+    for text in questions.iter().cycle() {
+        if whole >= 5 || Instant::now() > until {
+            break;
+        }
+        let req = RetrieveRequest {
+            text: text.clone(),
+            skip_rerank: true,
+            no_cache: true,
+            ..Default::default()
+        };
+        let answer = client.clone().retrieval.retrieve(req).await?.into_inner();
+        whole = match answer.degraded_stages.is_empty() {
+            true => whole + 1,
+            false => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                0
+            }
+        };
+    }
+    anyhow::ensure!(
+        whole >= 5,
+        "the stack still degrades answers after two minutes of warm-up"
+    );
+    Ok(())
+}
+
+/// `engram bench --in-process --profile FILE`: the corpus, a warm-up
+/// (the graph loads, caches of plans fill), then the no-rerank query mix
+/// under the CPU profiler (crate::profile).
+pub async fn profile(
+    stack: &Target,
+    client: &mut Client,
+    tenant: &str,
+    args: &BenchArgs,
+    out: &std::path::Path,
+    progress: bool,
+) -> anyhow::Result<serde_json::Value> {
+    let part = load_2wiki(
+        &crate::eval::data_path("hipporag/2wikimultihopqa_corpus.json"),
+        &crate::eval::data_path("hipporag/2wiki_dev.jsonl"),
+        None,
+    )?;
+    let corpus = ensure_corpus(stack, client, tenant, args, &part, progress).await?;
+    let questions: Vec<String> = part.questions.iter().map(|q| q.text.clone()).collect();
+    if progress {
+        eprintln!(
+            "corpus ready; warming up, then profiling {} queries",
+            args.queries
+        );
+    }
+    warm_up(client, &questions).await?;
+    let mut report =
+        crate::profile::profile_queries(client, &questions, args.queries, args.concurrency, out)
+            .await?;
+    report["memories"] = serde_json::json!(args.memories);
+    report["corpus"] = corpus;
+    Ok(report)
+}
+
+/// `engram bench --ingest-only`: the ingest figures of [`run`] alone.
+pub async fn ingest_only(stack: &Target, passages: usize) -> anyhow::Result<serde_json::Value> {
+    let part = load_2wiki(
+        &crate::eval::data_path("hipporag/2wikimultihopqa_corpus.json"),
+        &crate::eval::data_path("hipporag/2wiki_dev.jsonl"),
+        None,
+    )?;
+    let (facts_per_s, facts) = fact_ingest_rate(stack).await?;
+    Ok(serde_json::json!({
+        "ingest": {
+            "passages": ingest_rates(stack, &part, passages).await?,
+            "facts_per_s": round1(facts_per_s),
+            "facts": facts,
+            "update_detection": stack.settings().search.update_detection,
+        },
+        "rss_mb": stack.rss_mb(),
+    }))
+}
+
+pub async fn run(
+    stack: &Target,
+    client: &mut Client,
+    tenant: &str,
+    args: &BenchArgs,
+    progress: bool,
+) -> anyhow::Result<serde_json::Value> {
+    let part = load_2wiki(
+        &crate::eval::data_path("hipporag/2wikimultihopqa_corpus.json"),
+        &crate::eval::data_path("hipporag/2wiki_dev.jsonl"),
+        None,
+    )?;
+    let corpus = ensure_corpus(stack, client, tenant, args, &part, progress).await?;
     if progress {
         eprintln!("corpus ready; measuring");
     }
@@ -684,9 +825,9 @@ pub async fn run(
     if progress {
         eprintln!("ingest with embeddings ({} passages)", args.ingest_sample);
     }
-    let ingest = match ingest_rate(stack, &part, args.ingest_sample).await {
-        Ok(r) => serde_json::json!(round1(r)),
-        Err(e) => serde_json::json!(format!("failed: {e:#}")),
+    let ingest = match ingest_rates(stack, &part, args.ingest_sample).await {
+        Ok(rates) => rates,
+        Err(e) => serde_json::json!({"failed": format!("{e:#}")}),
     };
     let (facts_ingest, facts) = match fact_ingest_rate(stack).await {
         Ok((r, n)) => (serde_json::json!(round1(r)), n),
@@ -743,8 +884,7 @@ pub async fn run(
         },
         "corpus": corpus,
         "ingest": {
-            "embedded_memories_per_s": ingest,
-            "passages": args.ingest_sample,
+            "passages": ingest,
             "facts_per_s": facts_ingest,
             "facts": facts,
             "update_detection": stack.settings().search.update_detection,

@@ -56,6 +56,16 @@ pub enum LabCommand {
         /// child process per service.
         #[arg(long)]
         in_process: bool,
+        /// Only the ingest figures (1,000 passages with server-side
+        /// embeddings and their breakdown, then the short facts), without
+        /// building the synthetic tenant.
+        #[arg(long)]
+        ingest_only: bool,
+        /// With --in-process: profile the no-rerank query mix on the CPU
+        /// instead (per stage and per crate, Postgres apart) and write its
+        /// folded stacks to this file (docs/benchmarks.md, "CPU profile").
+        #[arg(long)]
+        profile: Option<PathBuf>,
     },
     /// Reliability in figures: noisy neighbour, kill -9 mid-load, a slowed
     /// downstream and a soak, one process per service (docs/reliability.md).
@@ -159,7 +169,19 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
             concurrency,
             json,
             in_process,
-        } => bench(settings, memories, queries, concurrency, json, in_process).await,
+            ingest_only,
+            profile,
+        } => {
+            let shape = BenchShape {
+                memories,
+                queries,
+                concurrency,
+                in_process,
+                ingest_only,
+                profile_opt: profile,
+            };
+            bench(settings, shape, json).await
+        }
         LabCommand::Soak {
             seconds,
             soak_seconds,
@@ -747,16 +769,30 @@ async fn wait_for_graph(client: &mut Client, part: &crate::eval::Part) {
     tracing::warn!(tenant = %part.tenant, "graph strategy still empty after ingest; continuing");
 }
 
-/// `engram bench`: one process per service (or all in this one with
-/// `in_process`), a synthetic tenant, the query mix.
-async fn bench(
-    mut settings: Settings,
+/// What `engram bench` was asked to run.
+struct BenchShape {
     memories: usize,
     queries: usize,
     concurrency: usize,
-    json: bool,
     in_process: bool,
-) -> anyhow::Result<()> {
+    ingest_only: bool,
+    profile_opt: Option<PathBuf>,
+}
+
+/// `engram bench`: one process per service (or all in this one with
+/// `in_process`), a synthetic tenant, the query mix.
+async fn bench(mut settings: Settings, shape: BenchShape, json: bool) -> anyhow::Result<()> {
+    let BenchShape {
+        memories,
+        queries,
+        concurrency,
+        in_process,
+        ingest_only,
+        profile_opt,
+    } = shape;
+    if profile_opt.is_some() && !in_process {
+        anyhow::bail!("--profile needs --in-process: the profiler samples this process");
+    }
     if memories == 0 || queries == 0 {
         anyhow::bail!("--memories and --queries must be at least 1");
     }
@@ -782,6 +818,9 @@ async fn bench(
         crate::bench::Target::Split(crate::split::SplitStack::start(settings, &key, &tenant).await?)
     };
     let result = async {
+        if ingest_only {
+            return crate::bench::ingest_only(&target, 1000).await;
+        }
         let mut client =
             Client::connect(&target.gateway_uri().context("no gateway")?, &key).await?;
         let args = crate::bench::BenchArgs {
@@ -792,6 +831,9 @@ async fn bench(
             write_concurrency: 3,
             ingest_sample: 1000,
         };
+        if let Some(out) = &profile_opt {
+            return crate::bench::profile(&target, &mut client, &tenant, &args, out, !json).await;
+        }
         crate::bench::run(&target, &mut client, &tenant, &args, !json).await
     }
     .await;

@@ -14,6 +14,7 @@ mod bench;
 mod commands;
 mod eval;
 mod longmemeval;
+mod profile;
 pub mod ranker;
 pub mod soak;
 mod split;
