@@ -503,6 +503,15 @@ async fn warm_up(client: &Client, questions: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The 2Wiki dev corpus and questions every bench pass draws from.
+fn bench_part() -> anyhow::Result<crate::eval::Part> {
+    load_2wiki(
+        &crate::eval::data_path("hipporag/2wikimultihopqa_corpus.json"),
+        &crate::eval::data_path("hipporag/2wiki_dev.jsonl"),
+        None,
+    )
+}
+
 /// `engram bench --in-process --profile FILE`: the corpus, a warm-up
 /// (the graph loads, caches of plans fill), then the no-rerank query mix
 /// under the CPU profiler (crate::profile).
@@ -514,11 +523,7 @@ pub async fn profile(
     out: &std::path::Path,
     progress: bool,
 ) -> anyhow::Result<serde_json::Value> {
-    let part = load_2wiki(
-        &crate::eval::data_path("hipporag/2wikimultihopqa_corpus.json"),
-        &crate::eval::data_path("hipporag/2wiki_dev.jsonl"),
-        None,
-    )?;
+    let part = bench_part()?;
     let corpus = ensure_corpus(stack, client, tenant, args, &part, progress).await?;
     let questions: Vec<String> = part.questions.iter().map(|q| q.text.clone()).collect();
     if progress {
@@ -538,11 +543,7 @@ pub async fn profile(
 
 /// `engram bench --ingest-only`: the ingest figures of [`run`] alone.
 pub async fn ingest_only(stack: &Target, passages: usize) -> anyhow::Result<serde_json::Value> {
-    let part = load_2wiki(
-        &crate::eval::data_path("hipporag/2wikimultihopqa_corpus.json"),
-        &crate::eval::data_path("hipporag/2wiki_dev.jsonl"),
-        None,
-    )?;
+    let part = bench_part()?;
     let (facts_per_s, facts) = fact_ingest_rate(stack).await?;
     Ok(serde_json::json!({
         "ingest": {
@@ -562,11 +563,7 @@ pub async fn run(
     args: &BenchArgs,
     progress: bool,
 ) -> anyhow::Result<serde_json::Value> {
-    let part = load_2wiki(
-        &crate::eval::data_path("hipporag/2wikimultihopqa_corpus.json"),
-        &crate::eval::data_path("hipporag/2wiki_dev.jsonl"),
-        None,
-    )?;
+    let part = bench_part()?;
     let corpus = ensure_corpus(stack, client, tenant, args, &part, progress).await?;
     if progress {
         eprintln!("corpus ready; measuring");

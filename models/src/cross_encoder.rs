@@ -53,17 +53,7 @@ impl CrossEncoder {
     ) -> Result<Self, ModelError> {
         let model = dir.join("model.onnx");
         let sessions = Sessions::open(&model, sessions, intra_threads)?;
-        let (inputs, output) = {
-            let first = sessions.lock(0)?;
-            let output = first
-                .outputs()
-                .iter()
-                .find(|o| o.name() == "logits")
-                .or_else(|| first.outputs().first())
-                .map(|o| o.name().to_string())
-                .ok_or_else(|| ModelError::Output("model declares no outputs".into()))?;
-            (BertInputs::discover(&first)?, output)
-        };
+        let (inputs, output) = sessions.bert_io("logits")?;
         let tokenizer = crate::load_tokenizer(&dir.join("tokenizer.json"))?;
         tracing::info!(model = %model.display(), sessions = sessions.len(), intra_threads, "cross-encoder loaded");
         Ok(Self {

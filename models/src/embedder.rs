@@ -39,17 +39,7 @@ impl Embedder {
     /// `threads` (0 = the machine's cores) single-threaded sessions.
     pub fn load(model: &Path, tokenizer: &Path, threads: usize) -> Result<Self, ModelError> {
         let sessions = Sessions::open(model, crate::resolve_threads(threads), 1)?;
-        let (inputs, output) = {
-            let first = sessions.lock(0)?;
-            let output = first
-                .outputs()
-                .iter()
-                .find(|o| o.name() == "last_hidden_state")
-                .or_else(|| first.outputs().first())
-                .map(|o| o.name().to_string())
-                .ok_or_else(|| ModelError::Output("model declares no outputs".into()))?;
-            (BertInputs::discover(&first)?, output)
-        };
+        let (inputs, output) = sessions.bert_io("last_hidden_state")?;
         let mut tokenizer = crate::load_tokenizer(tokenizer)?;
         tokenizer
             .with_truncation(Some(TruncationParams {

@@ -16,7 +16,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use ort::session::Session;
 
-use crate::ModelError;
+use crate::{BertInputs, ModelError};
 
 /// More sessions than this only add memory (~25 MB each for an int8
 /// MiniLM).
@@ -42,6 +42,19 @@ impl Sessions {
             all,
             next: AtomicUsize::new(0),
         })
+    }
+
+    /// The BERT inputs the model declares and the name of its output:
+    /// `preferred` when it has one of that name, else its first.
+    pub(crate) fn bert_io(&self, preferred: &str) -> Result<(BertInputs, String), ModelError> {
+        let first = self.lock(0)?;
+        let outputs = first.outputs();
+        let output = (outputs.iter())
+            .find(|o| o.name() == preferred)
+            .or_else(|| outputs.first())
+            .map(|o| o.name().to_string())
+            .ok_or_else(|| ModelError::Output("model declares no outputs".into()))?;
+        Ok((BertInputs::discover(&first)?, output))
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -270,28 +270,12 @@ mod tests {
         crate::downstream::call_until(svc, id, deadline, 1).await
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_callers_deadline_is_neutral_for_the_breaker() {
-        let (svc, breaker, mut handle, metrics) = counted_stack(spec(true));
-        let id = ident();
-        for _ in 0..5 {
-            let (s, i) = (svc.clone(), id.clone());
-            let deadline = Instant::now() + Duration::from_millis(10);
-            let task = tokio::spawn(async move { call_by(&s, &i, deadline).await });
-            let _pending = handle.next_request().await.expect("request");
-            let r = task.await.expect("join");
-            assert!(matches!(r, Err(DownstreamError::Deadline)), "{r:?}");
-        }
-        assert_eq!(breaker.phase(), BreakerPhase::Closed);
-        assert_eq!(count(&metrics, "deadline"), "5");
-        assert_eq!(count(&metrics, "timeout"), "0");
-    }
-
-    /// The inner tonic call can report the caller's deadline itself (its
-    /// grpc-timeout timer fires on the deadline layer's tick and is polled
-    /// first): still neutral, or 1 ms deadlines would open the breaker.
-    #[tokio::test(start_paused = true)]
-    async fn a_callers_deadline_reported_from_inside_is_neutral_too() {
+    /// Five calls that run out of the caller's 10 ms: left unanswered (the
+    /// deadline layer ends them) or, `from_inside`, ended by the inner call
+    /// with the deadline itself (tonic's grpc-timeout timer fires on the
+    /// deadline layer's tick and is polled first). Either is neutral, or a
+    /// tenant's 1 ms deadlines would open the breaker for everyone.
+    async fn five_deadlines_leave_the_breaker_closed(from_inside: bool) {
         let (svc, breaker, mut handle, metrics) = counted_stack(spec(true));
         let id = ident();
         for _ in 0..5 {
@@ -299,12 +283,29 @@ mod tests {
             let deadline = Instant::now() + Duration::from_millis(10);
             let task = tokio::spawn(async move { call_by(&s, &i, deadline).await });
             let (_r, send) = handle.next_request().await.expect("request");
-            send.send_error(super::super::deadline::DeadlineReached);
+            let _unanswered = match from_inside {
+                true => {
+                    send.send_error(super::super::deadline::DeadlineReached);
+                    None
+                }
+                false => Some(send),
+            };
             let r = task.await.expect("join");
             assert!(matches!(r, Err(DownstreamError::Deadline)), "{r:?}");
             assert_eq!(breaker.phase(), BreakerPhase::Closed);
         }
         assert_eq!(count(&metrics, "deadline"), "5");
+        assert_eq!(count(&metrics, "timeout"), "0");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_callers_deadline_is_neutral_for_the_breaker() {
+        five_deadlines_leave_the_breaker_closed(false).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_callers_deadline_reported_from_inside_is_neutral_too() {
+        five_deadlines_leave_the_breaker_closed(true).await;
     }
 
     #[tokio::test(start_paused = true)]
