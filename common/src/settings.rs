@@ -556,6 +556,10 @@ pub struct PipelineSettings {
     /// not turns are never lifted.
     pub session_lift: f32,
     /// × (1 + speaker_lift) for a turn whose speaker the question names.
+    /// 3 (was 0.3, the LoCoMo probe's prior): in LoCoMo 95–100 % of the
+    /// evidence turns are the named speaker's; chosen on conversations
+    /// 0–2 among 0.3, 1, 2, 3, 5, 10 and checked on 3–4
+    /// (docs/conversations.md).
     pub speaker_lift: f32,
     /// × (1 + time_lift) for a memory whose event time falls in the time
     /// the question names ("in June", "on 3 May 2023", "last year";
@@ -653,7 +657,7 @@ impl Default for PipelineSettings {
             // The LoCoMo probe's values (shared/notes/locomo-probe.md),
             // chosen before this code; docs/benchmarks.md has the check.
             session_lift: 2.0,
-            speaker_lift: 0.3,
+            speaker_lift: 3.0,
             // Chosen a priori (a memory said then counts twice), not fitted.
             time_lift: 1.0,
             anchor_max_df_ratio: 0.02,
