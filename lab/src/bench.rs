@@ -341,7 +341,7 @@ async fn ingest_rates(
         .collect();
     let texts: Vec<String> = sample
         .iter()
-        .map(|m| format!("{}\n{}", m.title, m.content))
+        .map(|m| search_svc::validate::embedding_text(&m.title, &m.content))
         .collect();
     let t = Instant::now();
     let vectors = embed(stack, &texts).await?;
