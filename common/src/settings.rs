@@ -887,14 +887,19 @@ impl Settings {
         file_opt: Option<(&Path, &str)>,
         env: &[(String, String)],
     ) -> Result<Self, SettingsError> {
-        let mut root = toml::Table::new();
+        // The defaults as a table underneath, so a file or a variable may
+        // set one field of a section whose fields have no serde default
+        // (`ENGRAM__PIPELINE__WEIGHTS__SIMPLE__RRF_K=5` alone).
+        let mut root = toml::Table::try_from(Settings::default())
+            .map_err(|e| SettingsError::Invalid(format!("defaults: {e}")))?;
         if let Some((path, text)) = file_opt {
-            root = text
+            let file = text
                 .parse::<toml::Table>()
                 .map_err(|e| SettingsError::Parse {
                     path: path.to_path_buf(),
                     message: e.to_string(),
                 })?;
+            merge(&mut root, file);
         }
         for (key, value) in env {
             let Some(rest) = key.strip_prefix("ENGRAM__") else {
@@ -1037,6 +1042,19 @@ fn parse_env_value(raw: &str) -> toml::Value {
     }
 }
 
+/// Lays `over` onto `base`, section by section: a key `over` sets
+/// replaces the same key in `base`, and the rest of `base` stays.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
 fn set_path(root: &mut toml::Table, parts: &[String], value: toml::Value) -> Result<(), String> {
     let (last, dirs) = parts.split_last().ok_or("empty key")?;
     let mut cur = root;
@@ -1062,6 +1080,20 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn one_field_of_a_section_without_serde_defaults_can_be_set() {
+        let s = Settings::from_sources(
+            Some((Path::new("x.toml"), "[pipeline.weights.multi_hop]\nvector = 0.5\n")),
+            &env(&[("ENGRAM__PIPELINE__WEIGHTS__SIMPLE__RRF_K", "5")]),
+        )
+        .expect("partial route weights");
+        let w = &s.pipeline.weights;
+        assert_eq!(w.simple.rrf_k_opt, Some(5.0));
+        assert_eq!(w.simple.vector, FusionWeights::default().simple.vector);
+        assert_eq!(w.multi_hop.vector, 0.5);
+        assert_eq!(w.multi_hop.graph, FusionWeights::default().multi_hop.graph);
     }
 
     #[test]
