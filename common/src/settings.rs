@@ -1085,7 +1085,10 @@ mod tests {
     #[test]
     fn one_field_of_a_section_without_serde_defaults_can_be_set() {
         let s = Settings::from_sources(
-            Some((Path::new("x.toml"), "[pipeline.weights.multi_hop]\nvector = 0.5\n")),
+            Some((
+                Path::new("x.toml"),
+                "[pipeline.weights.multi_hop]\nvector = 0.5\n",
+            )),
             &env(&[("ENGRAM__PIPELINE__WEIGHTS__SIMPLE__RRF_K", "5")]),
         )
         .expect("partial route weights");
