@@ -66,6 +66,11 @@ pub enum LabCommand {
         /// folded stacks to this file (docs/benchmarks.md, "CPU profile").
         #[arg(long)]
         profile: Option<PathBuf>,
+        /// The bench tenant's texts: every dev corpus with names and
+        /// numbers varied (mixed), or ~2,000 2Wiki passages repeated, the
+        /// corpus of the numbers before 25 November 2026 (repeated).
+        #[arg(long, value_enum, default_value = "mixed")]
+        corpus: crate::bench::CorpusKind,
     },
     /// Reliability in figures: noisy neighbour, kill -9 mid-load, a slowed
     /// downstream and a soak, one process per service (docs/reliability.md).
@@ -171,6 +176,7 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
             in_process,
             ingest_only,
             profile,
+            corpus,
         } => {
             let shape = BenchShape {
                 memories,
@@ -179,6 +185,7 @@ pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> 
                 in_process,
                 ingest_only,
                 profile_opt: profile,
+                corpus,
             };
             bench(settings, shape, json).await
         }
@@ -777,6 +784,7 @@ struct BenchShape {
     in_process: bool,
     ingest_only: bool,
     profile_opt: Option<PathBuf>,
+    corpus: crate::bench::CorpusKind,
 }
 
 /// `engram bench`: one process per service (or all in this one with
@@ -789,6 +797,7 @@ async fn bench(mut settings: Settings, shape: BenchShape, json: bool) -> anyhow:
         in_process,
         ingest_only,
         profile_opt,
+        corpus,
     } = shape;
     if profile_opt.is_some() && !in_process {
         anyhow::bail!("--profile needs --in-process: the profiler samples this process");
@@ -799,7 +808,11 @@ async fn bench(mut settings: Settings, shape: BenchShape, json: bool) -> anyhow:
     // The bench measures both: each query says whether it skips the
     // cross-encoder, so the stack must have it on.
     settings.pipeline.cross_encoder = true;
-    let tenant = format!("bench-{memories}");
+    // The repeated corpus keeps the tenant name its numbers were taken on.
+    let tenant = match corpus {
+        crate::bench::CorpusKind::Repeated => format!("bench-{memories}"),
+        crate::bench::CorpusKind::Mixed => format!("bench-mixed-{memories}"),
+    };
     let key = stack::random_token();
     let target = if in_process {
         let opts = StackOptions {
@@ -830,6 +843,7 @@ async fn bench(mut settings: Settings, shape: BenchShape, json: bool) -> anyhow:
             base_texts: 2000,
             write_concurrency: 3,
             ingest_sample: 1000,
+            corpus,
         };
         if let Some(out) = &profile_opt {
             return crate::bench::profile(&target, &mut client, &tenant, &args, out, !json).await;

@@ -14,11 +14,13 @@ mod bench;
 mod commands;
 mod eval;
 mod longmemeval;
+mod mixed;
 mod profile;
 pub mod ranker;
 pub mod soak;
 mod split;
 mod tune;
 mod updates_eval;
+mod visible;
 
 pub use commands::{CorpusFiles, EvalCommon, EvalDataset, LabCommand, RankerAction, run};
