@@ -34,6 +34,24 @@ pub use registry::{Registry, Served, Totals};
 pub const CHANNEL: &str = "engram_changes";
 const PAGE: i64 = 2000;
 
+/// One memory's row with the dictionary entities its text mentions.
+type Matched = (Uuid, String, i16, Option<i64>, bool, Vec<(u32, bool)>);
+
+/// Adds one matched page's memories and mentions to the builder.
+async fn add_matched(
+    b: &mut GraphBuilder,
+    matching: tokio::task::JoinHandle<Vec<Matched>>,
+) -> Result<(), Error> {
+    let matched = matching.await.map_err(|e| Error::Internal(e.to_string()))?;
+    for (id, ns, level, valid_to, retracted, mentions) in matched {
+        let m = b.add_memory(id, &ns, level, valid_to, retracted);
+        for (e, home) in mentions {
+            b.add_mention(m, e, home);
+        }
+    }
+    Ok(())
+}
+
 /// Builds one tenant's graph from a REPEATABLE READ snapshot.
 pub async fn load_tenant(pool: &PgPool, tenant: &str, home_weight: f32) -> Result<Graph, Error> {
     let mut tx = pool.begin().await?;
@@ -56,6 +74,11 @@ pub async fn load_tenant(pool: &PgPool, tenant: &str, home_weight: f32) -> Resul
     let mut b = GraphBuilder::new(dict.clone(), home_weight);
     let mut after = Uuid::nil();
     type MemRow = (Uuid, String, String, String, i16, Option<i64>, bool);
+    // Dictionary matching is the CPU-heavy part of a build: each page is
+    // matched on a blocking thread while the next one is fetched, so
+    // Postgres and the matcher use the two cores side by side; pages are
+    // added in id order, as before.
+    let mut matching_opt: Option<tokio::task::JoinHandle<Vec<Matched>>> = None;
     loop {
         let page: Vec<MemRow> = sqlx::query_as(
             "SELECT id, namespace, title, content, access_level, \
@@ -67,30 +90,27 @@ pub async fn load_tenant(pool: &PgPool, tenant: &str, home_weight: f32) -> Resul
         .bind(PAGE)
         .fetch_all(&mut *tx)
         .await?;
-        let Some(last) = page.last() else { break };
-        after = last.0;
+        let last_opt = page.last().map(|row| row.0);
         let full = page.len() as i64 == PAGE;
         let d = dict.clone();
-        // Dictionary matching is the CPU-heavy part of a build.
-        let matched = tokio::task::spawn_blocking(move || {
+        let matching = tokio::task::spawn_blocking(move || {
             page.into_iter()
                 .map(|(id, ns, title, content, level, valid_to, retracted)| {
                     let m = d.match_text(&title, &content);
                     (id, ns, level, valid_to, retracted, m)
                 })
                 .collect::<Vec<_>>()
-        })
-        .await
-        .map_err(|e| Error::Internal(e.to_string()))?;
-        for (id, ns, level, valid_to, retracted, mentions) in matched {
-            let m = b.add_memory(id, &ns, level, valid_to, retracted);
-            for (e, home) in mentions {
-                b.add_mention(m, e, home);
-            }
+        });
+        if let Some(previous) = matching_opt.replace(matching) {
+            add_matched(&mut b, previous).await?;
         }
-        if !full {
-            break;
+        match last_opt {
+            Some(last) if full => after = last,
+            _ => break,
         }
+    }
+    if let Some(previous) = matching_opt {
+        add_matched(&mut b, previous).await?;
     }
     {
         let mut rows = sqlx::query_as::<_, (Uuid, i64, bool)>(

@@ -386,3 +386,41 @@ async fn preloaded_tenants_are_loaded_before_any_query() {
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
 }
+
+/// A tenant of more than two pages (store::PAGE is 2,000): every memory is
+/// loaded and every one's text matched, whichever page it came in, while
+/// the next page was being fetched.
+#[tokio::test]
+async fn a_tenant_of_several_pages_loads_every_memory_and_mention() {
+    let pool = engram_common::db::test_database()
+        .await
+        .expect("test database");
+    let tenant = format!("t-{}", Uuid::new_v4());
+    insert_memory(
+        &pool,
+        &tenant,
+        "Zebulon Quill",
+        "Zebulon Quill keeps notes.",
+        1,
+    )
+    .await;
+    sqlx::query(
+        "INSERT INTO memories (id, tenant_id, agent_id, title, content, content_hash, access_level, event_time, valid_from) \
+         SELECT gen_random_uuid(), $1, 'agent', 'note ' || g, 'Zebulon Quill wrote note ' || g, '\\x00'::bytea, 1, now(), now() \
+         FROM generate_series(1, 4500) g",
+    )
+    .bind(&tenant)
+    .execute(&pool)
+    .await
+    .expect("insert pages");
+    let graph = graph_svc::store::load_tenant(&pool, &tenant, 1.0)
+        .await
+        .expect("load");
+    assert_eq!(graph.memory_count(), 4501);
+    let names: Vec<u32> = (0..graph.entity_count() as u32)
+        .filter(|&e| graph.entity_name(e).contains("zebulon"))
+        .collect();
+    assert_eq!(names.len(), 1, "one entity for the name");
+    // Every memory mentions it: its node has an edge to each of them.
+    assert_eq!(graph.degree(graph.entity_node(names[0])), 4501);
+}
