@@ -124,7 +124,7 @@ impl Target {
 }
 
 /// The internal identity and token the bench uses to call services directly.
-pub(crate) fn internal<T>(stack: &Target, tenant: &str, msg: T) -> tonic::Request<T> {
+fn internal<T>(stack: &Target, tenant: &str, msg: T) -> tonic::Request<T> {
     let token = stack
         .settings()
         .auth
@@ -141,7 +141,7 @@ pub(crate) fn internal<T>(stack: &Target, tenant: &str, msg: T) -> tonic::Reques
     req
 }
 
-pub(crate) fn uri(stack: &Target, svc: Service) -> anyhow::Result<String> {
+fn uri(stack: &Target, svc: Service) -> anyhow::Result<String> {
     let addr = stack
         .addr(svc)
         .with_context(|| format!("bench needs {}", svc.name()))?;
@@ -174,7 +174,7 @@ async fn embed(stack: &Target, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>
     Ok(out)
 }
 
-pub(crate) fn round1(x: f64) -> f64 {
+fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
@@ -487,16 +487,6 @@ pub(crate) async fn ensure_corpus(
     part: &crate::eval::Part,
     progress: bool,
 ) -> anyhow::Result<serde_json::Value> {
-    let texts = match args.corpus {
-        CorpusKind::Repeated => CorpusTexts::Repeated(part),
-        CorpusKind::Mixed => CorpusTexts::Mixed(crate::mixed::MixedBase::load()?),
-    };
-    // A mixed corpus smaller than its base embeds only the texts it uses.
-    let base_texts = texts.base(match args.corpus {
-        CorpusKind::Repeated => args.base_texts,
-        CorpusKind::Mixed => args.memories,
-    });
-
     // The synthetic corpus (reused when its completion marker is there).
     let have = client
         .memories
@@ -507,9 +497,19 @@ pub(crate) async fn ensure_corpus(
         .await?
         .into_inner();
     let kind = format!("{:?}", args.corpus).to_lowercase();
-    let mut corpus =
-        serde_json::json!({"reused": true, "kind": kind, "base_texts": base_texts.len()});
+    let mut corpus = serde_json::json!({"reused": true, "kind": kind});
     if have.memories.is_empty() {
+        // Only a build reads the corpora (the mixed one all four) and
+        // formats the base texts.
+        let texts = match args.corpus {
+            CorpusKind::Repeated => CorpusTexts::Repeated(part),
+            CorpusKind::Mixed => CorpusTexts::Mixed(crate::mixed::MixedBase::load()?),
+        };
+        // A mixed corpus smaller than its base embeds only the texts it uses.
+        let base_texts = texts.base(match args.corpus {
+            CorpusKind::Repeated => args.base_texts,
+            CorpusKind::Mixed => args.memories,
+        });
         let (upsert_secs, edge_secs, edges) =
             build_corpus(stack, client, tenant, args, &texts, &base_texts, progress).await?;
         analyze(stack).await?;
@@ -726,7 +726,10 @@ pub async fn run(
         }
     })
     .await?;
-    let write_to_visible = crate::visible::graph_write_to_visible(stack, client, tenant).await?;
+    let as_tenant = |req: PprRequest| internal(stack, tenant, req);
+    let write_to_visible =
+        crate::visible::graph_write_to_visible(uri(stack, Service::Graph)?, client, &as_tenant)
+            .await?;
 
     // Direct: rerank-svc Score on 20 and 50 passages of ~128 tokens.
     let mut rerank_ms = serde_json::Map::new();

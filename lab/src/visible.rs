@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use engram_proto::graph_service_client::GraphServiceClient;
 use engram_proto::{DeleteRequest, Memory, PprRequest, UpsertRequest};
 use engram_stack::client::Client;
-use engram_stack::stack::Service;
 use tonic::transport::Channel;
 
-use crate::bench::{Target, internal, round1, uri};
+/// Wraps a PPR request in the tenant's internal identity (the bench's
+/// `internal`), so this module needs nothing of the bench but its caller's.
+pub(crate) type AsTenant<'a> = &'a dyn Fn(PprRequest) -> tonic::Request<PprRequest>;
 
 /// Rounds measured (the first rebuild after a quiet spell, then one paced
 /// behind the delete's rebuild).
@@ -45,9 +46,8 @@ fn probe_name(round: usize) -> String {
 
 /// One PPR call asking about `name`: (the walk found `id`, the graph was stale).
 async fn walk_finds(
-    stack: &Target,
     graph: &mut GraphServiceClient<Channel>,
-    tenant: &str,
+    as_tenant: AsTenant<'_>,
     name: &str,
     id: &str,
 ) -> anyhow::Result<(bool, bool)> {
@@ -56,7 +56,7 @@ async fn walk_finds(
         ..Default::default()
     };
     let resp = graph
-        .personalized_page_rank(internal(stack, tenant, req))
+        .personalized_page_rank(as_tenant(req))
         .await?
         .into_inner();
     let found = resp.hits.iter().any(|h| h.memory_id == id);
@@ -66,13 +66,12 @@ async fn walk_finds(
 /// Waits until the tenant's graph has no pending change, so one round's
 /// rebuild does not start inside the previous round's.
 async fn settle(
-    stack: &Target,
     graph: &mut GraphServiceClient<Channel>,
-    tenant: &str,
+    as_tenant: AsTenant<'_>,
 ) -> anyhow::Result<()> {
     let t = Instant::now();
     while t.elapsed() < GIVE_UP {
-        let (_, stale) = walk_finds(stack, graph, tenant, "settle", "").await?;
+        let (_, stale) = walk_finds(graph, as_tenant, "settle", "").await?;
         if !stale {
             return Ok(());
         }
@@ -86,16 +85,16 @@ async fn settle(
 /// the graph is no longer stale; deletes the memory afterwards. Reports
 /// the milliseconds from the acknowledged write, per round.
 pub(crate) async fn graph_write_to_visible(
-    stack: &Target,
+    graph_uri: String,
     client: &Client,
-    tenant: &str,
+    as_tenant: AsTenant<'_>,
 ) -> anyhow::Result<serde_json::Value> {
-    let mut graph = GraphServiceClient::connect(uri(stack, Service::Graph)?)
+    let mut graph = GraphServiceClient::connect(graph_uri)
         .await?
         .max_decoding_message_size(64 << 20);
     let mut rounds = Vec::with_capacity(ROUNDS);
     for round in 0..ROUNDS {
-        settle(stack, &mut graph, tenant).await?;
+        settle(&mut graph, as_tenant).await?;
         let name = probe_name(round);
         let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string();
         let memory = Memory {
@@ -114,9 +113,9 @@ pub(crate) async fn graph_write_to_visible(
         let t = Instant::now();
         let mut visible_ms_opt = None;
         while t.elapsed() < GIVE_UP {
-            let (found, stale) = walk_finds(stack, &mut graph, tenant, &name, &id).await?;
+            let (found, stale) = walk_finds(&mut graph, as_tenant, &name, &id).await?;
             if found && !stale {
-                visible_ms_opt = Some(round1(t.elapsed().as_secs_f64() * 1000.0));
+                visible_ms_opt = Some((t.elapsed().as_secs_f64() * 10_000.0).round() / 10.0);
                 break;
             }
             tokio::time::sleep(POLL).await;
