@@ -50,7 +50,7 @@ pub struct View {
 }
 
 /// The tenant's entity names, fixed before memories are matched.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Dictionary {
     pub names: Vec<String>,
     pub displays: Vec<String>,

@@ -11,10 +11,11 @@
 //! off the async runtime, at most `max_concurrent_rebuilds` at once.
 
 pub mod budget;
+pub mod delta;
 pub mod pacer;
+pub mod parts;
 pub mod registry;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,33 +28,67 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::error::Error;
-use crate::graph::{Dictionary, Graph, GraphBuilder};
+use crate::graph::{Dictionary, Graph};
 pub use pacer::Pacer;
+pub use parts::{MemoryRow, Parts, TypedEdge};
 pub use registry::{Registry, Served, Totals};
 
 pub const CHANNEL: &str = "engram_changes";
 const PAGE: i64 = 2000;
 
-/// One memory's row with the dictionary entities its text mentions.
-type Matched = (Uuid, String, i16, Option<i64>, bool, Vec<(u32, bool)>);
+/// The columns of a [`MemRow`] (a macro, so queries stay `&'static str`).
+macro_rules! memory_columns {
+    () => {
+        "id, namespace, title, content, access_level, \
+         EXTRACT(EPOCH FROM valid_to)::bigint, retracted_at IS NOT NULL"
+    };
+}
+pub(crate) use memory_columns;
 
-/// Adds one matched page's memories and mentions to the builder.
+/// A page of memory rows as read: id, namespace, title, content, access
+/// level, end of validity, retracted.
+type MemRow = (Uuid, String, String, String, i16, Option<i64>, bool);
+
+/// Matches one page of rows against the dictionary.
+fn match_page(dict: &Dictionary, page: Vec<MemRow>) -> Vec<(Uuid, MemoryRow)> {
+    page.into_iter()
+        .map(
+            |(id, namespace, title, content, access_level, valid_to_opt, retracted)| {
+                let row = MemoryRow {
+                    namespace,
+                    access_level,
+                    valid_to_opt,
+                    retracted,
+                    text_mentions: dict.match_text(&title, &content),
+                    stored_mentions: Vec::new(),
+                    triples: Vec::new(),
+                };
+                (id, row)
+            },
+        )
+        .collect()
+}
+
+/// Adds one matched page's memories to the parts.
 async fn add_matched(
-    b: &mut GraphBuilder,
-    matching: tokio::task::JoinHandle<Vec<Matched>>,
+    parts: &mut Parts,
+    matching: tokio::task::JoinHandle<Vec<(Uuid, MemoryRow)>>,
 ) -> Result<(), Error> {
     let matched = matching.await.map_err(|e| Error::Internal(e.to_string()))?;
-    for (id, ns, level, valid_to, retracted, mentions) in matched {
-        let m = b.add_memory(id, &ns, level, valid_to, retracted);
-        for (e, home) in mentions {
-            b.add_mention(m, e, home);
-        }
-    }
+    parts.memories.extend(matched);
     Ok(())
 }
 
 /// Builds one tenant's graph from a REPEATABLE READ snapshot.
 pub async fn load_tenant(pool: &PgPool, tenant: &str, home_weight: f32) -> Result<Graph, Error> {
+    let parts = load_parts(pool, tenant).await?;
+    tokio::task::spawn_blocking(move || parts.build(home_weight))
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))
+}
+
+/// Reads every row of one tenant's graph from a REPEATABLE READ snapshot.
+pub async fn load_parts(pool: &PgPool, tenant: &str) -> Result<Parts, Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
@@ -63,28 +98,26 @@ pub async fn load_tenant(pool: &PgPool, tenant: &str, home_weight: f32) -> Resul
             .bind(tenant)
             .fetch_all(&mut *tx)
             .await?;
+    let mut parts = Parts::default();
     let mut dict = Dictionary::default();
-    let mut by_db: HashMap<i64, u32> = HashMap::with_capacity(rows.len());
     for (id, name, display) in rows {
         if let Some(e) = dict.add_normalized(name, &display) {
-            by_db.insert(id, e);
+            parts.by_db.insert(id, e);
         }
     }
     let dict = Arc::new(dict);
-    let mut b = GraphBuilder::new(dict.clone(), home_weight);
+    parts.dict = dict.clone();
     let mut after = Uuid::nil();
-    type MemRow = (Uuid, String, String, String, i16, Option<i64>, bool);
-    // Dictionary matching is the CPU-heavy part of a build: each page is
+    // Dictionary matching is the CPU-heavy part of a load: each page is
     // matched on a blocking thread while the next one is fetched, so
-    // Postgres and the matcher use the two cores side by side; pages are
-    // added in id order, as before.
-    let mut matching_opt: Option<tokio::task::JoinHandle<Vec<Matched>>> = None;
+    // Postgres and the matcher use the two cores side by side.
+    let mut matching_opt: Option<tokio::task::JoinHandle<Vec<(Uuid, MemoryRow)>>> = None;
     loop {
-        let page: Vec<MemRow> = sqlx::query_as(
-            "SELECT id, namespace, title, content, access_level, \
-                    EXTRACT(EPOCH FROM valid_to)::bigint, retracted_at IS NOT NULL \
-             FROM memories WHERE tenant_id = $1 AND id > $2 ORDER BY id LIMIT $3",
-        )
+        let page: Vec<MemRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            memory_columns!(),
+            " FROM memories WHERE tenant_id = $1 AND id > $2 ORDER BY id LIMIT $3"
+        ))
         .bind(tenant)
         .bind(after)
         .bind(PAGE)
@@ -93,16 +126,9 @@ pub async fn load_tenant(pool: &PgPool, tenant: &str, home_weight: f32) -> Resul
         let last_opt = page.last().map(|row| row.0);
         let full = page.len() as i64 == PAGE;
         let d = dict.clone();
-        let matching = tokio::task::spawn_blocking(move || {
-            page.into_iter()
-                .map(|(id, ns, title, content, level, valid_to, retracted)| {
-                    let m = d.match_text(&title, &content);
-                    (id, ns, level, valid_to, retracted, m)
-                })
-                .collect::<Vec<_>>()
-        });
+        let matching = tokio::task::spawn_blocking(move || match_page(&d, page));
         if let Some(previous) = matching_opt.replace(matching) {
-            add_matched(&mut b, previous).await?;
+            add_matched(&mut parts, previous).await?;
         }
         match last_opt {
             Some(last) if full => after = last,
@@ -110,49 +136,66 @@ pub async fn load_tenant(pool: &PgPool, tenant: &str, home_weight: f32) -> Resul
         }
     }
     if let Some(previous) = matching_opt {
-        add_matched(&mut b, previous).await?;
+        add_matched(&mut parts, previous).await?;
     }
-    {
-        let mut rows = sqlx::query_as::<_, (Uuid, i64, bool)>(
-            "SELECT me.memory_id, me.entity_id, me.is_home FROM memory_entities me \
-             JOIN memories m ON m.id = me.memory_id WHERE m.tenant_id = $1",
-        )
-        .bind(tenant)
-        .fetch(&mut *tx);
-        while let Some((mid, eid, home)) = rows.try_next().await? {
-            if let (Some(m), Some(&e)) = (b.memory(&mid), by_db.get(&eid)) {
-                b.add_mention(m, e, home);
-            }
-        }
+    let mentions = sqlx::query_as::<_, (Uuid, i64, bool)>(
+        "SELECT me.memory_id, me.entity_id, me.is_home FROM memory_entities me \
+         JOIN memories m ON m.id = me.memory_id WHERE m.tenant_id = $1",
+    )
+    .bind(tenant)
+    .fetch(&mut *tx);
+    add_stored_mentions(&mut parts, mentions).await?;
+    let triples = sqlx::query_as::<_, (Uuid, i64, i64)>(
+        "SELECT memory_id, subject_id, object_id FROM triples WHERE tenant_id = $1",
+    )
+    .bind(tenant)
+    .fetch(&mut *tx);
+    add_triples(&mut parts, triples).await?;
+    let mut edges = sqlx::query_as::<_, (Uuid, Uuid, String, f32)>(
+        "SELECT src_id, dst_id, edge_type, weight FROM edges WHERE tenant_id = $1",
+    )
+    .bind(tenant)
+    .fetch(&mut *tx);
+    while let Some((src, dst, edge_type, weight)) = edges.try_next().await? {
+        parts.edges.push(TypedEdge {
+            src,
+            dst,
+            edge_type,
+            weight,
+        });
     }
-    {
-        let mut rows = sqlx::query_as::<_, (Uuid, i64, i64)>(
-            "SELECT memory_id, subject_id, object_id FROM triples WHERE tenant_id = $1",
-        )
-        .bind(tenant)
-        .fetch(&mut *tx);
-        while let Some((mid, s, o)) = rows.try_next().await? {
-            if let (Some(m), Some(&s), Some(&o)) = (b.memory(&mid), by_db.get(&s), by_db.get(&o)) {
-                b.add_triple(m, s, o);
-            }
-        }
-    }
-    {
-        let mut rows = sqlx::query_as::<_, (Uuid, Uuid, String, f32)>(
-            "SELECT src_id, dst_id, edge_type, weight FROM edges WHERE tenant_id = $1",
-        )
-        .bind(tenant)
-        .fetch(&mut *tx);
-        while let Some((src, dst, t, w)) = rows.try_next().await? {
-            if let (Some(a), Some(c)) = (b.memory(&src), b.memory(&dst)) {
-                b.add_typed_edge(a, c, &t, w);
-            }
-        }
-    }
+    drop(edges);
     tx.commit().await?;
-    tokio::task::spawn_blocking(move || b.build())
-        .await
-        .map_err(|e| Error::Internal(e.to_string()))
+    Ok(parts)
+}
+
+/// Attaches stored mentions to the memories the parts hold.
+pub(crate) async fn add_stored_mentions(
+    parts: &mut Parts,
+    mut rows: impl futures::Stream<Item = Result<(Uuid, i64, bool), sqlx::Error>> + Unpin,
+) -> Result<(), Error> {
+    while let Some((mid, eid, home)) = rows.try_next().await? {
+        if let (Some(row), Some(&e)) = (parts.memories.get_mut(&mid), parts.by_db.get(&eid)) {
+            row.stored_mentions.push((e, home));
+        }
+    }
+    Ok(())
+}
+
+/// Attaches caller-given facts to the memories the parts hold.
+pub(crate) async fn add_triples(
+    parts: &mut Parts,
+    mut rows: impl futures::Stream<Item = Result<(Uuid, i64, i64), sqlx::Error>> + Unpin,
+) -> Result<(), Error> {
+    while let Some((mid, s, o)) = rows.try_next().await? {
+        let Some(row) = parts.memories.get_mut(&mid) else {
+            continue;
+        };
+        if let (Some(&s), Some(&o)) = (parts.by_db.get(&s), parts.by_db.get(&o)) {
+            row.triples.push((s, o));
+        }
+    }
+    Ok(())
 }
 
 /// Loads the configured tenants one after the other (`["*"]` = every
@@ -197,12 +240,27 @@ struct Change {
     #[allow(dead_code)]
     #[serde(default)]
     op: String,
+    /// The memories changed; `[]` (or missing) when the writer left them
+    /// out (too many for one notification).
+    #[serde(default)]
+    ids: Vec<String>,
+}
+
+impl Change {
+    /// The changed memories, when the notification names them all.
+    fn ids_opt(&self) -> Option<Vec<Uuid>> {
+        if self.ids.is_empty() {
+            return None;
+        }
+        self.ids.iter().map(|s| Uuid::parse_str(s).ok()).collect()
+    }
 }
 
 /// What the listener tells the debouncer.
 #[derive(Debug)]
 pub enum Dirty {
-    Tenant(String),
+    /// A tenant changed; the memories it names, when known.
+    Tenant(String, Option<Vec<Uuid>>),
     /// The connection dropped: notifications may have been lost.
     All,
 }
@@ -237,7 +295,8 @@ pub async fn listen(
             match listener.try_recv().await {
                 Ok(Some(n)) => match serde_json::from_str::<Change>(n.payload()) {
                     Ok(c) if !c.tenant.is_empty() => {
-                        let _ = tx.send(Dirty::Tenant(c.tenant));
+                        let ids_opt = c.ids_opt();
+                        let _ = tx.send(Dirty::Tenant(c.tenant, ids_opt));
                     }
                     Ok(_) | Err(_) => {
                         tracing::warn!(bytes = n.payload().len(), "unparsable change notification")
@@ -304,12 +363,12 @@ async fn sleep_until_opt(at_opt: Option<Instant>) {
 /// rebuild of those this instance holds.
 fn note(registry: &Registry, pacer: &mut Pacer, d: Dirty) {
     let now = Instant::now();
-    let tenants = match d {
-        Dirty::Tenant(t) => vec![t],
-        Dirty::All => registry.tenants(),
+    let (tenants, ids_opt) = match d {
+        Dirty::Tenant(t, ids_opt) => (vec![t], ids_opt),
+        Dirty::All => (registry.tenants(), None),
     };
     for tenant in tenants {
-        if registry.note_change(&tenant) {
+        if registry.note_change(&tenant, ids_opt.as_deref()) {
             pacer.note(tenant, now);
         }
     }
@@ -334,7 +393,7 @@ pub async fn sweep(registry: Arc<Registry>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::{NodeBudget, PprParams};
+    use crate::graph::{GraphBuilder, NodeBudget, PprParams};
     use engram_common::settings::GraphSettings;
 
     fn graph(offset: u128, n: u128) -> Graph {

@@ -424,3 +424,213 @@ async fn a_tenant_of_several_pages_loads_every_memory_and_mention() {
     // Every memory mentions it: its node has an edge to each of them.
     assert_eq!(graph.degree(graph.entity_node(names[0])), 4501);
 }
+
+/// Everything a graph is built from, by entity name instead of index, so
+/// parts read in different orders compare equal.
+fn canonical(parts: &graph_svc::store::Parts) -> Vec<String> {
+    let name = |e: u32| parts.dict.names[e as usize].clone();
+    let mut out: Vec<String> = parts
+        .memories
+        .iter()
+        .map(|(id, r)| {
+            let mut text: Vec<(String, bool)> =
+                r.text_mentions.iter().map(|&(e, h)| (name(e), h)).collect();
+            let mut stored: Vec<(String, bool)> = r
+                .stored_mentions
+                .iter()
+                .map(|&(e, h)| (name(e), h))
+                .collect();
+            let mut facts: Vec<(String, String)> =
+                r.triples.iter().map(|&(s, o)| (name(s), name(o))).collect();
+            text.sort();
+            stored.sort();
+            facts.sort();
+            format!(
+                "{id} {} {} {:?} {} {text:?} {stored:?} {facts:?}",
+                r.namespace, r.access_level, r.valid_to_opt, r.retracted
+            )
+        })
+        .collect();
+    let mut edges: Vec<String> = parts
+        .edges
+        .iter()
+        .map(|e| format!("edge {} {} {} {}", e.src, e.dst, e.edge_type, e.weight))
+        .collect();
+    edges.sort();
+    let mut names = parts.dict.names.clone();
+    names.sort();
+    out.extend(edges);
+    out.push(format!("names {names:?}"));
+    out
+}
+
+async fn insert_edge(pool: &PgPool, tenant: &str, src: Uuid, dst: Uuid) {
+    sqlx::query(
+        "INSERT INTO edges (tenant_id, src_id, dst_id, edge_type, weight) VALUES ($1, $2, $3, 'related', 2)",
+    )
+    .bind(tenant)
+    .bind(src)
+    .bind(dst)
+    .execute(pool)
+    .await
+    .expect("insert edge");
+}
+
+#[tokio::test]
+async fn changes_applied_in_place_give_the_parts_a_full_load_reads() {
+    let pool = engram_common::db::test_database()
+        .await
+        .expect("test database");
+    let tenant = format!("t-{}", Uuid::new_v4());
+    let base = insert_memory(
+        &pool,
+        &tenant,
+        "Alpha Base",
+        "Alpha Base hosts the Zephyr Array.",
+        1,
+    )
+    .await;
+    // Mentions a name in lower case, so no entity is made for it yet.
+    let note = insert_memory(
+        &pool,
+        &tenant,
+        "Visit note",
+        "Visitors reach Alpha Base by train; the falcon project meets there.",
+        1,
+    )
+    .await;
+    let secret = insert_memory(
+        &pool,
+        &tenant,
+        "Vault",
+        "The Zephyr Array key sits in the Vault.",
+        4,
+    )
+    .await;
+    insert_edge(&pool, &tenant, note, base).await;
+    insert_edge(&pool, &tenant, secret, base).await;
+    let mut parts = graph_svc::store::load_parts(&pool, &tenant)
+        .await
+        .expect("load");
+    assert_eq!(parts.memories.len(), 3);
+
+    // A new memory whose title is a new name the old note holds; an edit;
+    // a delete (its edges go with it); a new edge.
+    let falcon = insert_memory(
+        &pool,
+        &tenant,
+        "Falcon Project",
+        "Falcon Project is run from Alpha Base.",
+        2,
+    )
+    .await;
+    sqlx::query("UPDATE memories SET content = 'Alpha Base closed; it hosted the Zephyr Array.', valid_to = now() WHERE id = $1")
+        .bind(base)
+        .execute(&pool)
+        .await
+        .expect("edit");
+    sqlx::query("DELETE FROM memories WHERE id = $1")
+        .bind(secret)
+        .execute(&pool)
+        .await
+        .expect("delete");
+    insert_edge(&pool, &tenant, falcon, note).await;
+    // The note is not named: only the new name's word brings it back.
+    let changed = [falcon, base, secret];
+
+    // With no room to re-match, the new name asks for a full load.
+    let mut tight = parts.clone();
+    let outcome = graph_svc::store::delta::apply(&pool, &tenant, &mut tight, &changed, 0)
+        .await
+        .expect("apply");
+    assert_eq!(
+        outcome,
+        Err(graph_svc::store::delta::FullLoad::TooManyToRematch)
+    );
+
+    let outcome = graph_svc::store::delta::apply(&pool, &tenant, &mut parts, &changed, 100)
+        .await
+        .expect("apply");
+    assert_eq!(outcome, Ok(()));
+    let full = graph_svc::store::load_parts(&pool, &tenant)
+        .await
+        .expect("reload");
+    assert_eq!(canonical(&parts), canonical(&full));
+    // The untouched note was matched again for the new name.
+    let falcon_e = parts.dict.index["falcon project"];
+    assert!(
+        parts.memories[&note]
+            .text_mentions
+            .contains(&(falcon_e, false))
+    );
+
+    // The laid-out graphs walk the same.
+    let (a, b) = (parts.build(5.0), full.build(5.0));
+    assert_eq!(
+        (a.memory_count(), a.entity_count(), a.edge_count()),
+        (b.memory_count(), b.entity_count(), b.edge_count())
+    );
+    let params = graph_svc::graph::PprParams {
+        damping: 0.5,
+        max_iter: 100,
+        tol: 1e-9,
+        max_nodes: 1000,
+        max_hops: 4,
+        k: 10,
+        budget: graph_svc::graph::NodeBudget::AllNodes,
+        deadline_opt: None,
+    };
+    let walk = |g: &graph_svc::graph::Graph| {
+        let e = g
+            .entity(&engram_common::entities::normalize("Falcon Project"))
+            .expect("entity");
+        let view = g.view(4, None, true);
+        g.ppr(&[(g.entity_node(e), 1.0)], &view, &params)
+            .hits
+            .iter()
+            .map(|h| (g.memory_id(h.memory), (h.score * 1e9).round() as i64))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(walk(&a), walk(&b));
+}
+
+#[tokio::test]
+async fn a_notification_naming_its_memories_is_applied_in_place() {
+    let pool = engram_common::db::test_database()
+        .await
+        .expect("test database");
+    let tenant = format!("t-{}", Uuid::new_v4());
+    insert_memory(
+        &pool,
+        &tenant,
+        "Quillon Ridge",
+        "Quillon Ridge is a hill.",
+        1,
+    )
+    .await;
+    let registry = std::sync::Arc::new(graph_svc::Registry::new(
+        pool.clone(),
+        engram_common::settings::GraphSettings::default(),
+    ));
+    assert_eq!(
+        registry.graph(&tenant).await.expect("load").memory_count(),
+        1
+    );
+    let added = insert_memory(
+        &pool,
+        &tenant,
+        "Vessel Moor",
+        "Vessel Moor lies below Quillon Ridge.",
+        1,
+    )
+    .await;
+    assert!(registry.note_change(&tenant, Some(&[added])));
+    registry.rebuild(&tenant).await.expect("rebuild");
+    let g = registry.graph(&tenant).await.expect("graph");
+    assert_eq!(g.memory_count(), 2);
+    assert_eq!(registry.applied_in_place(&tenant), Some(1));
+    // A change without its memories reads the whole tenant.
+    assert!(registry.note_change(&tenant, None));
+    registry.rebuild(&tenant).await.expect("rebuild");
+    assert_eq!(registry.applied_in_place(&tenant), Some(0));
+}

@@ -5,9 +5,9 @@
 //! each graph remembers which change notifications it reflects so an
 //! answer can say it is stale.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -17,9 +17,12 @@ use futures::{FutureExt, TryFutureExt};
 use sqlx::PgPool;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use uuid::Uuid;
 
 use super::budget::{self, Resident};
-use super::load_tenant;
+use super::delta;
+use super::load_parts;
+use super::parts::Parts;
 use crate::error::Error;
 use crate::graph::Graph;
 
@@ -29,8 +32,25 @@ pub struct Loaded {
     /// Change notifications noted for the tenant before this graph's
     /// snapshot was taken: later ones may be missing from it.
     seq: u64,
-    /// [`Graph::estimated_bytes`], fixed at install.
+    /// [`Graph::estimated_bytes`] plus the parts kept to apply changes,
+    /// fixed at install.
     bytes: u64,
+}
+
+/// Changes noted since the current graph's snapshot, for the next rebuild.
+#[derive(Debug, Default)]
+struct Pending {
+    ids: HashSet<Uuid>,
+    /// A change without its ids (or with too many): load in full.
+    unknown: bool,
+}
+
+/// How a rebuild is made.
+enum Plan {
+    /// Apply the changes to these memories to the kept parts.
+    Apply(Vec<Uuid>, Parts),
+    /// Read the whole tenant again, for this reason.
+    Full(&'static str),
 }
 
 /// A first load under way, shared by every query waiting for it; its error
@@ -48,6 +68,12 @@ pub(crate) struct Tenant {
     /// first load starts after it and sees the newer snapshot.
     build: tokio::sync::Mutex<()>,
     loading: parking_lot::Mutex<Option<(LoadFuture, AbortHandle)>>,
+    pending: parking_lot::Mutex<Pending>,
+    /// What the current graph was built from; taken by a rebuild while it
+    /// runs (`build` is held), absent when the next rebuild must be full.
+    parts: parking_lot::Mutex<Option<Parts>>,
+    /// Changes applied in place since the last full load.
+    applied_since_full: AtomicU32,
 }
 
 impl Tenant {
@@ -58,6 +84,9 @@ impl Tenant {
             changes: AtomicU64::new(0),
             build: tokio::sync::Mutex::new(()),
             loading: parking_lot::Mutex::new(None),
+            pending: parking_lot::Mutex::new(Pending::default()),
+            parts: parking_lot::Mutex::new(None),
+            applied_since_full: AtomicU32::new(0),
         }
     }
 
@@ -206,16 +235,56 @@ impl Registry {
 
     /// Loads a snapshot and installs it; the caller holds `t.build`.
     async fn build(&self, tenant: &str, t: &Tenant, what: &str) -> Result<Arc<Loaded>, Error> {
+        // Read the count before taking the pending ids (note_change adds
+        // ids before it counts), so the graph never claims a change whose
+        // ids it missed.
         let seq = t.changes.load(Ordering::SeqCst);
+        *t.pending.lock() = Pending::default();
+        self.full(tenant, t, seq, what).await
+    }
+
+    /// Reads the whole tenant and installs its graph.
+    async fn full(
+        &self,
+        tenant: &str,
+        t: &Tenant,
+        seq: u64,
+        what: &str,
+    ) -> Result<Arc<Loaded>, Error> {
+        t.parts.lock().take();
         let started = std::time::Instant::now();
-        let graph = load_tenant(&self.pool, tenant, self.settings.home_weight).await?;
-        let bytes = graph.estimated_bytes();
+        let parts = load_parts(&self.pool, tenant).await?;
+        t.applied_since_full.store(0, Ordering::Relaxed);
+        self.install_parts(tenant, t, parts, seq, started, what)
+            .await
+    }
+
+    /// Lays out the graph from `parts` off the runtime and installs both.
+    async fn install_parts(
+        &self,
+        tenant: &str,
+        t: &Tenant,
+        parts: Parts,
+        seq: u64,
+        started: std::time::Instant,
+        what: &str,
+    ) -> Result<Arc<Loaded>, Error> {
+        let read_ms = started.elapsed().as_millis() as u64;
+        let home_weight = self.settings.home_weight;
+        let (graph, parts) = tokio::task::spawn_blocking(move || {
+            let graph = parts.build(home_weight);
+            (graph, parts)
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?;
+        let bytes = graph.estimated_bytes() + parts.estimated_bytes();
         tracing::info!(
             tenant = %tenant,
             memories = graph.memory_count(),
             entities = graph.entity_count(),
             edges = graph.edge_count(),
             bytes,
+            read_ms,
             ms = started.elapsed().as_millis() as u64,
             "{what}"
         );
@@ -224,12 +293,15 @@ impl Registry {
             seq,
             bytes,
         });
+        *t.parts.lock() = Some(parts);
         t.current.store(Some(loaded.clone()));
         self.enforce_budget();
         Ok(loaded)
     }
 
-    /// Rebuilds a tenant this instance holds (others load lazily later).
+    /// Rebuilds a tenant this instance holds (others load lazily later):
+    /// the noted changes applied to the kept parts when they name their
+    /// memories, a full load otherwise.
     pub async fn rebuild(&self, tenant: &str) -> Result<(), Error> {
         let Some(t) = self.tenants.read().get(tenant).cloned() else {
             return Ok(());
@@ -239,16 +311,82 @@ impl Registry {
             // Evicted, or its first load failed: the next query loads fresh.
             return Ok(());
         }
-        self.build(tenant, &t, "rebuilt tenant graph").await?;
+        let seq = t.changes.load(Ordering::SeqCst);
+        let pending = std::mem::take(&mut *t.pending.lock());
+        let reason = match self.plan(&t, pending) {
+            Plan::Apply(ids, mut parts) => {
+                let started = std::time::Instant::now();
+                let limit = self.settings.rematch_limit;
+                match delta::apply(&self.pool, tenant, &mut parts, &ids, limit).await {
+                    Ok(Ok(())) => {
+                        t.applied_since_full.fetch_add(1, Ordering::Relaxed);
+                        let what = "applied changes to tenant graph";
+                        self.install_parts(tenant, &t, parts, seq, started, what)
+                            .await?;
+                        return Ok(());
+                    }
+                    Ok(Err(delta::FullLoad::NameWithoutAsciiWord)) => {
+                        "a new name without an ASCII word"
+                    }
+                    Ok(Err(delta::FullLoad::TooManyToRematch)) => "a new name in too many memories",
+                    Err(e) => {
+                        tracing::warn!(tenant = %tenant, error = %e, "applying changes failed; loading in full");
+                        "applying the changes failed"
+                    }
+                }
+            }
+            Plan::Full(reason) => reason,
+        };
+        tracing::debug!(tenant = %tenant, reason, "full tenant rebuild");
+        self.full(tenant, &t, seq, "rebuilt tenant graph").await?;
         Ok(())
+    }
+
+    /// Whether the pending changes can be applied to the kept parts.
+    fn plan(&self, t: &Tenant, pending: Pending) -> Plan {
+        let max_ids = self.settings.incremental_max_ids;
+        let parts_opt = t.parts.lock().take();
+        let Some(parts) = parts_opt else {
+            return Plan::Full("no parts kept");
+        };
+        if pending.unknown || pending.ids.is_empty() {
+            return Plan::Full("a change without its memories");
+        }
+        if pending.ids.len() > max_ids {
+            return Plan::Full("more changed memories than graph.incremental_max_ids");
+        }
+        let applied = t.applied_since_full.load(Ordering::Relaxed);
+        if applied >= self.settings.full_rebuild_every {
+            return Plan::Full("graph.full_rebuild_every reached");
+        }
+        let mut ids: Vec<Uuid> = pending.ids.into_iter().collect();
+        ids.sort_unstable();
+        Plan::Apply(ids, parts)
     }
 
     /// Notes a change notification for `tenant`; true when this instance
     /// holds (or is loading) its graph, which then needs a rebuild.
-    pub fn note_change(&self, tenant: &str) -> bool {
+    /// `ids_opt` names the memories it changed (None: unknown, so the
+    /// rebuild reads the whole tenant).
+    pub fn note_change(&self, tenant: &str, ids_opt: Option<&[Uuid]>) -> bool {
         let Some(t) = self.tenants.read().get(tenant).cloned() else {
             return false;
         };
+        {
+            // Before the count: see `build`.
+            let mut pending = t.pending.lock();
+            match ids_opt {
+                Some(ids) if !pending.unknown => pending.ids.extend(ids),
+                Some(_) => {}
+                None => pending.unknown = true,
+            }
+            // A tenant writing faster than it rebuilds cannot grow this
+            // without bound: past the limit the rebuild is full anyway.
+            if pending.unknown || pending.ids.len() > self.settings.incremental_max_ids {
+                pending.unknown = true;
+                pending.ids = HashSet::new();
+            }
+        }
         t.changes.fetch_add(1, Ordering::SeqCst);
         t.held()
     }
@@ -337,6 +475,13 @@ impl Registry {
             .get(tenant)
             .and_then(|t| t.current.load_full())
             .map(|l| l.graph.clone())
+    }
+
+    /// Changes applied in place since the tenant's last full load (None:
+    /// not held), for diagnostics and tests.
+    pub fn applied_in_place(&self, tenant: &str) -> Option<u32> {
+        let t = self.tenants.read().get(tenant).cloned()?;
+        Some(t.applied_since_full.load(Ordering::Relaxed))
     }
 
     /// Stops first loads under way (at shutdown: they outlive requests).
