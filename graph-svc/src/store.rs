@@ -5,10 +5,15 @@
 //! [`pacer`]), then swapped whole so a query sees either the old or the new
 //! graph.
 //!
-//! Every change rebuilds the tenant's graph rather than patching it: a new
-//! entity name can add mentions to old memories (the dictionary is matched
-//! against every memory's text), which a local patch would miss. Rebuilds run
-//! off the async runtime, at most `max_concurrent_rebuilds` at once.
+//! A notification names the memories it changed: a rebuild then reads only
+//! those (and the memories a new entity name may mention, since the
+//! dictionary is matched against every memory's text) into the [`Parts`]
+//! kept beside the graph, and lays the graph out again from them
+//! ([`delta`]); at 100K memories ~2 s instead of ~8 s. A notification
+//! without ids, a listener reconnect, too many changed memories or every
+//! `graph.full_rebuild_every`-th rebuild reads the whole tenant again.
+//! Rebuilds run off the async runtime, at most `max_concurrent_rebuilds` at
+//! once.
 
 pub mod budget;
 pub mod delta;

@@ -30,6 +30,12 @@ impl Dictionary {
             + strings_bytes(&self.displays)
             + map_bytes(&self.index)
             + self.index.keys().map(|k| k.capacity() as u64).sum::<u64>()
+            + vec_bytes(&self.synonym_keys)
+            + self
+                .synonym_keys
+                .iter()
+                .map(|k| k.as_ref().map_or(0, |k| k.len() as u64))
+                .sum::<u64>()
     }
 }
 

@@ -610,3 +610,20 @@ fn walks_on_a_hub_heavy_graph_equal_the_reference() {
         }
     }
 }
+
+#[test]
+fn synonyms_gather_around_the_plain_name_whatever_the_order() {
+    let mut dict = Dictionary::default();
+    for name in ["Foo (film)", "Foo (band)", "The Who", "Foo", "Bar"] {
+        dict.add(name);
+    }
+    let g = GraphBuilder::new(Arc::new(dict), 5.0).build();
+    let node = |name: &str| g.entity_node(g.entity(name).expect("entity"));
+    // "foo" anchors both parentheticals; "bar" and the stopword-only key
+    // of "the who" join nothing.
+    assert_eq!(g.degree(node("foo")), 2);
+    assert_eq!(g.degree(node("foo film")), 1);
+    assert_eq!(g.degree(node("foo band")), 1);
+    assert_eq!(g.degree(node("bar")), 0);
+    assert_eq!(g.edge_count(), 2);
+}

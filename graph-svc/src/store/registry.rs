@@ -422,6 +422,8 @@ impl Registry {
             }
             let was = t.current.compare_and_swap(&Some(l.clone()), None);
             if was.as_ref().is_some_and(|w| Arc::ptr_eq(w, l)) {
+                // Its parts go too: the next load reads the tenant afresh.
+                t.parts.lock().take();
                 tracing::info!(
                     tenant = %name,
                     bytes = residents[i].bytes,
@@ -435,6 +437,8 @@ impl Registry {
     /// Installs a graph directly (tests, and in-process evaluation).
     pub fn install(&self, tenant: &str, graph: Graph) {
         let t = self.slot(tenant);
+        // Parts of an earlier load no longer describe what is served.
+        t.parts.lock().take();
         let loaded = Loaded {
             bytes: graph.estimated_bytes(),
             graph: Arc::new(graph),
