@@ -54,7 +54,9 @@ pub struct View {
 pub struct Dictionary {
     pub names: Vec<String>,
     pub displays: Vec<String>,
-    pub index: HashMap<String, u32>,
+    /// Hashed with foldhash (seeded per map): a load looks up every word
+    /// n-gram of every memory here, ~4 s of SipHash at 100K memories.
+    pub index: HashMap<String, u32, foldhash::fast::RandomState>,
     /// Per entity, its synonym key (`entities::synonym_key` of its display)
     /// where that is not its name, `Some("")` where it has none (empty or
     /// stopwords only). Kept because every build groups synonyms over all

@@ -19,7 +19,7 @@ fn strings_bytes(v: &Vec<String>) -> u64 {
     vec_bytes(v) + v.iter().map(|s| s.capacity() as u64).sum::<u64>()
 }
 
-fn map_bytes<K, V>(m: &HashMap<K, V>) -> u64 {
+fn map_bytes<K, V, S>(m: &HashMap<K, V, S>) -> u64 {
     (m.capacity() * (size_of::<K>() + size_of::<V>() + 1)) as u64
 }
 
