@@ -156,20 +156,12 @@ pub async fn load_parts(pool: &PgPool, tenant: &str) -> Result<Parts, Error> {
     .bind(tenant)
     .fetch(&mut *tx);
     add_triples(&mut parts, triples).await?;
-    let mut edges = sqlx::query_as::<_, (Uuid, Uuid, String, f32)>(
+    let edges = sqlx::query_as::<_, (Uuid, Uuid, String, f32)>(
         "SELECT src_id, dst_id, edge_type, weight FROM edges WHERE tenant_id = $1",
     )
     .bind(tenant)
     .fetch(&mut *tx);
-    while let Some((src, dst, edge_type, weight)) = edges.try_next().await? {
-        parts.edges.push(TypedEdge {
-            src,
-            dst,
-            edge_type,
-            weight,
-        });
-    }
-    drop(edges);
+    add_edges(&mut parts, edges).await?;
     tx.commit().await?;
     Ok(parts)
 }
@@ -183,6 +175,22 @@ pub(crate) async fn add_stored_mentions(
         if let (Some(row), Some(&e)) = (parts.memories.get_mut(&mid), parts.by_db.get(&eid)) {
             row.stored_mentions.push((e, home));
         }
+    }
+    Ok(())
+}
+
+/// Adds typed edges as read (`src_id, dst_id, edge_type, weight`).
+pub(crate) async fn add_edges(
+    parts: &mut Parts,
+    mut rows: impl futures::Stream<Item = Result<(Uuid, Uuid, String, f32), sqlx::Error>> + Unpin,
+) -> Result<(), Error> {
+    while let Some((src, dst, edge_type, weight)) = rows.try_next().await? {
+        parts.edges.push(TypedEdge {
+            src,
+            dst,
+            edge_type,
+            weight,
+        });
     }
     Ok(())
 }

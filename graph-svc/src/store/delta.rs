@@ -14,14 +14,13 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use futures::TryStreamExt;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use engram_common::entities::is_stopword_only;
 
-use super::parts::{Parts, TypedEdge};
-use super::{MemRow, add_stored_mentions, add_triples, memory_columns};
+use super::parts::Parts;
+use super::{MemRow, add_edges, add_stored_mentions, add_triples, memory_columns};
 use crate::error::Error;
 use crate::graph::Dictionary;
 
@@ -248,22 +247,14 @@ async fn replace_edges(
     parts
         .edges
         .retain(|e| !changed.contains(&e.src) && !changed.contains(&e.dst));
-    let mut rows = sqlx::query_as::<_, (Uuid, Uuid, String, f32)>(
+    let rows = sqlx::query_as::<_, (Uuid, Uuid, String, f32)>(
         "SELECT src_id, dst_id, edge_type, weight FROM edges \
          WHERE tenant_id = $1 AND (src_id = ANY($2) OR dst_id = ANY($2))",
     )
     .bind(tenant)
     .bind(ids)
     .fetch(&mut **tx);
-    while let Some((src, dst, edge_type, weight)) = rows.try_next().await? {
-        parts.edges.push(TypedEdge {
-            src,
-            dst,
-            edge_type,
-            weight,
-        });
-    }
-    Ok(())
+    add_edges(parts, rows).await
 }
 
 #[cfg(test)]
