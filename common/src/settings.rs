@@ -459,8 +459,10 @@ pub struct GraphSettings {
     /// After this many rebuilds in place, the next one reads the whole
     /// tenant again (a reconciliation bound; both give the same graph).
     pub full_rebuild_every: u32,
-    /// Most memories a new entity name's word may be re-matched in during
-    /// a rebuild in place; a commoner word makes the rebuild full.
+    /// Most memories a rebuild in place re-reads because a new entity
+    /// name's word is in their text (with `incremental_max_ids`, at most
+    /// two full-load pages of texts in memory); a commoner word makes the
+    /// rebuild full.
     pub rematch_limit: usize,
 }
 
@@ -488,7 +490,7 @@ impl Default for GraphSettings {
             max_concurrent_rebuilds: 1,
             incremental_max_ids: 2000,
             full_rebuild_every: 100,
-            rematch_limit: 20_000,
+            rematch_limit: 2000,
         }
     }
 }
@@ -994,6 +996,11 @@ impl Settings {
         if self.graph.incremental_max_ids > 100_000 {
             return Err(SettingsError::Invalid(
                 "graph.incremental_max_ids must be in 0..=100000".into(),
+            ));
+        }
+        if self.graph.rematch_limit > 100_000 {
+            return Err(SettingsError::Invalid(
+                "graph.rematch_limit must be in 0..=100000".into(),
             ));
         }
         if !(1..=100_000).contains(&self.search.keyword_candidates) {

@@ -103,7 +103,11 @@ pub async fn load_parts(pool: &PgPool, tenant: &str) -> Result<Parts, Error> {
             .bind(tenant)
             .fetch_all(&mut *tx)
             .await?;
-    let mut parts = Parts::default();
+    let mut parts = Parts {
+        entity_rows: rows.len(),
+        max_entity_id: rows.last().map_or(0, |row| row.0),
+        ..Parts::default()
+    };
     let mut dict = Dictionary::default();
     for (id, name, display) in rows {
         if let Some(e) = dict.add_normalized(name, &display) {

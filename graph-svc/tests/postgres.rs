@@ -592,6 +592,24 @@ async fn changes_applied_in_place_give_the_parts_a_full_load_reads() {
             .collect::<Vec<_>>()
     };
     assert_eq!(walk(&a), walk(&b));
+
+    // An entity row below the largest id read (committed out of order)
+    // would be numbered apart from a full load's order: read in full.
+    sqlx::query(
+        "INSERT INTO entities (id, tenant_id, name, display) \
+         SELECT min(id) - 1, $1, 'late name', 'Late Name' FROM entities",
+    )
+    .bind(&tenant)
+    .execute(&pool)
+    .await
+    .expect("late entity");
+    let outcome = graph_svc::store::delta::apply(&pool, &tenant, &mut parts, &[], 100)
+        .await
+        .expect("apply");
+    assert_eq!(
+        outcome,
+        Err(graph_svc::store::delta::FullLoad::EntitiesOutOfOrder)
+    );
 }
 
 #[tokio::test]
@@ -628,6 +646,10 @@ async fn a_notification_naming_its_memories_is_applied_in_place() {
     registry.rebuild(&tenant).await.expect("rebuild");
     let g = registry.graph(&tenant).await.expect("graph");
     assert_eq!(g.memory_count(), 2);
+    assert_eq!(registry.applied_in_place(&tenant), Some(1));
+    // Nothing pending: the graph is kept (no full read, which would reset
+    // the count).
+    registry.rebuild(&tenant).await.expect("rebuild");
     assert_eq!(registry.applied_in_place(&tenant), Some(1));
     // A change without its memories reads the whole tenant.
     assert!(registry.note_change(&tenant, None));

@@ -400,6 +400,7 @@ async fn write_batch(
 
     let contexts = turn_contexts(&mut tx, &identity.tenant, sorted).await?;
     let mut results: Vec<(usize, pb::UpsertResult)> = Vec::with_capacity(sorted.len());
+    let mut closed: Vec<Uuid> = Vec::new();
     let mut rewrite_entities: Vec<usize> = Vec::new();
     let mut rewrite_facts: Vec<usize> = Vec::new();
     for (pos, (idx, m)) in sorted.iter().enumerate() {
@@ -479,6 +480,7 @@ async fn write_batch(
         }
         if let Some(t) = m.supersedes_opt {
             close_superseded(&mut tx, identity, m, t).await?;
+            closed.push(t);
         }
         results.push((
             *idx,
@@ -500,7 +502,10 @@ async fn write_batch(
     delta.count(&after, 1);
     delta.count(&before, -1);
     delta.apply(&mut tx, &identity.tenant).await?;
-    notify(&mut tx, &identity.tenant, "upsert", &ids).await?;
+    // The memories this batch closed changed too: graph-svc re-reads only
+    // the memories a notification names.
+    let changed: Vec<Uuid> = ids.iter().chain(&closed).copied().collect();
+    notify(&mut tx, &identity.tenant, "upsert", &changed).await?;
     tx.commit().await?;
     results.sort_by_key(|(idx, _)| *idx);
     Ok(results.into_iter().map(|(_, r)| r).collect())

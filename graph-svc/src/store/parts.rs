@@ -48,6 +48,10 @@ pub struct Parts {
     pub dict: Arc<Dictionary>,
     /// `entities.id` → dictionary index, for stored mentions and triples.
     pub by_db: HashMap<i64, u32>,
+    /// Entity rows read (the dictionary refuses some) and their largest id:
+    /// what a change's new rows are counted against.
+    pub entity_rows: usize,
+    pub max_entity_id: i64,
     /// In id order, the order a full load reads them in.
     pub memories: BTreeMap<Uuid, MemoryRow>,
     pub edges: Vec<TypedEdge>,
@@ -78,11 +82,6 @@ impl Parts {
             }
         }
         b.build()
-    }
-
-    /// The largest `entities.id` the dictionary holds (0 when none).
-    pub fn max_entity_id(&self) -> i64 {
-        self.by_db.keys().copied().max().unwrap_or(0)
     }
 
     /// Heap bytes beyond the dictionary (which the graph shares and counts).

@@ -49,6 +49,10 @@ struct Pending {
 enum Plan {
     /// Apply the changes to these memories to the kept parts.
     Apply(Vec<Uuid>, Parts),
+    /// Nothing is pending: every counted change is in the graph already
+    /// (an earlier rebuild took its ids after reading the count), so only
+    /// the count the graph reflects moves on.
+    Refresh(Parts),
     /// Read the whole tenant again, for this reason.
     Full(&'static str),
 }
@@ -293,8 +297,12 @@ impl Registry {
             seq,
             bytes,
         });
-        *t.parts.lock() = Some(parts);
         t.current.store(Some(loaded.clone()));
+        *t.parts.lock() = Some(parts);
+        if t.current.load().is_none() {
+            // Evicted between the two stores: the parts go with the graph.
+            t.parts.lock().take();
+        }
         self.enforce_budget();
         Ok(loaded)
     }
@@ -325,15 +333,25 @@ impl Registry {
                             .await?;
                         return Ok(());
                     }
-                    Ok(Err(delta::FullLoad::NameWithoutAsciiWord)) => {
-                        "a new name without an ASCII word"
-                    }
-                    Ok(Err(delta::FullLoad::TooManyToRematch)) => "a new name in too many memories",
+                    Ok(Err(full)) => full.reason(),
                     Err(e) => {
                         tracing::warn!(tenant = %tenant, error = %e, "applying changes failed; loading in full");
                         "applying the changes failed"
                     }
                 }
+            }
+            Plan::Refresh(parts) => {
+                if let Some(current) = t.current.load_full() {
+                    let loaded = Arc::new(Loaded {
+                        graph: current.graph.clone(),
+                        seq,
+                        bytes: current.bytes,
+                    });
+                    *t.parts.lock() = Some(parts);
+                    t.current.store(Some(loaded));
+                    return Ok(());
+                }
+                "evicted while planning"
             }
             Plan::Full(reason) => reason,
         };
@@ -349,8 +367,11 @@ impl Registry {
         let Some(parts) = parts_opt else {
             return Plan::Full("no parts kept");
         };
-        if pending.unknown || pending.ids.is_empty() {
+        if pending.unknown {
             return Plan::Full("a change without its memories");
+        }
+        if pending.ids.is_empty() {
+            return Plan::Refresh(parts);
         }
         if pending.ids.len() > max_ids {
             return Plan::Full("more changed memories than graph.incremental_max_ids");
