@@ -432,9 +432,11 @@ pub struct GraphSettings {
     /// Estimated bytes of tenant graphs one graph-svc instance keeps; past
     /// it the least recently used tenants are evicted (and reload on their
     /// next query), so many tenants cannot exhaust the host. 2 GiB holds
-    /// about twenty 100K-memory tenants (~106 MB each on the `engram bench`
-    /// shape); the most recently used graph always stays, even alone over
-    /// the budget, so it never reloads per query.
+    /// about six 100K-memory tenants of `engram bench`'s mixed corpus
+    /// (~320–350 MB each with the parts kept for rebuilds in place; ~106 MB
+    /// on the older repeated corpus, whose names repeat 50 times); the most
+    /// recently used graph always stays, even alone over the budget, so it
+    /// never reloads per query.
     pub memory_budget_bytes: u64,
     /// Evict a tenant's graph after this long without a query, returning
     /// memory nobody uses; 0 = never (the budget alone bounds memory, and a
