@@ -23,6 +23,7 @@ pub mod get;
 pub mod keyword;
 pub mod list;
 pub mod rows;
+pub mod speakers;
 pub mod turns;
 pub mod updates;
 pub mod validate;
@@ -51,8 +52,8 @@ pub use error::Error;
 pub use keyword::Scoring;
 
 use validate::{
-    DeleteIds, EdgeBatch, EmbedTexts, FeedbackBatch, GetQuery, KeywordQuery, UpsertBatch,
-    VectorQuery,
+    DeleteIds, EdgeBatch, EmbedTexts, FeedbackBatch, GetQuery, KeywordQuery, SearchFilters,
+    UpsertBatch, VectorQuery,
 };
 
 pub const SERVICE_NAME: &str = "engram.v1.SearchService";
@@ -72,6 +73,7 @@ struct Inner {
     keyword_candidates: u32,
     decay_floor: f32,
     fact_index: bool,
+    dense_drop_speakers: bool,
     timeouts: Timeouts,
     admission: Admission,
     serve_opts: engram_common::server::ServeOptions,
@@ -118,12 +120,51 @@ impl SearchSvc {
                 keyword_candidates: settings.search.keyword_candidates,
                 decay_floor: settings.search.decay_floor,
                 fact_index: settings.search.fact_index,
+                dense_drop_speakers: settings.search.dense_drop_speakers,
                 timeouts: Timeouts::from_settings(&settings.search),
                 admission: Admission::new(settings.search.max_concurrent_requests),
                 serve_opts: engram_common::server::ServeOptions::internal(settings)?,
                 detector,
             }),
         })
+    }
+
+    /// The vector a dense query searches with, and the one to hand back to
+    /// the gateway for its semantic cache: none when speaker names were
+    /// dropped, since "…Caroline…" and "…Melanie…" then embed alike and
+    /// must not share a cached answer.
+    async fn query_embedding(
+        &self,
+        identity: &Identity,
+        filters: &SearchFilters,
+        text: String,
+    ) -> Result<(Vec<f32>, Vec<f32>), Status> {
+        let dropped_opt = match self.inner.dense_drop_speakers {
+            true => speakers::dense_text(
+                &self.inner.pool,
+                identity,
+                filters,
+                &text,
+                self.inner.decay_floor,
+                self.inner.timeouts.dense_ms,
+            )
+            .await
+            .map_err(Status::from)?,
+            false => None,
+        };
+        let dropped = dropped_opt.is_some();
+        let mut v = self
+            .inner
+            .embeddings
+            .embed(vec![dropped_opt.unwrap_or(text)])
+            .await?;
+        let e = v
+            .pop()
+            .ok_or_else(|| Error::Internal("embedder returned no vector".into()))?;
+        match dropped {
+            true => Ok((e, Vec::new())),
+            false => Ok((e.clone(), e)),
+        }
     }
 
     pub fn embeddings(&self) -> &Embeddings {
@@ -310,13 +351,7 @@ impl SearchService for SearchSvc {
         let (_slot, identity, q) = self.open::<_, VectorQuery>(req)?;
         let (embedding, query_embedding) = match q.embedding_opt {
             Some(v) => (v, Vec::new()),
-            None => {
-                let mut v = self.inner.embeddings.embed(vec![q.text]).await?;
-                let e = v
-                    .pop()
-                    .ok_or_else(|| Error::Internal("embedder returned no vector".into()))?;
-                (e.clone(), e)
-            }
+            None => self.query_embedding(&identity, &q.filters, q.text).await?,
         };
         let rows = dense::search(
             &self.inner.pool,
