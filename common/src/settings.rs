@@ -294,13 +294,14 @@ pub struct SearchSettings {
     /// their place (docs/benchmarks.md, "Fact seeds"); `engram index-facts`
     /// indexes what was written before it was turned on.
     pub fact_index: bool,
-    /// Embed a dense query without the names of the speakers of turns the
-    /// caller can read ("When did Caroline go…" → "When did go…"): a turn
-    /// is embedded as "speaker: text", and the name in the question made
-    /// every turn of that speaker look alike (LoCoMo 0–4 dense R@10 50.8
-    /// with the name, 60.8 without; search-svc speakers.rs). One indexed
-    /// lookup per vector search; memories without a speaker never match.
-    pub dense_drop_speakers: bool,
+    /// Embed a dense query with the names of the speakers of turns the
+    /// caller can read in the first person ("When did Caroline go…" →
+    /// "When did I go…", "Caroline's" → "my"): a turn is embedded as
+    /// "speaker: text", and the name in the question made every turn of
+    /// that speaker look alike (LoCoMo 0–4 dense R@10 50.8 as asked, 62.6
+    /// in the first person; search-svc speakers.rs). One indexed lookup per
+    /// vector search; memories without a speaker never match.
+    pub dense_speakers_first_person: bool,
     /// Detect at write time when a new memory updates an older one and
     /// write a system-detected `contradicts` edge (search-svc updates.rs).
     /// Off by default: on pairs from domains it was never fitted on
@@ -372,7 +373,7 @@ impl Default for SearchSettings {
             keyword_candidates: 1000,
             decay_interval_secs: 600,
             fact_index: false,
-            dense_drop_speakers: true,
+            dense_speakers_first_person: true,
             update_detection: false,
             update_threshold: 0.65,
             update_types: ["semantic", "episodic", "procedural"]

@@ -73,7 +73,7 @@ struct Inner {
     keyword_candidates: u32,
     decay_floor: f32,
     fact_index: bool,
-    dense_drop_speakers: bool,
+    dense_speakers_first_person: bool,
     timeouts: Timeouts,
     admission: Admission,
     serve_opts: engram_common::server::ServeOptions,
@@ -120,7 +120,7 @@ impl SearchSvc {
                 keyword_candidates: settings.search.keyword_candidates,
                 decay_floor: settings.search.decay_floor,
                 fact_index: settings.search.fact_index,
-                dense_drop_speakers: settings.search.dense_drop_speakers,
+                dense_speakers_first_person: settings.search.dense_speakers_first_person,
                 timeouts: Timeouts::from_settings(&settings.search),
                 admission: Admission::new(settings.search.max_concurrent_requests),
                 serve_opts: engram_common::server::ServeOptions::internal(settings)?,
@@ -131,7 +131,7 @@ impl SearchSvc {
 
     /// The vector a dense query searches with, and the one to hand back to
     /// the gateway for its semantic cache: none when speaker names were
-    /// dropped, since "…Caroline…" and "…Melanie…" then embed alike and
+    /// rewritten, since "…Caroline…" and "…Melanie…" then embed alike and
     /// must not share a cached answer.
     async fn query_embedding(
         &self,
@@ -139,7 +139,7 @@ impl SearchSvc {
         filters: &SearchFilters,
         text: String,
     ) -> Result<(Vec<f32>, Vec<f32>), Status> {
-        let dropped_opt = match self.inner.dense_drop_speakers {
+        let rewritten_opt = match self.inner.dense_speakers_first_person {
             true => speakers::dense_text(
                 &self.inner.pool,
                 identity,
@@ -152,16 +152,16 @@ impl SearchSvc {
             .map_err(Status::from)?,
             false => None,
         };
-        let dropped = dropped_opt.is_some();
+        let rewritten = rewritten_opt.is_some();
         let mut v = self
             .inner
             .embeddings
-            .embed(vec![dropped_opt.unwrap_or(text)])
+            .embed(vec![rewritten_opt.unwrap_or(text)])
             .await?;
         let e = v
             .pop()
             .ok_or_else(|| Error::Internal("embedder returned no vector".into()))?;
-        match dropped {
+        match rewritten {
             true => Ok((e, Vec::new())),
             false => Ok((e.clone(), e)),
         }

@@ -1,21 +1,22 @@
-//! Speaker names out of a dense query (issue 20).
+//! Speaker names in the first person for a dense query (issue 20).
 //!
 //! A turn is embedded as said, "Caroline: I went to a support group", and
 //! almost every question about a conversation names a speaker ("When did
 //! Caroline go to the support group?"). MiniLM gives the name so much of
 //! the query's vector that every turn of that speaker looks alike, and the
-//! question's subject (the support group) decides little: on LoCoMo 0–4,
-//! dense R@5 / R@10 42.1 / 50.8 with the name, 50.8 / 60.8 without it, in
-//! each of the five conversations (docs/conversations.md). Who said it is
-//! not lost: the gateway lifts the named speaker's turns after fusion
-//! (retrieval-svc pipeline/session.rs) and the keyword index holds the
-//! speaker.
+//! question's subject (the support group) decides little. Asked as the
+//! speaker would have said it, "When did I go to the support group?", the
+//! question meets the turn: on LoCoMo 0–4, dense R@5 / R@10 42.1 / 50.8 as
+//! asked, 50.8 / 60.8 with the name dropped, 51.3 / 62.6 in the first
+//! person (docs/conversations.md). Who said it is not lost: the keyword
+//! index holds the speaker, and the gateway lifts the named speaker's
+//! turns after fusion (retrieval-svc pipeline/session.rs).
 //!
-//! Only words that are the speaker of a turn the caller can read are
-//! dropped, found with dense search's own access predicate, so a name is
-//! never dropped because of a turn above the caller's trust, another
-//! namespace, or another tenant; names in Wikipedia-style memories (no
-//! speakers) are never touched.
+//! Only words that are the speaker of a turn the caller can read count,
+//! found with dense search's own access predicate, so a turn above the
+//! caller's trust, in another namespace or another tenant never changes
+//! the caller's query; names in memories without a speaker (documents)
+//! are never touched.
 
 use std::collections::HashSet;
 
@@ -25,6 +26,7 @@ use sqlx::{PgPool, Postgres, QueryBuilder};
 use crate::bounds;
 use crate::error::Result;
 use crate::filters::push_where;
+use crate::turns::MAX_SPEAKER_CHARS;
 use crate::validate::SearchFilters;
 
 /// Longest speaker name matched, in words ("Mary Ann Lee").
@@ -92,6 +94,10 @@ pub fn grams(text: &str) -> Vec<String> {
     for n in 1..=MAX_NAME_WORDS {
         for run in w.windows(n) {
             let gram = joined(run);
+            // Longer than any speaker may be: no probe can match it.
+            if gram.chars().count() > MAX_SPEAKER_CHARS {
+                continue;
+            }
             if seen.insert(gram.clone()) {
                 out.push(gram);
             }
@@ -137,8 +143,9 @@ pub fn in_first_person(text: &str, names: &HashSet<String>) -> Option<String> {
     Some(out)
 }
 
-/// The query text dense search embeds: `text` without the names of
-/// speakers of turns the caller can read, or `None` to embed it as given.
+/// The query text dense search embeds: `text` with the names of speakers
+/// of turns the caller can read in the first person, or `None` to embed it
+/// as given.
 pub async fn dense_text(
     pool: &PgPool,
     identity: &Identity,
@@ -192,6 +199,12 @@ mod tests {
     fn grams_are_bounded() {
         let long = "word ".repeat(1000) + &(0..500).map(|i| format!("w{i} ")).collect::<String>();
         assert!(grams(&long).len() <= MAX_GRAMS);
+        let huge = "x".repeat(MAX_SPEAKER_CHARS + 1);
+        assert!(
+            grams(&format!("{huge} said hi"))
+                .iter()
+                .all(|g| !g.contains('x'))
+        );
         assert!(grams("").is_empty());
         assert!(grams("?! --").is_empty());
     }
