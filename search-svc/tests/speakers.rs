@@ -1,14 +1,16 @@
 //! A dense query says the caller's readable speakers in the first person
 //! (search-svc speakers.rs). Which names count is an access decision: only
-//! speakers of turns the caller may read, in its own tenant. The vector
-//! search tells by handing back no query embedding when it rewrote the
-//! query (the gateway must not cache "…Caroline…" under "…I…").
+//! speakers of turns the caller may read, in its own tenant and under its
+//! filters. A rewritten query's vector is not handed back to the gateway's
+//! semantic cache ("…Caroline…" and "…Melanie…" both become "…I…").
 
 mod common;
 
 use common::*;
 use engram_common::{AccessLevel, Identity};
 use engram_proto as pb;
+use search_svc::speakers::dense_text;
+use search_svc::validate::SearchFilters;
 use uuid::Uuid;
 
 fn turn(speaker: &str, index: u32, text: &str, level: AccessLevel) -> pb::Memory {
@@ -26,29 +28,10 @@ fn turn(speaker: &str, index: u32, text: &str, level: AccessLevel) -> pb::Memory
     }
 }
 
-/// (rewritten, the top hit's content) for one vector search.
-async fn search(c: &mut Client, id: &Identity, text: &str) -> (bool, String) {
-    let r = c
-        .vector_search(req(
-            pb::VectorSearchRequest {
-                text: text.into(),
-                embedding: Vec::new(),
-                filters: None,
-                k: 5,
-                fact_k: 0,
-            },
-            id,
-        ))
+async fn rewrite(h: &Harness, id: &Identity, f: &SearchFilters, text: &str) -> Option<String> {
+    dense_text(&h.pool, id, f, text, 0.1, 5_000)
         .await
-        .expect("vector search")
-        .into_inner();
-    let top = r
-        .hits
-        .first()
-        .and_then(|h| h.memory.as_ref())
-        .map(|m| m.content.clone())
-        .unwrap_or_default();
-    (r.query_embedding.is_empty(), top)
+        .expect("speaker probe")
 }
 
 #[tokio::test]
@@ -61,22 +44,11 @@ async fn only_readable_speakers_of_the_callers_tenant_are_rewritten() {
         &mut h.client,
         &writer,
         vec![
-            turn(
-                "Melanie",
-                0,
-                "I painted a sunrise over the lake last week.",
-                AccessLevel::Public,
-            ),
-            turn(
-                "Melanie",
-                1,
-                "My cat is called Oliver and he sleeps all day.",
-                AccessLevel::Public,
-            ),
+            turn("Melanie", 0, "I painted a sunrise.", AccessLevel::Public),
             turn(
                 "Caroline",
-                2,
-                "I went to a support group yesterday.",
+                1,
+                "I went to a support group.",
                 AccessLevel::Sensitive,
             ),
             // A document that names someone: not a speaker.
@@ -84,73 +56,80 @@ async fn only_readable_speakers_of_the_callers_tenant_are_rewritten() {
         ],
     )
     .await;
-    let other = tenant();
-    let stranger = ident(&other, "o", AccessLevel::Sensitive);
+    let other = ident(&tenant(), "o", AccessLevel::Sensitive);
     upsert(
         &mut h.client,
-        &stranger,
-        vec![turn(
-            "Jon",
-            0,
-            "I lost my job at the bank.",
-            AccessLevel::Public,
-        )],
+        &other,
+        vec![turn("Jon", 0, "I lost my job.", AccessLevel::Public)],
     )
     .await;
+    let all = SearchFilters::default();
 
-    let (rewritten, top) = search(&mut h.client, &public, "What did Melanie paint?").await;
-    assert!(rewritten, "Melanie is a readable speaker");
-    assert_eq!(top, "I painted a sunrise over the lake last week.");
-    assert!(
-        search(&mut h.client, &public, "What did Melanie's cat do?")
-            .await
-            .0
-    );
-
+    let paint = rewrite(&h, &public, &all, "What did Melanie paint?").await;
+    assert_eq!(paint.as_deref(), Some("What did I paint?"));
+    let cat = rewrite(&h, &public, &all, "What did Melanie's cat do?").await;
+    assert_eq!(cat.as_deref(), Some("What did my cat do?"));
     // Caroline's only turn is above the public caller's trust.
-    assert!(
-        !search(&mut h.client, &public, "When did Caroline go to the group?")
-            .await
-            .0
-    );
-    assert!(
-        search(&mut h.client, &writer, "When did Caroline go to the group?")
-            .await
-            .0
-    );
+    let group = "When did Caroline go to the group?";
+    assert_eq!(rewrite(&h, &public, &all, group).await, None);
+    assert!(rewrite(&h, &writer, &all, group).await.is_some());
     // Jon speaks in another tenant; Romulus is named in a document only.
-    assert!(
-        !search(&mut h.client, &writer, "Did Jon lose his job?")
-            .await
-            .0
+    assert_eq!(
+        rewrite(&h, &writer, &all, "Did Jon lose his job?").await,
+        None
     );
-    assert!(!search(&mut h.client, &writer, "Who was Romulus?").await.0);
+    assert_eq!(rewrite(&h, &writer, &all, "Who was Romulus?").await, None);
     // A query that is only a name keeps it.
-    assert!(!search(&mut h.client, &public, "Melanie").await.0);
-    // Another namespace's turns are not the caller's either.
-    let filtered = rewritten_in_namespace(&mut h.client, &public, "What did Melanie paint?").await;
-    assert!(!filtered, "no Melanie turn in namespace elsewhere");
+    assert_eq!(rewrite(&h, &public, &all, "Melanie").await, None);
+    // The caller's filters apply: no Melanie turn in another namespace.
+    let elsewhere = SearchFilters {
+        namespace_opt: Some("elsewhere".into()),
+        ..Default::default()
+    };
+    let filtered = rewrite(&h, &public, &elsewhere, "What did Melanie paint?").await;
+    assert_eq!(filtered, None);
 }
 
-async fn rewritten_in_namespace(c: &mut Client, id: &Identity, text: &str) -> bool {
-    let r = c
-        .vector_search(req(
-            pb::VectorSearchRequest {
-                text: text.into(),
-                embedding: Vec::new(),
-                filters: Some(pb::Filters {
-                    namespace: "elsewhere".into(),
-                    ..Default::default()
-                }),
-                k: 5,
-                fact_k: 0,
-            },
-            id,
-        ))
-        .await
-        .expect("vector search")
-        .into_inner();
-    r.query_embedding.is_empty()
+async fn vector_search(c: &mut Client, id: &Identity, text: &str) -> pb::SearchResponse {
+    c.vector_search(req(
+        pb::VectorSearchRequest {
+            text: text.into(),
+            embedding: Vec::new(),
+            filters: None,
+            k: 5,
+            fact_k: 0,
+        },
+        id,
+    ))
+    .await
+    .expect("vector search")
+    .into_inner()
+}
+
+#[tokio::test]
+async fn a_rewritten_query_finds_the_turn_and_is_not_handed_to_the_cache() {
+    let mut h = start().await;
+    let me = ident(&tenant(), "a", AccessLevel::Internal);
+    let painted = turn(
+        "Melanie",
+        0,
+        "I painted a sunrise over the lake.",
+        AccessLevel::Public,
+    );
+    let cat = turn(
+        "Melanie",
+        1,
+        "My cat is called Oliver.",
+        AccessLevel::Public,
+    );
+    upsert(&mut h.client, &me, vec![painted.clone(), cat]).await;
+
+    let r = vector_search(&mut h.client, &me, "What did Melanie paint?").await;
+    let top_opt = r.hits.first().and_then(|h| h.memory.as_ref());
+    assert_eq!(top_opt.map(|m| m.id.as_str()), Some(painted.id.as_str()));
+    assert!(r.query_embedding.is_empty(), "rewritten: nothing to cache");
+    let plain = vector_search(&mut h.client, &me, "Who founded Rome?").await;
+    assert_eq!(plain.query_embedding.len(), 384, "as asked: cacheable");
 }
 
 #[tokio::test]
@@ -159,22 +138,9 @@ async fn switched_off_the_query_is_embedded_as_given() {
         s.search.dense_speakers_first_person = false
     })
     .await;
-    let t = tenant();
-    let me = ident(&t, "a", AccessLevel::Internal);
-    upsert(
-        &mut h.client,
-        &me,
-        vec![turn(
-            "Melanie",
-            0,
-            "I painted a sunrise.",
-            AccessLevel::Public,
-        )],
-    )
-    .await;
-    assert!(
-        !search(&mut h.client, &me, "What did Melanie paint?")
-            .await
-            .0
-    );
+    let me = ident(&tenant(), "a", AccessLevel::Internal);
+    let painted = turn("Melanie", 0, "I painted a sunrise.", AccessLevel::Public);
+    upsert(&mut h.client, &me, vec![painted]).await;
+    let r = vector_search(&mut h.client, &me, "What did Melanie paint?").await;
+    assert_eq!(r.query_embedding.len(), 384);
 }
