@@ -283,6 +283,22 @@ pub struct SearchSettings {
     /// for the rarest query terms, while their summed document frequency fits
     /// this budget (search-svc/src/keyword.rs explains why recall holds).
     pub keyword_candidates: u32,
+    /// Answer BM25 keyword queries from an in-memory tantivy index per
+    /// tenant (search-svc keyword_index.rs) instead of SQL: Postgres stays
+    /// the source of truth, every hit is re-read through the same access
+    /// predicate, and a tenant whose index is not up to date with its
+    /// writes is answered by SQL while the index rebuilds in the
+    /// background. At 100K memories BM25 in SQL was the largest CPU cost of
+    /// a query (docs/benchmarks.md, issue 22).
+    pub keyword_index: bool,
+    /// Memories the keyword indexes of all tenants may hold together (the
+    /// least recently used tenants are dropped past it); a tenant holding
+    /// more than half of it is never indexed and keeps SQL.
+    pub keyword_index_max_docs: u64,
+    /// Least time (ms) between two builds of one tenant's index; a build
+    /// also waits out four times the previous one's duration, so a tenant
+    /// that writes without pause keeps at most a fifth of a core busy.
+    pub keyword_index_rebuild_ms: u64,
     /// Seconds between two passes of search-svc's decay job over every
     /// memory; 0 turns the job off (`engram decay --once` still works).
     pub decay_interval_secs: u64,
@@ -371,6 +387,9 @@ impl Default for SearchSettings {
             // corpus: pipeline and hybrid recall unchanged, keyword-only R@5
             // -1 point (docs/decisions.md).
             keyword_candidates: 1000,
+            keyword_index: true,
+            keyword_index_max_docs: 2_000_000,
+            keyword_index_rebuild_ms: 1000,
             decay_interval_secs: 600,
             fact_index: false,
             dense_speakers_first_person: true,
@@ -1017,6 +1036,12 @@ impl Settings {
         if !(1..=100_000).contains(&self.search.keyword_candidates) {
             return Err(SettingsError::Invalid(
                 "search.keyword_candidates must be in 1..=100000".into(),
+            ));
+        }
+        if self.search.keyword_index && self.search.keyword_index_max_docs == 0 {
+            return Err(SettingsError::Invalid(
+                "search.keyword_index_max_docs must be at least 1 when search.keyword_index is on"
+                    .into(),
             ));
         }
         if !["ts_rank_cd", "bm25"].contains(&self.search.keyword_scoring.as_str()) {

@@ -60,6 +60,7 @@ fn hits(tenant: &str, ids: &[&str]) -> SearchResponse {
             .collect(),
         query_embedding: vec![1.0, 0.0, 0.0],
         facts: Vec::new(),
+        from_keyword_index: false,
     }
 }
 

@@ -24,13 +24,22 @@
 //! the common terms can only reach a low score (their idf is small), which
 //! is why this keeps the recall of exact BM25 (2Wiki dev keyword R@2/R@5
 //! measured in docs/benchmarks.md).
+//!
+//! With `search.keyword_index` (the default) a BM25 query is first asked of
+//! the tenant's in-memory index (`keyword_index.rs`) and only the hits are
+//! read from Postgres; the SQL BM25 below answers when that index is not
+//! current.
+
+use std::collections::HashMap;
 
 use engram_common::Identity;
 use sqlx::{PgPool, Postgres, QueryBuilder};
+use uuid::Uuid;
 
 use crate::bounds;
 use crate::error::Result;
 use crate::filters::push_where;
+use crate::keyword_index::{KeywordIndex, Lookup};
 use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow, hide_unreadable_supersedes};
 use crate::validate::SearchFilters;
 
@@ -65,6 +74,14 @@ const B: f64 = 0.75;
 /// most 256 positions per lexeme anyway).
 pub const TERM_FREQUENCY: &str = "greatest(round(1 / (1.64493406685 - ts_rank('{1,1,1,1}', c.tsv, df.query)::float8 * 1.64493406685) - 0.5), 1)";
 
+/// A keyword search's rows, best first, and whether the keyword index
+/// ranked them (false: SQL).
+#[derive(Debug)]
+pub struct Hits {
+    pub rows: Vec<(MemoryRow, f32)>,
+    pub from_index: bool,
+}
+
 /// How keyword hits are scored: the scoring, BM25's candidate budget, the
 /// decay floor applied when the request sets none, and the query's
 /// statement_timeout (`bounds.rs`).
@@ -78,12 +95,27 @@ pub struct Ranking {
 
 pub async fn search(
     pool: &PgPool,
+    index: &KeywordIndex,
     identity: &Identity,
     text: &str,
     filters: &SearchFilters,
     k: u32,
     ranking: Ranking,
-) -> Result<Vec<(MemoryRow, f32)>> {
+) -> Result<Hits> {
+    if ranking.scoring == Scoring::Bm25 {
+        let query = Indexed {
+            identity,
+            text,
+            filters,
+            k: k as usize,
+        };
+        if let Some(rows) = query.search(pool, index, ranking).await? {
+            return Ok(Hits {
+                rows,
+                from_index: true,
+            });
+        }
+    }
     let Ranking {
         scoring,
         candidates,
@@ -105,10 +137,88 @@ pub async fn search(
     let mut rows = ScoredRow::fetch_all(qb, &mut tx).await?;
     hide_unreadable_supersedes(&mut tx, identity, rows.iter_mut().map(|r| &mut r.memory)).await?;
     tx.commit().await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.memory, r.score as f32))
-        .collect())
+    Ok(Hits {
+        rows: (rows.into_iter())
+            .map(|r| (r.memory, r.score as f32))
+            .collect(),
+        from_index: false,
+    })
+}
+
+/// A BM25 query answered from the tenant's keyword index
+/// (`keyword_index.rs`): the index proposes ids in score order, and the
+/// rows are read back through [`push_where`], so what the caller may see
+/// and every filter are decided by the same SQL as every other read.
+struct Indexed<'a> {
+    identity: &'a Identity,
+    text: &'a str,
+    filters: &'a SearchFilters,
+    k: usize,
+}
+
+impl Indexed<'_> {
+    /// The top k, or None when the index cannot answer (no current index,
+    /// or too many of its hits filtered out twice): then SQL answers.
+    async fn search(
+        &self,
+        pool: &PgPool,
+        index: &KeywordIndex,
+        ranking: Ranking,
+    ) -> Result<Option<Vec<(MemoryRow, f32)>>> {
+        // Room for hits the filters drop (superseded, decayed, another
+        // namespace); a second, wider ask before giving up.
+        let mut limit = self.k + self.k / 2 + 10;
+        for _ in 0..2 {
+            let Lookup::Found(found) = index.search(self.identity, self.text, limit) else {
+                return Ok(None);
+            };
+            let rows = self.read_back(pool, &found.hits, ranking).await?;
+            if rows.len() >= self.k || found.exhausted {
+                return Ok(Some(rows));
+            }
+            limit *= 8;
+        }
+        Ok(None)
+    }
+
+    /// The hits the caller may see under the request's filters, in the
+    /// index's order, at most k.
+    async fn read_back(
+        &self,
+        pool: &PgPool,
+        hits: &[(Uuid, f32)],
+        ranking: Ranking,
+    ) -> Result<Vec<(MemoryRow, f32)>> {
+        if hits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = hits.iter().map(|h| h.0).collect();
+        let mut qb = QueryBuilder::<Postgres>::new("SELECT ");
+        qb.push(MEMORY_COLUMNS)
+            .push(" FROM memories m WHERE m.id = ANY(")
+            .push_bind(ids)
+            .push(") AND ");
+        push_where(
+            &mut qb,
+            self.identity,
+            self.filters,
+            ranking.default_decay_floor,
+        );
+        let mut tx = bounds::begin(pool, ranking.timeout_ms).await?;
+        let mut rows: Vec<MemoryRow> = qb
+            .build_query_as()
+            .persistent(false)
+            .fetch_all(&mut *tx)
+            .await?;
+        hide_unreadable_supersedes(&mut tx, self.identity, rows.iter_mut()).await?;
+        tx.commit().await?;
+        let mut by_id: HashMap<Uuid, MemoryRow> = rows.into_iter().map(|r| (r.id, r)).collect();
+        Ok(hits
+            .iter()
+            .filter_map(|(id, score)| by_id.remove(id).map(|row| (row, *score)))
+            .take(self.k)
+            .collect())
+    }
 }
 
 fn ts_rank_cd_query(

@@ -21,6 +21,7 @@ pub mod facts;
 pub mod filters;
 pub mod get;
 pub mod keyword;
+pub mod keyword_index;
 pub mod list;
 pub mod rows;
 pub mod speakers;
@@ -78,6 +79,7 @@ struct Inner {
     admission: Admission,
     serve_opts: engram_common::server::ServeOptions,
     feed: changes::Feed,
+    keyword_index: keyword_index::KeywordIndex,
     detector: detection::Detector,
     /// The database watcher's last verdict (serve_svc); writes consult it
     /// so they fail fast while Postgres is gone.
@@ -112,6 +114,7 @@ impl SearchSvc {
         Ok(Self {
             inner: Arc::new(Inner {
                 feed: changes::Feed::new(pool.clone()),
+                keyword_index: keyword_index::KeywordIndex::new(&settings.search, pool.clone()),
                 db_up: Arc::new(AtomicBool::new(true)),
                 pool,
                 embeddings,
@@ -165,6 +168,10 @@ impl SearchSvc {
             true => Ok((e, Vec::new())),
             false => Ok((e.clone(), e)),
         }
+    }
+
+    pub fn keyword_index(&self) -> &keyword_index::KeywordIndex {
+        &self.inner.keyword_index
     }
 
     pub fn embeddings(&self) -> &Embeddings {
@@ -233,9 +240,10 @@ impl SearchSvc {
         identity: &Identity,
         q: KeywordQuery,
         scoring: Scoring,
-    ) -> Result<Vec<pb::SearchHit>, Error> {
-        let rows = keyword::search(
+    ) -> Result<pb::SearchResponse, Error> {
+        let found = keyword::search(
             &self.inner.pool,
+            &self.inner.keyword_index,
             identity,
             &q.text,
             &q.filters,
@@ -248,7 +256,11 @@ impl SearchSvc {
             },
         )
         .await?;
-        Ok(rows::hits(rows))
+        Ok(pb::SearchResponse {
+            hits: rows::hits(found.rows),
+            from_keyword_index: found.from_index,
+            ..Default::default()
+        })
     }
 }
 
@@ -298,6 +310,7 @@ impl SearchService for SearchSvc {
         )
         .await
         .map_err(|e| self.noted(e))?;
+        self.inner.keyword_index.changed(&identity.tenant);
         // After the commit: the write is acknowledged whatever detection does
         // (queued, or run here when the queue is full: detection.rs).
         // New memories and rewrites (their embedding was recomputed: the
@@ -321,6 +334,7 @@ impl SearchService for SearchSvc {
         let deleted = writes::delete(&self.inner.pool, &identity, ids, timeout_ms)
             .await
             .map_err(|e| self.noted(e))?;
+        self.inner.keyword_index.changed(&identity.tenant);
         Ok(Response::new(pb::DeleteResponse { deleted }))
     }
 
@@ -382,6 +396,7 @@ impl SearchService for SearchSvc {
             hits: rows::hits(rows),
             query_embedding,
             facts: facts.into_iter().map(fact_hit).collect(),
+            from_keyword_index: false,
         }))
     }
 
@@ -390,14 +405,10 @@ impl SearchService for SearchSvc {
         req: Request<pb::KeywordSearchRequest>,
     ) -> Result<Response<pb::SearchResponse>, Status> {
         let (_slot, identity, q) = self.open::<_, KeywordQuery>(req)?;
-        let hits = self
+        let response = self
             .keyword_search_with(&identity, q, self.inner.scoring)
             .await?;
-        Ok(Response::new(pb::SearchResponse {
-            hits,
-            query_embedding: Vec::new(),
-            facts: Vec::new(),
-        }))
+        Ok(Response::new(response))
     }
 
     async fn embed(
@@ -469,6 +480,12 @@ pub async fn serve_svc(
         },
     ));
     let opts = svc.inner.serve_opts.clone();
+    // The keyword index hears of every write, this process's or not, from
+    // the same feed the gateways follow.
+    let index = svc.inner.keyword_index.clone();
+    let follower_opt = index
+        .is_enabled()
+        .then(|| tokio::spawn(index.follow(svc.inner.feed.stream())));
     let feed_stop = svc.inner.feed.stop_token();
     let shutdown = async move {
         shutdown.await;
@@ -480,6 +497,9 @@ pub async fn serve_svc(
     let result =
         engram_common::server::serve_with(listener, routes, health_svc, opts, shutdown).await;
     watcher.abort();
+    if let Some(follower) = follower_opt {
+        follower.abort();
+    }
     result?;
     Ok(())
 }

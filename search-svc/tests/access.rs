@@ -1,5 +1,6 @@
 //! Property: no search result is ever above the caller's trust level or from
-//! another tenant, for random memories and callers, dense and keyword.
+//! another tenant, for random memories and callers, dense and keyword
+//! (keyword both from SQL and from the in-memory keyword index).
 
 mod common;
 
@@ -24,6 +25,7 @@ fn results_never_exceed_trust_or_cross_tenants() {
     let mut h = rt.block_on(start_configured(embeddings(), |s| {
         s.search.keyword_scoring = "bm25".into();
         s.search.fact_index = true;
+        s.search.keyword_index_rebuild_ms = 0;
     }));
     let tenants = [tenant(), tenant()];
     // (tenant index, access level, word index, axis)
@@ -85,18 +87,15 @@ fn results_never_exceed_trust_or_cross_tenants() {
                     );
                 }
             };
-            check(&keyword(&mut client, &me, WORDS[word], None, 200).await);
+            let two_words = format!("{} note", WORDS[word]);
             check(&dense(&mut client, &me, axis(ax), None, 200).await);
-            check(
-                &keyword(
-                    &mut client,
-                    &me,
-                    &format!("{} note", WORDS[word]),
-                    None,
-                    200,
-                )
-                .await,
-            );
+            // Right after the writes the tenant's keyword index is behind
+            // them and SQL answers; then the index itself.
+            check(&keyword(&mut client, &me, WORDS[word], None, 200).await);
+            check(&keyword(&mut client, &me, &two_words, None, 200).await);
+            wait_keyword_index(&h, &me).await;
+            check(&keyword(&mut client, &me, WORDS[word], None, 200).await);
+            check(&keyword(&mut client, &me, &two_words, None, 200).await);
         });
         Ok(())
     });

@@ -25,6 +25,9 @@ pub fn embeddings() -> Embeddings {
 pub struct Harness {
     pub client: Client,
     pub pool: PgPool,
+    /// The service itself, for what gRPC does not show (the keyword
+    /// index's state).
+    pub svc: SearchSvc,
     pub addr: std::net::SocketAddr,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -43,13 +46,14 @@ pub async fn start_configured(
     settings.auth.internal_token_opt = Some(TOKEN.into());
     configure(&mut settings);
     let svc = SearchSvc::new(&settings, pool.clone(), embeddings).expect("svc");
+    let served = svc.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        let _ = serve_svc(listener, svc, async move {
+        let _ = serve_svc(listener, served, async move {
             let _ = rx.await;
         })
         .await;
@@ -58,6 +62,7 @@ pub async fn start_configured(
     Harness {
         client,
         pool,
+        svc,
         addr,
         _stop: tx,
     }
@@ -188,6 +193,21 @@ pub async fn dense_facts(
     .expect("vector search with facts")
     .into_inner()
     .facts
+}
+
+/// Keyword-searches as `id` until the tenant's keyword index holds every
+/// write so far (a search is what schedules its build), so the searches
+/// after it are answered by the index rather than by SQL.
+pub async fn wait_keyword_index(h: &Harness, id: &Identity) {
+    let mut client = h.client.clone();
+    for _ in 0..500 {
+        if h.svc.keyword_index().is_current(&id.tenant) {
+            return;
+        }
+        keyword(&mut client, id, "index", None, 1).await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the keyword index of {} never became current", id.tenant);
 }
 
 pub fn ids(hits: &[pb::SearchHit]) -> Vec<String> {

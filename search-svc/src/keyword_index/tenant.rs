@@ -1,0 +1,374 @@
+//! One tenant's keyword index: a tantivy index in memory over every row of
+//! the tenant (title and content as one field, the access level and the
+//! row's ordinal as fast fields), built once from Postgres and then only
+//! read. Scoring is tantivy's BM25 (k1 1.2, b 0.75) with block-max WAND, so
+//! a question's common words cost little and no candidate budget is needed.
+//!
+//! A caller who may not read every level the tenant holds is scored with
+//! collection statistics of the levels it may read only ([`Visible`]): a
+//! record above the caller's trust never shifts the caller's ranks, as in
+//! the SQL BM25 (`keyword.rs`). Such a search cannot use WAND pruning (the
+//! level filter sits in the collector) and counts each query term's
+//! postings once; both are cheap next to the SQL it replaces.
+
+use std::collections::BTreeSet;
+use std::sync::LazyLock;
+
+use tantivy::collector::{FilterCollector, TopDocs};
+use tantivy::query::{Bm25StatisticsProvider, BooleanQuery, Occur, Query, TermQuery};
+use tantivy::schema::{FAST, Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions};
+use tantivy::tokenizer::{
+    Language, LowerCaser, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter, TextAnalyzer,
+};
+use tantivy::{
+    DocAddress, DocSet, Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TERMINATED,
+    TantivyDocument, Term,
+};
+use uuid::Uuid;
+
+const ANALYZER: &str = "engram_en";
+/// The indexing thread's arena; a larger tenant is flushed in segments.
+const WRITER_HEAP_BYTES: usize = 64 << 20;
+/// Access levels are 1..=4 (`AccessLevel`); index 0 stays empty.
+const LEVELS: usize = 5;
+const LEVEL: &str = "level";
+const ORD: &str = "ord";
+
+/// Postgres' `english.stop` (the Snowball English list, 127 words), so the
+/// index drops what the SQL keyword search drops. Lucene's shorter list,
+/// tantivy's default, keeps question words ("who", "which", "when"): on
+/// 2Wiki dev that cost keyword R@5 (docs/benchmarks.md).
+const STOP_WORDS: &str = include_str!("english.stop");
+
+/// English words as Postgres' `english` configuration sees them, near
+/// enough: split on anything but letters and digits, lower-cased, the
+/// Snowball English stop words dropped, the Snowball English stem kept.
+/// Tokens over 40 bytes (hashes, URLs run together) are dropped.
+pub fn analyzer() -> TextAnalyzer {
+    let stop_words = StopWordFilter::remove(STOP_WORDS.split_whitespace().map(str::to_string));
+    TextAnalyzer::builder(SimpleTokenizer::default())
+        .filter(RemoveLongFilter::limit(40))
+        .filter(LowerCaser)
+        .filter(stop_words)
+        .filter(Stemmer::new(Language::English))
+        .build()
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Fields {
+    text: Field,
+    level: Field,
+    ord: Field,
+}
+
+fn schema() -> (Schema, Fields) {
+    let mut b = Schema::builder();
+    let indexing = TextFieldIndexing::default()
+        .set_tokenizer(ANALYZER)
+        .set_index_option(IndexRecordOption::WithFreqs);
+    let text = b.add_text_field(
+        "text",
+        TextOptions::default().set_indexing_options(indexing),
+    );
+    let level = b.add_u64_field(LEVEL, FAST);
+    let ord = b.add_u64_field(ORD, FAST);
+    (b.build(), Fields { text, level, ord })
+}
+
+/// Adds rows one by one, then [`Builder::finish`] commits them into a
+/// searchable [`TenantIndex`]. Blocking work: run it off the async threads.
+pub struct Builder {
+    index: Index,
+    writer: IndexWriter<TantivyDocument>,
+    fields: Fields,
+    ids: Vec<Uuid>,
+}
+
+impl Builder {
+    pub fn new() -> tantivy::Result<Self> {
+        let (schema, fields) = schema();
+        let index = Index::create_in_ram(schema);
+        index.tokenizers().register(ANALYZER, analyzer());
+        let writer = index.writer_with_num_threads(1, WRITER_HEAP_BYTES)?;
+        Ok(Self {
+            index,
+            writer,
+            fields,
+            ids: Vec::new(),
+        })
+    }
+
+    pub fn docs(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn add(&mut self, id: Uuid, level: i16, title: &str, content: &str) -> tantivy::Result<()> {
+        let mut doc = TantivyDocument::default();
+        doc.add_text(self.fields.text, title);
+        doc.add_text(self.fields.text, content);
+        doc.add_u64(self.fields.level, u64::try_from(level).unwrap_or(u64::MAX));
+        doc.add_u64(self.fields.ord, self.ids.len() as u64);
+        self.writer.add_document(doc)?;
+        self.ids.push(id);
+        Ok(())
+    }
+
+    pub fn finish(mut self) -> tantivy::Result<TenantIndex> {
+        self.writer.commit()?;
+        self.writer.wait_merging_threads()?;
+        let reader: IndexReader = self
+            .index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()?;
+        let searcher = reader.searcher();
+        let totals = LevelTotals::count(&searcher, self.fields.text)?;
+        Ok(TenantIndex {
+            _reader: reader,
+            searcher,
+            fields: self.fields,
+            ids: self.ids,
+            totals,
+        })
+    }
+}
+
+/// Documents and tokens per access level, for [`Visible`].
+#[derive(Debug, Default)]
+struct LevelTotals {
+    docs: [u64; LEVELS],
+    tokens: [u64; LEVELS],
+}
+
+impl LevelTotals {
+    fn count(searcher: &Searcher, text: Field) -> tantivy::Result<Self> {
+        let mut totals = Self::default();
+        for segment in searcher.segment_readers() {
+            let levels = segment.fast_fields().u64(LEVEL)?;
+            let norms = segment.get_fieldnorms_reader(text)?;
+            for doc in 0..segment.max_doc() {
+                let level = levels.first(doc).map_or(LEVELS - 1, level_index);
+                totals.docs[level] += 1;
+                totals.tokens[level] += u64::from(norms.fieldnorm(doc));
+            }
+        }
+        Ok(totals)
+    }
+
+    fn max_level(&self) -> u64 {
+        (0..LEVELS).rev().find(|&l| self.docs[l] > 0).unwrap_or(0) as u64
+    }
+}
+
+fn level_index(level: u64) -> usize {
+    usize::try_from(level).unwrap_or(LEVELS - 1).min(LEVELS - 1)
+}
+
+/// A search's hits in score order, and whether they are every match the
+/// caller may see (fewer than asked for).
+#[derive(Debug, Default)]
+pub struct Found {
+    pub hits: Vec<(Uuid, f32)>,
+    pub exhausted: bool,
+}
+
+pub struct TenantIndex {
+    /// Kept with the searcher it handed out, so the segments stay open.
+    _reader: IndexReader,
+    searcher: Searcher,
+    fields: Fields,
+    ids: Vec<Uuid>,
+    totals: LevelTotals,
+}
+
+impl std::fmt::Debug for TenantIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantIndex")
+            .field("docs", &self.ids.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TenantIndex {
+    pub fn docs(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The `limit` best memories at or below `trust` for `text`'s words
+    /// (OR semantics, as the SQL keyword search).
+    pub fn search(&self, trust: i16, text: &str, limit: usize) -> tantivy::Result<Found> {
+        let Some(query) = self.query(text) else {
+            return Ok(Found {
+                hits: Vec::new(),
+                exhausted: true,
+            });
+        };
+        let trust = u64::try_from(trust).unwrap_or(0);
+        let top = TopDocs::with_limit(limit.max(1)).order_by_score();
+        let docs = match trust >= self.totals.max_level() {
+            true => self.searcher.search(&query, &top)?,
+            false => {
+                let visible = Visible { index: self, trust };
+                let filtered =
+                    FilterCollector::new(LEVEL.to_string(), move |l: u64| l <= trust, top);
+                self.searcher
+                    .search_with_statistics_provider(&query, &filtered, &visible)?
+            }
+        };
+        let exhausted = docs.len() < limit;
+        let hits = docs
+            .into_iter()
+            .map(|(score, addr)| Ok((self.id_of(addr)?, score)))
+            .collect::<tantivy::Result<Vec<_>>>()?;
+        Ok(Found { hits, exhausted })
+    }
+
+    /// The query's distinct terms OR-ed; None when no word survives the
+    /// analyzer (only stop words or punctuation).
+    fn query(&self, text: &str) -> Option<BooleanQuery> {
+        static ANALYZER: LazyLock<TextAnalyzer> = LazyLock::new(analyzer);
+        let mut analyzer = ANALYZER.clone();
+        let mut stream = analyzer.token_stream(text);
+        let mut words = BTreeSet::new();
+        while stream.advance() {
+            words.insert(stream.token().text.clone());
+        }
+        let clauses: Vec<(Occur, Box<dyn Query>)> = words
+            .into_iter()
+            .map(|w| {
+                let term = Term::from_field_text(self.fields.text, &w);
+                let q: Box<dyn Query> =
+                    Box::new(TermQuery::new(term, IndexRecordOption::WithFreqs));
+                (Occur::Should, q)
+            })
+            .collect();
+        (!clauses.is_empty()).then(|| BooleanQuery::new(clauses))
+    }
+
+    fn id_of(&self, addr: DocAddress) -> tantivy::Result<Uuid> {
+        let segment = self.searcher.segment_reader(addr.segment_ord);
+        let ord = segment.fast_fields().u64(ORD)?.first(addr.doc_id);
+        ord.and_then(|o| self.ids.get(usize::try_from(o).ok()?).copied())
+            .ok_or_else(|| tantivy::TantivyError::InternalError(format!("no id for {addr:?}")))
+    }
+}
+
+/// BM25's collection statistics over the levels at or below `trust`.
+struct Visible<'a> {
+    index: &'a TenantIndex,
+    trust: u64,
+}
+
+impl Visible<'_> {
+    fn levels(&self) -> std::ops::RangeInclusive<usize> {
+        0..=level_index(self.trust)
+    }
+}
+
+impl Bm25StatisticsProvider for Visible<'_> {
+    fn total_num_tokens(&self, _field: Field) -> tantivy::Result<u64> {
+        Ok(self.levels().map(|l| self.index.totals.tokens[l]).sum())
+    }
+
+    fn total_num_docs(&self) -> tantivy::Result<u64> {
+        Ok(self.levels().map(|l| self.index.totals.docs[l]).sum())
+    }
+
+    fn doc_freq(&self, term: &Term) -> tantivy::Result<u64> {
+        let mut n = 0;
+        for segment in self.index.searcher.segment_readers() {
+            let inverted = segment.inverted_index(term.field())?;
+            let Some(mut postings) = inverted.read_postings(term, IndexRecordOption::Basic)? else {
+                continue;
+            };
+            let levels = segment.fast_fields().u64(LEVEL)?;
+            let mut doc = postings.doc();
+            while doc != TERMINATED {
+                if levels.first(doc).is_some_and(|l| l <= self.trust) {
+                    n += 1;
+                }
+                doc = postings.advance();
+            }
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(rows: &[(i16, &str, &str)]) -> (TenantIndex, Vec<Uuid>) {
+        let mut b = Builder::new().expect("builder");
+        let ids: Vec<Uuid> = rows.iter().map(|_| Uuid::new_v4()).collect();
+        for (id, (level, title, content)) in ids.iter().zip(rows) {
+            b.add(*id, *level, title, content).expect("add");
+        }
+        (b.finish().expect("finish"), ids)
+    }
+
+    #[test]
+    fn finds_stemmed_words_in_title_or_content_by_bm25() {
+        let (index, ids) = build(&[
+            (1, "Paris", "Paris is the capital of France."),
+            (1, "Bananas", "Bananas are rich in potassium."),
+            (
+                1,
+                "Capitals",
+                "Capital cities of Europe and their capitals.",
+            ),
+        ]);
+        let found = index
+            .search(4, "What is the capital of France?", 10)
+            .expect("search");
+        let order: Vec<Uuid> = found.hits.iter().map(|h| h.0).collect();
+        assert_eq!(order, vec![ids[0], ids[2]], "banana matches no word");
+        assert!(found.exhausted);
+        assert!(found.hits[0].1 > found.hits[1].1);
+    }
+
+    #[test]
+    fn a_query_of_stop_words_finds_nothing() {
+        let (index, _) = build(&[(1, "", "the and of it")]);
+        let found = index.search(4, "the of and", 10).expect("search");
+        assert!(found.hits.is_empty() && found.exhausted);
+    }
+
+    #[test]
+    fn records_above_the_callers_trust_are_neither_found_nor_counted() {
+        // Level 4 holds "falcon" many times over: were it counted, the
+        // public record's idf for "falcon" would fall and its score with it.
+        let mut rows = vec![(1, "Falcon", "Project Falcon is owned by Ada.")];
+        rows.extend(std::iter::repeat_n(
+            (4, "Falcon", "falcon falcon secret"),
+            20,
+        ));
+        rows.push((1, "Other", "Nothing about birds."));
+        let (index, ids) = build(&rows);
+        let low = index.search(1, "falcon", 50).expect("search");
+        assert_eq!(
+            low.hits.iter().map(|h| h.0).collect::<Vec<_>>(),
+            vec![ids[0]]
+        );
+        let (alone, _) = build(&[
+            (1, "Falcon", "Project Falcon is owned by Ada."),
+            (1, "Other", "Nothing about birds."),
+        ]);
+        let same = alone.search(4, "falcon", 50).expect("search");
+        assert!(
+            (low.hits[0].1 - same.hits[0].1).abs() < 1e-4,
+            "{low:?} vs {same:?}"
+        );
+        let high = index.search(4, "falcon", 50).expect("search");
+        assert_eq!(high.hits.len(), 21);
+    }
+
+    #[test]
+    fn a_limit_below_the_matches_is_not_exhausted() {
+        let rows: Vec<(i16, &str, &str)> = (0..5).map(|_| (1, "t", "owl")).collect();
+        let (index, _) = build(&rows);
+        let found = index.search(1, "owl", 3).expect("search");
+        assert_eq!(found.hits.len(), 3);
+        assert!(!found.exhausted);
+    }
+}

@@ -1,0 +1,183 @@
+//! The in-memory keyword index (search-svc keyword_index.rs) against the
+//! real Postgres: it answers as SQL's BM25 does, a write is found at once
+//! (SQL answers while the index is behind), a write made by another
+//! search-svc process reaches it through the change feed, and request
+//! filters are SQL's even when the index's first hits are all filtered out.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use engram_common::AccessLevel;
+use engram_proto as pb;
+
+async fn start_indexed() -> Harness {
+    start_configured(embeddings(), |s| {
+        s.search.keyword_scoring = "bm25".into();
+        s.search.keyword_index = true;
+        s.search.keyword_index_rebuild_ms = 0;
+    })
+    .await
+}
+
+/// Whether the tenant's keyword index answered `text` (false: SQL).
+async fn answered_by_index(h: &mut Harness, who: &engram_common::Identity, text: &str) -> bool {
+    let request = pb::KeywordSearchRequest {
+        text: text.into(),
+        filters: None,
+        k: 10,
+    };
+    (h.client.keyword_search(req(request, who)).await)
+        .expect("keyword search")
+        .into_inner()
+        .from_keyword_index
+}
+
+fn texts(hits: &[pb::SearchHit]) -> Vec<String> {
+    hits.iter()
+        .filter_map(|h| h.memory.as_ref().map(|m| m.title.clone()))
+        .collect()
+}
+
+const CORPUS: &[(&str, &str)] = &[
+    ("Falcon", "Project Falcon is owned by Ada Lovelace."),
+    ("Ada Lovelace", "Ada Lovelace reports to Charles Babbage."),
+    ("Kestrel", "Kestrel is a small falcon that hovers."),
+    ("Weather", "Rain is expected on Tuesday."),
+];
+
+async fn write_corpus(h: &mut Harness, who: &engram_common::Identity) {
+    let memories = CORPUS.iter().map(|(t, c)| mem("", t, c)).collect();
+    upsert(&mut h.client, who, memories).await;
+}
+
+#[tokio::test]
+async fn the_index_ranks_as_sql_and_never_misses_a_write() {
+    let mut h = start_indexed().await;
+    let who = ident(&tenant(), "a", AccessLevel::Sensitive);
+    write_corpus(&mut h, &who).await;
+    let question = "Who owns project Falcon?";
+    assert!(!h.svc.keyword_index().is_current(&who.tenant));
+    assert!(!answered_by_index(&mut h, &who, question).await);
+    let mut sql_only = start_configured(embeddings(), |s| s.search.keyword_index = false).await;
+    let from_sql = texts(&keyword(&mut sql_only.client, &who, question, None, 10).await);
+    assert!(!answered_by_index(&mut sql_only, &who, question).await);
+    wait_keyword_index(&h, &who).await;
+    assert!(answered_by_index(&mut h, &who, question).await);
+    let from_index = texts(&keyword(&mut h.client, &who, question, None, 10).await);
+    assert_eq!(from_index, from_sql);
+    assert_eq!(from_index[0], "Falcon");
+    assert!(!from_index.contains(&"Weather".to_string()));
+
+    // A new memory is found by the very next search, before any rebuild.
+    upsert(
+        &mut h.client,
+        &who,
+        vec![mem("", "Osprey", "An osprey eats fish.")],
+    )
+    .await;
+    assert!(!answered_by_index(&mut h, &who, "osprey").await);
+    let hits = keyword(&mut h.client, &who, "osprey", None, 10).await;
+    assert_eq!(texts(&hits), vec!["Osprey".to_string()]);
+    wait_keyword_index(&h, &who).await;
+    let hits = keyword(&mut h.client, &who, "osprey", None, 10).await;
+    assert_eq!(texts(&hits), vec!["Osprey".to_string()]);
+
+    // And a deleted one is gone at once.
+    let id = hits[0]
+        .memory
+        .as_ref()
+        .map(|m| m.id.clone())
+        .unwrap_or_default();
+    h.client
+        .delete(req(pb::DeleteRequest { ids: vec![id] }, &who))
+        .await
+        .expect("delete");
+    assert!(
+        keyword(&mut h.client, &who, "osprey", None, 10)
+            .await
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_write_through_another_process_reaches_the_index_by_the_feed() {
+    let mut a = start_indexed().await;
+    let mut b = start_indexed().await;
+    let who = ident(&tenant(), "a", AccessLevel::Sensitive);
+    write_corpus(&mut a, &who).await;
+    wait_keyword_index(&a, &who).await;
+    upsert(
+        &mut b.client,
+        &who,
+        vec![mem("", "Merlin", "A merlin is a falcon.")],
+    )
+    .await;
+    // `a` learns of the write from the feed; until then its index may not
+    // know it, so poll (the feed delivers within milliseconds).
+    for _ in 0..250 {
+        let hits = keyword(&mut a.client, &who, "merlin", None, 10).await;
+        if texts(&hits) == vec!["Merlin".to_string()] {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("a write through another search-svc never reached this one's keyword search");
+}
+
+#[tokio::test]
+async fn filters_apply_even_when_the_indexs_best_hits_are_all_filtered_out() {
+    let mut h = start_indexed().await;
+    let who = ident(&tenant(), "a", AccessLevel::Sensitive);
+    // 60 memories in namespace "a" say "owl" twice (they outrank), 3 in
+    // "b" say it once.
+    let mut memories: Vec<pb::Memory> = (0..60)
+        .map(|i| pb::Memory {
+            namespace: "a".into(),
+            ..mem("", &format!("a{i}"), "owl owl")
+        })
+        .collect();
+    memories.extend((0..3).map(|i| pb::Memory {
+        namespace: "b".into(),
+        ..mem("", &format!("b{i}"), "an owl in the barn")
+    }));
+    upsert(&mut h.client, &who, memories).await;
+    wait_keyword_index(&h, &who).await;
+    let only_b = pb::Filters {
+        namespace: "b".into(),
+        ..Default::default()
+    };
+    let hits = keyword(&mut h.client, &who, "owl", Some(only_b), 3).await;
+    let mut found = texts(&hits);
+    found.sort();
+    assert_eq!(found, vec!["b0", "b1", "b2"]);
+    // Without the filter the doubled word ranks first.
+    let hits = keyword(&mut h.client, &who, "owl", None, 3).await;
+    assert!(texts(&hits).iter().all(|t| t.starts_with('a')));
+}
+
+#[tokio::test]
+async fn a_caller_below_a_records_level_never_gets_it_from_the_index() {
+    let mut h = start_indexed().await;
+    let t = tenant();
+    let top = ident(&t, "w", AccessLevel::Sensitive);
+    let low = ident(&t, "r", AccessLevel::Public);
+    let secret = pb::Memory {
+        access_level: AccessLevel::Sensitive.to_proto(),
+        ..mem("", "Secret", "the falcon falcon falcon code")
+    };
+    upsert(
+        &mut h.client,
+        &top,
+        vec![secret, mem("", "Open", "a falcon")],
+    )
+    .await;
+    wait_keyword_index(&h, &low).await;
+    assert_eq!(
+        texts(&keyword(&mut h.client, &low, "falcon", None, 10).await),
+        vec!["Open"]
+    );
+    let all = texts(&keyword(&mut h.client, &top, "falcon", None, 10).await);
+    assert_eq!(all, vec!["Secret", "Open"]);
+}
