@@ -291,10 +291,12 @@ pub struct SearchSettings {
     /// background. At 100K memories BM25 in SQL was the largest CPU cost of
     /// a query (docs/benchmarks.md, issue 22).
     pub keyword_index: bool,
-    /// Memories the keyword indexes of all tenants may hold together (the
-    /// least recently used tenants are dropped past it); a tenant holding
-    /// more than half of it is never indexed and keeps SQL.
-    pub keyword_index_max_docs: u64,
+    /// Text (titles and contents, bytes) the keyword indexes of all
+    /// tenants may hold together (the least recently used tenants are
+    /// dropped past it; an index takes roughly a third of its text in
+    /// memory); a tenant holding more than half of it is never indexed and
+    /// keeps SQL. Bytes rather than memories: one memory may hold 64 KiB.
+    pub keyword_index_max_text_bytes: u64,
     /// Least time (ms) between two builds of one tenant's index; a build
     /// also waits out four times the previous one's duration, so a tenant
     /// that writes without pause keeps at most a fifth of a core busy.
@@ -388,7 +390,7 @@ impl Default for SearchSettings {
             // -1 point (docs/decisions.md).
             keyword_candidates: 1000,
             keyword_index: true,
-            keyword_index_max_docs: 2_000_000,
+            keyword_index_max_text_bytes: 1 << 30,
             keyword_index_rebuild_ms: 1000,
             decay_interval_secs: 600,
             fact_index: false,
@@ -1038,9 +1040,14 @@ impl Settings {
                 "search.keyword_candidates must be in 1..=100000".into(),
             ));
         }
-        if self.search.keyword_index && self.search.keyword_index_max_docs == 0 {
+        if self.search.keyword_index_rebuild_ms > 3_600_000 {
             return Err(SettingsError::Invalid(
-                "search.keyword_index_max_docs must be at least 1 when search.keyword_index is on"
+                "search.keyword_index_rebuild_ms must be in 0..=3600000".into(),
+            ));
+        }
+        if self.search.keyword_index && self.search.keyword_index_max_text_bytes < 1024 {
+            return Err(SettingsError::Invalid(
+                "search.keyword_index_max_text_bytes must be at least 1024 when search.keyword_index is on"
                     .into(),
             ));
         }

@@ -46,6 +46,20 @@ fn resync() -> pb::ChangeEvent {
     }
 }
 
+/// The `op` of the resync sent when the listener lost its connection: until
+/// the next plain resync (sent once LISTEN holds again) changes go unheard.
+/// Subscribers that only drop state treat it as any resync; the keyword
+/// index also stops trusting itself until then (`keyword_index.rs`).
+pub const DISCONNECTED: &str = "disconnected";
+
+fn disconnected() -> pb::ChangeEvent {
+    pb::ChangeEvent {
+        resync: true,
+        op: DISCONNECTED.into(),
+        ..Default::default()
+    }
+}
+
 /// Shared by every handler clone of the service.
 #[derive(Debug)]
 pub struct Feed {
@@ -135,7 +149,10 @@ async fn listen(
                 }
                 listening.store(false, Ordering::SeqCst);
             }
-            Err(e) => tracing::warn!(error = %e, "change feed cannot listen"),
+            Err(e) => {
+                tracing::warn!(error = %e, "change feed cannot listen");
+                let _ = tx.send(disconnected());
+            }
         }
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -157,15 +174,22 @@ async fn forward(
     stop: &CancellationToken,
 ) -> bool {
     loop {
-        let received = tokio::select! {
-            _ = stop.cancelled() => return true,
-            _ = tokio::time::sleep(IDLE_CHECK) => {
-                if tx.receiver_count() == 0 {
-                    return true;
+        // One receive kept across the idle checks: dropping it part-way
+        // could drop a reconnect sqlx had begun, and the next receive would
+        // then reconnect and LISTEN again without the `Ok(None)` that makes
+        // this send a resync, so changes in between would go unannounced.
+        let recv = listener.try_recv();
+        tokio::pin!(recv);
+        let received = loop {
+            tokio::select! {
+                _ = stop.cancelled() => return true,
+                _ = tokio::time::sleep(IDLE_CHECK) => {
+                    if tx.receiver_count() == 0 {
+                        return true;
+                    }
                 }
-                continue;
+                r = &mut recv => break r,
             }
-            r = listener.try_recv() => r,
         };
         let event = match received {
             Ok(Some(n)) => match serde_json::from_str::<Notification>(n.payload()) {
@@ -183,7 +207,7 @@ async fn forward(
             Ok(None) => resync(),
             Err(e) => {
                 tracing::warn!(error = %e, "change feed connection failed");
-                let _ = tx.send(resync());
+                let _ = tx.send(disconnected());
                 return false;
             }
         };

@@ -169,7 +169,7 @@ impl Indexed<'_> {
         // namespace); a second, wider ask before giving up.
         let mut limit = self.k + self.k / 2 + 10;
         for _ in 0..2 {
-            let Lookup::Found(found) = index.search(self.identity, self.text, limit) else {
+            let Lookup::Found(found) = index.search(self.identity, self.text, limit).await else {
                 return Ok(None);
             };
             let rows = self.read_back(pool, &found.hits, ranking).await?;

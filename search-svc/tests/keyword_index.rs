@@ -181,3 +181,39 @@ async fn a_caller_below_a_records_level_never_gets_it_from_the_index() {
     let all = texts(&keyword(&mut h.client, &top, "falcon", None, 10).await);
     assert_eq!(all, vec!["Secret", "Open"]);
 }
+
+#[tokio::test]
+async fn the_index_searches_what_the_tsv_holds_for_turns_speaker_and_caption() {
+    let mut h = start_indexed().await;
+    let who = ident(&tenant(), "a", AccessLevel::Sensitive);
+    let turn = |i: u32, speaker: &str, text: &str, caption: &str| pb::Memory {
+        turn: Some(pb::Turn {
+            session_id: "s1".into(),
+            turn_index: i,
+            speaker: speaker.into(),
+            caption: caption.into(),
+        }),
+        ..mem("", "", text)
+    };
+    let turns = vec![
+        turn(0, "Caroline", "I went to a support group yesterday.", ""),
+        turn(
+            1,
+            "Melanie",
+            "That sounds lovely.",
+            "a photo of a sunflower field",
+        ),
+    ];
+    upsert(&mut h.client, &who, turns).await;
+    wait_keyword_index(&h, &who).await;
+    assert!(answered_by_index(&mut h, &who, "Caroline").await);
+    let by_speaker = keyword(&mut h.client, &who, "Caroline", None, 10).await;
+    let first = by_speaker[0].memory.as_ref().map(|m| m.content.clone());
+    assert_eq!(
+        first.as_deref(),
+        Some("I went to a support group yesterday.")
+    );
+    let by_caption = keyword(&mut h.client, &who, "sunflower", None, 10).await;
+    let first = by_caption[0].memory.as_ref().map(|m| m.content.clone());
+    assert_eq!(first.as_deref(), Some("That sounds lovely."));
+}

@@ -33,6 +33,9 @@ const WRITER_HEAP_BYTES: usize = 64 << 20;
 const LEVELS: usize = 5;
 const LEVEL: &str = "level";
 const ORD: &str = "ord";
+/// Distinct words of a query that score (a query holds at most 4,096
+/// characters; a longer list of words only costs time).
+const MAX_TERMS: usize = 64;
 
 /// Postgres' `english.stop` (the Snowball English list, 127 words), so the
 /// index drops what the SQL keyword search drops. Lucene's shorter list,
@@ -82,6 +85,27 @@ pub struct Builder {
     writer: IndexWriter<TantivyDocument>,
     fields: Fields,
     ids: Vec<Uuid>,
+    text_bytes: u64,
+    totals: LevelTotals,
+    /// Counts the tokens the index will hold, for exact per-level totals.
+    counter: TextAnalyzer,
+}
+
+/// What a memory's keyword index holds: the same columns as its `tsv` in
+/// Postgres (migrations/0005): title; speaker, content and caption; the
+/// session context search-svc gave a turn (only text at or below the
+/// turn's own level, turns.rs).
+#[derive(Debug, Clone, Default)]
+pub struct Searchable {
+    pub title: String,
+    pub body: String,
+    pub context: String,
+}
+
+impl Searchable {
+    fn values(&self) -> [&str; 3] {
+        [&self.title, &self.body, &self.context]
+    }
 }
 
 impl Builder {
@@ -95,21 +119,39 @@ impl Builder {
             writer,
             fields,
             ids: Vec::new(),
+            text_bytes: 0,
+            totals: LevelTotals::default(),
+            counter: analyzer(),
         })
+    }
+
+    /// Bytes of text added so far.
+    pub fn text_bytes(&self) -> u64 {
+        self.text_bytes
     }
 
     pub fn docs(&self) -> usize {
         self.ids.len()
     }
 
-    pub fn add(&mut self, id: Uuid, level: i16, title: &str, content: &str) -> tantivy::Result<()> {
+    pub fn add(&mut self, id: Uuid, level: i16, text: &Searchable) -> tantivy::Result<()> {
+        let level = u64::try_from(level).unwrap_or(u64::MAX);
         let mut doc = TantivyDocument::default();
-        doc.add_text(self.fields.text, title);
-        doc.add_text(self.fields.text, content);
-        doc.add_u64(self.fields.level, u64::try_from(level).unwrap_or(u64::MAX));
+        let mut tokens = 0;
+        for value in text.values() {
+            doc.add_text(self.fields.text, value);
+            self.text_bytes += value.len() as u64;
+            let mut stream = self.counter.token_stream(value);
+            while stream.advance() {
+                tokens += 1;
+            }
+        }
+        doc.add_u64(self.fields.level, level);
         doc.add_u64(self.fields.ord, self.ids.len() as u64);
         self.writer.add_document(doc)?;
         self.ids.push(id);
+        self.totals.docs[level_index(level)] += 1;
+        self.totals.tokens[level_index(level)] += tokens;
         Ok(())
     }
 
@@ -122,39 +164,29 @@ impl Builder {
             .reload_policy(ReloadPolicy::Manual)
             .try_into()?;
         let searcher = reader.searcher();
-        let totals = LevelTotals::count(&searcher, self.fields.text)?;
+        let totals = self.totals;
         Ok(TenantIndex {
             _reader: reader,
             searcher,
             fields: self.fields,
             ids: self.ids,
+            text_bytes: self.text_bytes,
             totals,
         })
     }
 }
 
-/// Documents and tokens per access level, for [`Visible`].
-#[derive(Debug, Default)]
+/// Documents and tokens per access level, counted exactly as they were
+/// added, for [`Visible`]: the same numbers tantivy's own statistics give
+/// when every level is visible, so a caller's scores do not tell whether
+/// levels above it hold anything.
+#[derive(Debug, Default, Clone, Copy)]
 struct LevelTotals {
     docs: [u64; LEVELS],
     tokens: [u64; LEVELS],
 }
 
 impl LevelTotals {
-    fn count(searcher: &Searcher, text: Field) -> tantivy::Result<Self> {
-        let mut totals = Self::default();
-        for segment in searcher.segment_readers() {
-            let levels = segment.fast_fields().u64(LEVEL)?;
-            let norms = segment.get_fieldnorms_reader(text)?;
-            for doc in 0..segment.max_doc() {
-                let level = levels.first(doc).map_or(LEVELS - 1, level_index);
-                totals.docs[level] += 1;
-                totals.tokens[level] += u64::from(norms.fieldnorm(doc));
-            }
-        }
-        Ok(totals)
-    }
-
     fn max_level(&self) -> u64 {
         (0..LEVELS).rev().find(|&l| self.docs[l] > 0).unwrap_or(0) as u64
     }
@@ -178,6 +210,7 @@ pub struct TenantIndex {
     searcher: Searcher,
     fields: Fields,
     ids: Vec<Uuid>,
+    text_bytes: u64,
     totals: LevelTotals,
 }
 
@@ -192,6 +225,11 @@ impl std::fmt::Debug for TenantIndex {
 impl TenantIndex {
     pub fn docs(&self) -> usize {
         self.ids.len()
+    }
+
+    /// Bytes of text indexed: what the cache weighs.
+    pub fn text_bytes(&self) -> u64 {
+        self.text_bytes
     }
 
     /// The `limit` best memories at or below `trust` for `text`'s words
@@ -230,7 +268,7 @@ impl TenantIndex {
         let mut analyzer = ANALYZER.clone();
         let mut stream = analyzer.token_stream(text);
         let mut words = BTreeSet::new();
-        while stream.advance() {
+        while stream.advance() && words.len() < MAX_TERMS {
             words.insert(stream.token().text.clone());
         }
         let clauses: Vec<(Occur, Box<dyn Query>)> = words
@@ -302,7 +340,12 @@ mod tests {
         let mut b = Builder::new().expect("builder");
         let ids: Vec<Uuid> = rows.iter().map(|_| Uuid::new_v4()).collect();
         for (id, (level, title, content)) in ids.iter().zip(rows) {
-            b.add(*id, *level, title, content).expect("add");
+            let text = Searchable {
+                title: title.to_string(),
+                body: content.to_string(),
+                context: String::new(),
+            };
+            b.add(*id, *level, &text).expect("add");
         }
         (b.finish().expect("finish"), ids)
     }
