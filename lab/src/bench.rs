@@ -646,11 +646,14 @@ pub async fn profile(
         );
     }
     warm_up(client, &questions).await?;
+    let search = SearchServiceClient::connect(uri(stack, Service::Search)?).await?;
+    let keyword_index_first_ms = wait_keyword_index(stack, &search, tenant, &questions).await?;
     let mut report =
         crate::profile::profile_queries(client, &questions, args.queries, args.concurrency, out)
             .await?;
     report["memories"] = serde_json::json!(args.memories);
     report["corpus"] = corpus;
+    report["keyword_index_first_answer_ms"] = serde_json::json!(keyword_index_first_ms.map(round1));
     Ok(report)
 }
 

@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
 use tantivy::collector::{FilterCollector, TopDocs};
+use tantivy::columnar::Column;
 use tantivy::query::{Bm25StatisticsProvider, BooleanQuery, Occur, Query, TermQuery};
 use tantivy::schema::{FAST, Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions};
 use tantivy::tokenizer::{
@@ -165,8 +166,16 @@ impl Builder {
             .try_into()?;
         let searcher = reader.searcher();
         let totals = self.totals;
+        let columns = |name: &str| {
+            (searcher.segment_readers().iter())
+                .map(|segment| segment.fast_fields().u64(name))
+                .collect::<tantivy::Result<Vec<_>>>()
+        };
+        let (ords, levels) = (columns(ORD)?, columns(LEVEL)?);
         Ok(TenantIndex {
             _reader: reader,
+            ords,
+            levels,
             searcher,
             fields: self.fields,
             ids: self.ids,
@@ -207,6 +216,9 @@ pub struct Found {
 pub struct TenantIndex {
     /// Kept with the searcher it handed out, so the segments stay open.
     _reader: IndexReader,
+    /// Per segment, opened once: each document's ordinal and level.
+    ords: Vec<Column<u64>>,
+    levels: Vec<Column<u64>>,
     searcher: Searcher,
     fields: Fields,
     ids: Vec<Uuid>,
@@ -284,8 +296,8 @@ impl TenantIndex {
     }
 
     fn id_of(&self, addr: DocAddress) -> tantivy::Result<Uuid> {
-        let segment = self.searcher.segment_reader(addr.segment_ord);
-        let ord = segment.fast_fields().u64(ORD)?.first(addr.doc_id);
+        let column = self.ords.get(addr.segment_ord as usize);
+        let ord = column.and_then(|c| c.first(addr.doc_id));
         ord.and_then(|o| self.ids.get(usize::try_from(o).ok()?).copied())
             .ok_or_else(|| tantivy::TantivyError::InternalError(format!("no id for {addr:?}")))
     }
@@ -314,12 +326,12 @@ impl Bm25StatisticsProvider for Visible<'_> {
 
     fn doc_freq(&self, term: &Term) -> tantivy::Result<u64> {
         let mut n = 0;
-        for segment in self.index.searcher.segment_readers() {
+        let segments = self.index.searcher.segment_readers().iter();
+        for (segment, levels) in segments.zip(&self.index.levels) {
             let inverted = segment.inverted_index(term.field())?;
             let Some(mut postings) = inverted.read_postings(term, IndexRecordOption::Basic)? else {
                 continue;
             };
-            let levels = segment.fast_fields().u64(LEVEL)?;
             let mut doc = postings.doc();
             while doc != TERMINATED {
                 if levels.first(doc).is_some_and(|l| l <= self.trust) {
