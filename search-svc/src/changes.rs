@@ -37,6 +37,8 @@ struct Notification {
     tenant: String,
     #[serde(default)]
     op: String,
+    #[serde(default)]
+    ids: Vec<String>,
 }
 
 fn resync() -> pb::ChangeEvent {
@@ -197,6 +199,7 @@ async fn forward(
                     tenant: c.tenant,
                     op: c.op,
                     resync: false,
+                    ids: c.ids,
                 },
                 _ => {
                     tracing::warn!(bytes = n.payload().len(), "unparsable change notification");

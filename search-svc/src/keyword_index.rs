@@ -24,18 +24,27 @@
 //! keyword search through this replica may not rank it (dense search does).
 //!
 //! A query that finds its tenant's index missing or behind is answered by
-//! SQL (as before the index existed) and schedules a rebuild in the
-//! background: one build at a time in the process, each tenant at most once
-//! per `search.keyword_index_rebuild_ms` and four times its last build's
-//! duration, so a tenant writing without pause costs at most a fifth of a
-//! core and never slows another tenant's queries (they keep their index or
-//! SQL). A tenant with more text than half of
+//! SQL (as before the index existed) and brings the index up to date in the
+//! background:
+//!
+//! - **in place** when every change since the index was built named its
+//!   memories (writes name them; a notification too large names none) and
+//!   they are at most 1,000: their rows are read again and their documents
+//!   replaced, one segment more (milliseconds);
+//! - **in full** otherwise, and after 64 in-place updates: one build at a
+//!   time in the process, each tenant at most once per
+//!   `search.keyword_index_rebuild_ms` and four times its last build's
+//!   duration, so a tenant whose changes name no memories costs at most a
+//!   fifth of a core and never slows another tenant's queries (they keep
+//!   their index or SQL).
+//!
+//! A tenant with more text than half of
 //! `search.keyword_index_max_text_bytes` is never indexed; the indexes
 //! together are bounded by it (least recently used tenants dropped).
 
 mod tenant;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -58,6 +67,15 @@ const PAGE: i64 = 1000;
 const PAGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// A build waits at least this multiple of the previous one's duration.
 const BUILD_SPACING: u32 = 4;
+/// Changed memories an in-place update reads at most; more, and the
+/// tenant is built in full.
+const MAX_UPDATE_IDS: usize = 1000;
+/// Changes by id a tenant's log keeps before it stands for "everything".
+const MAX_LOG: usize = 4000;
+/// In-place updates (one segment each) before the next full build.
+const MAX_UPDATES: u32 = 64;
+/// Updates of different tenants at once.
+const UPDATES_AT_ONCE: usize = 2;
 /// A tenant found too large is not read again for this long.
 const TOO_LARGE_RETRY: Duration = Duration::from_secs(600);
 /// What one indexed memory costs beyond its text, in the cache's weight
@@ -89,17 +107,38 @@ struct Shared {
     listening: AtomicBool,
     tenants: moka::sync::Cache<String, Arc<Built>>,
     builds: Mutex<HashMap<String, BuildState>>,
-    /// One build at a time in the process.
+    /// One full build at a time in the process.
     permit: tokio::sync::Semaphore,
+    /// In-place updates at once.
+    update_permit: tokio::sync::Semaphore,
 }
 
-/// The logical clock and the ticks of the last changes, under one lock so a
+/// The logical clock and each tenant's changes, under one lock so a
 /// tenant's tick never goes backwards.
 #[derive(Debug, Default)]
 struct Changes {
     clock: u64,
-    last: HashMap<String, u64>,
+    tenants: HashMap<String, TenantLog>,
     resync_at: u64,
+}
+
+/// One tenant's changes since its installed index was built.
+#[derive(Debug, Default)]
+struct TenantLog {
+    /// The tick of its last change.
+    last: u64,
+    /// The tick of its last change that named no memories.
+    whole_at: u64,
+    /// The memories later changes named, with their ticks.
+    ids: Vec<(u64, Uuid)>,
+}
+
+/// Memories an in-place update reads again, and the clock it brings the
+/// index to.
+#[derive(Debug)]
+struct Update {
+    as_of: u64,
+    ids: Vec<Uuid>,
 }
 
 impl Changes {
@@ -119,14 +158,14 @@ struct Built {
 #[derive(Debug, Clone, Copy)]
 struct BuildState {
     running: bool,
-    started: Instant,
-    /// How long until the next build may start, counted from `started`.
-    wait: Duration,
+    /// The next full build may not start before this.
+    next_full: Instant,
 }
 
-/// How a build ended.
+/// How a build or an update ended.
 enum Outcome {
     Built { docs: usize, took: Duration },
+    Updated { memories: usize, took: Duration },
     TooLarge,
 }
 
@@ -140,7 +179,8 @@ impl KeywordIndex {
         let tenants = moka::sync::Cache::builder()
             .max_capacity(settings.keyword_index_max_text_bytes / 1024)
             .weigher(|_: &String, b: &Arc<Built>| {
-                let kib = 1 + b.index.text_bytes() / 1024 + b.index.docs() as u64 / DOCS_PER_KIB;
+                let kib =
+                    1 + b.index.text_bytes() / 1024 + b.index.documents() as u64 / DOCS_PER_KIB;
                 u32::try_from(kib).unwrap_or(u32::MAX)
             })
             .build();
@@ -153,6 +193,7 @@ impl KeywordIndex {
             tenants,
             builds: Mutex::default(),
             permit: tokio::sync::Semaphore::new(1),
+            update_permit: tokio::sync::Semaphore::new(UPDATES_AT_ONCE),
         };
         Self {
             shared_opt: Some(Arc::new(shared)),
@@ -167,12 +208,23 @@ impl KeywordIndex {
         self.shared_opt.is_some()
     }
 
-    /// `tenant` changed (call after the change committed).
-    pub fn changed(&self, tenant: &str) {
+    /// `tenant`'s memories `ids_opt` changed in text or existence, or
+    /// (None) any of them may have (call after the change committed).
+    pub fn changed(&self, tenant: &str, ids_opt: Option<&[Uuid]>) {
         if let Some(s) = &self.shared_opt {
             let mut changes = s.changes.lock();
             let tick = changes.tick();
-            changes.last.insert(tenant.to_string(), tick);
+            let log = changes.tenants.entry(tenant.to_string()).or_default();
+            log.last = tick;
+            match ids_opt {
+                Some(ids) if log.ids.len() + ids.len() <= MAX_LOG => {
+                    log.ids.extend(ids.iter().map(|id| (tick, *id)));
+                }
+                _ => {
+                    log.whole_at = tick;
+                    log.ids.clear();
+                }
+            }
         }
     }
 
@@ -191,7 +243,14 @@ impl KeywordIndex {
         while let Some(event) = events.next().await {
             match event {
                 Ok(e) if e.resync => self.resync(e.op != DISCONNECTED),
-                Ok(e) => self.changed(&e.tenant),
+                // New edges and feedback change no memory's text.
+                Ok(e) if e.op == "edges" || e.op == "feedback" => {}
+                Ok(e) => {
+                    let ids: Option<Vec<Uuid>> = (e.ids.iter()).map(|id| id.parse().ok()).collect();
+                    let named = ids.filter(|ids| !ids.is_empty());
+                    let upsert_or_delete = e.op == "upsert" || e.op == "delete";
+                    self.changed(&e.tenant, named.as_deref().filter(|_| upsert_or_delete));
+                }
                 Err(_) => self.resync(false),
             }
         }
@@ -228,6 +287,13 @@ impl KeywordIndex {
         }
     }
 
+    /// In-place updates of `tenant`'s installed index since its last full
+    /// build (tests).
+    pub fn updates(&self, tenant: &str) -> Option<u32> {
+        let s = self.shared_opt.as_ref()?;
+        s.tenants.get(tenant).map(|b| b.index.updates())
+    }
+
     /// True when `tenant` has a current index (tests and the bench wait on
     /// it).
     pub fn is_current(&self, tenant: &str) -> bool {
@@ -242,61 +308,131 @@ impl Shared {
         let changes = self.changes.lock();
         self.listening.load(Ordering::SeqCst)
             && as_of >= changes.resync_at
-            && changes.last.get(tenant).is_none_or(|&t| as_of >= t)
+            && (changes.tenants.get(tenant)).is_none_or(|log| as_of >= log.last)
     }
 
-    /// Starts a build of `tenant` unless one runs or the last was too
-    /// recent.
+    /// The update that brings `built` up to date in place, if one can: no
+    /// resync since it was built, every change since named its memories,
+    /// not too many of them, not too many updates already.
+    fn update_for(&self, tenant: &str, built: &Built) -> Option<Update> {
+        let changes = self.changes.lock();
+        let log = changes.tenants.get(tenant)?;
+        if built.as_of < changes.resync_at
+            || built.as_of < log.whole_at
+            || built.index.updates() >= MAX_UPDATES
+        {
+            return None;
+        }
+        let ids: BTreeSet<Uuid> = (log.ids.iter())
+            .filter(|(tick, _)| *tick > built.as_of)
+            .map(|(_, id)| *id)
+            .collect();
+        (ids.len() <= MAX_UPDATE_IDS).then(|| Update {
+            as_of: changes.clock,
+            ids: ids.into_iter().collect(),
+        })
+    }
+
+    /// Installs a new index for `tenant` and forgets the changes it holds.
+    fn install(&self, tenant: &str, built: Built) {
+        let as_of = built.as_of;
+        self.tenants.insert(tenant.to_string(), Arc::new(built));
+        if let Some(log) = self.changes.lock().tenants.get_mut(tenant) {
+            log.ids.retain(|(tick, _)| *tick > as_of);
+        }
+    }
+
+    /// Starts an update in place of the tenant's index, or a full build,
+    /// unless one runs, the index is current, or a full build would come
+    /// too soon after the last. Decided under the `builds` lock with no job
+    /// of the tenant running, so the index an update starts from is the one
+    /// installed last (whose changes the log still holds).
     fn schedule(this: &Arc<Self>, tenant: &str) {
         let now = Instant::now();
-        {
+        let update_opt = {
             let mut builds = this.builds.lock();
-            if let Some(b) = builds.get(tenant)
-                && (b.running || now.saturating_duration_since(b.started) < b.wait)
-            {
+            let state_opt = builds.get(tenant).copied();
+            if state_opt.is_some_and(|b| b.running) {
+                return;
+            }
+            let installed_opt = this.tenants.get(tenant);
+            if (installed_opt.as_ref()).is_some_and(|b| this.is_current(tenant, b.as_of)) {
+                return;
+            }
+            let update_opt = installed_opt.and_then(|b| Some((this.update_for(tenant, &b)?, b)));
+            if update_opt.is_none() && state_opt.is_some_and(|b| now < b.next_full) {
                 return;
             }
             let state = BuildState {
                 running: true,
-                started: now,
-                wait: Duration::ZERO,
+                next_full: state_opt.map_or(now, |b| b.next_full),
             };
             builds.insert(tenant.to_string(), state);
-        }
+            update_opt
+        };
         let (shared, tenant) = (this.clone(), tenant.to_string());
         tokio::spawn(async move {
+            let full = update_opt.is_none();
             // Its own task, so a panic still ends in the bookkeeping below.
-            let build = tokio::spawn({
+            let job = tokio::spawn({
                 let (shared, tenant) = (shared.clone(), tenant.clone());
-                async move { shared.build(&tenant).await }
+                async move {
+                    match update_opt {
+                        Some((update, built)) => shared.update(&tenant, &built, update).await,
+                        None => shared.build(&tenant).await,
+                    }
+                }
             });
-            let wait = match build.await {
-                Ok(Ok(Outcome::Built { docs, took })) => {
-                    let ms = took.as_millis() as u64;
-                    tracing::info!(tenant = %tenant, docs, ms, "keyword index built");
-                    shared.rebuild_every.max(took * BUILD_SPACING)
-                }
-                Ok(Ok(Outcome::TooLarge)) => {
-                    let max_text_bytes = shared.max_text_bytes / 2;
-                    tracing::info!(tenant = %tenant, max_text_bytes, "keyword index not built: tenant too large");
-                    TOO_LARGE_RETRY
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(tenant = %tenant, error = %e, "keyword index build failed");
-                    shared.rebuild_every
-                }
-                Err(e) => {
-                    tracing::warn!(tenant = %tenant, error = %e, "keyword index build panicked");
-                    shared.rebuild_every
-                }
+            let ended = job.await;
+            if ended.is_err() {
+                // A job that panicked would panic again on the same index.
+                shared.tenants.invalidate(&tenant);
+            }
+            let wait = shared.log_outcome(&tenant, ended);
+            let mut builds = shared.builds.lock();
+            let next_full = match (full, builds.get(&tenant)) {
+                (false, Some(b)) => b.next_full.max(Instant::now() + wait),
+                _ => now + wait,
             };
             let state = BuildState {
                 running: false,
-                started: now,
-                wait: now.elapsed() + wait,
+                next_full,
             };
-            shared.builds.lock().insert(tenant, state);
+            builds.insert(tenant, state);
         });
+    }
+
+    /// Logs how a job ended; the wait before the next full build.
+    fn log_outcome(
+        &self,
+        tenant: &str,
+        ended: Result<anyhow::Result<Outcome>, tokio::task::JoinError>,
+    ) -> Duration {
+        match ended {
+            Ok(Ok(Outcome::Built { docs, took })) => {
+                let ms = took.as_millis() as u64;
+                tracing::info!(tenant = %tenant, docs, ms, "keyword index built");
+                self.rebuild_every.max(took * BUILD_SPACING)
+            }
+            Ok(Ok(Outcome::Updated { memories, took })) => {
+                let ms = took.as_millis() as u64;
+                tracing::debug!(tenant = %tenant, memories, ms, "keyword index updated in place");
+                Duration::ZERO
+            }
+            Ok(Ok(Outcome::TooLarge)) => {
+                let max_text_bytes = self.max_text_bytes / 2;
+                tracing::info!(tenant = %tenant, max_text_bytes, "keyword index not built: tenant too large");
+                TOO_LARGE_RETRY
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(tenant = %tenant, error = %e, "keyword index build or update failed");
+                self.rebuild_every
+            }
+            Err(e) => {
+                tracing::warn!(tenant = %tenant, error = %e, "keyword index build or update panicked");
+                self.rebuild_every
+            }
+        }
     }
 
     /// Builds and installs `tenant`'s index.
@@ -308,10 +444,57 @@ impl Shared {
             return Ok(Outcome::TooLarge);
         };
         let docs = index.docs();
-        self.tenants
-            .insert(tenant.to_string(), Arc::new(Built { as_of, index }));
+        self.install(tenant, Built { as_of, index });
         let took = started.elapsed();
         Ok(Outcome::Built { docs, took })
+    }
+
+    /// Re-reads `update.ids` (read after the clock was: `update.as_of`) and
+    /// installs `built` with their documents replaced.
+    /// A failed update drops the tenant's index, so the next query starts
+    /// a full build (paced) instead of the same update again.
+    async fn update(
+        &self,
+        tenant: &str,
+        built: &Arc<Built>,
+        update: Update,
+    ) -> anyhow::Result<Outcome> {
+        let result = self.try_update(tenant, built, update).await;
+        if result.is_err() {
+            self.tenants.invalidate(tenant);
+        }
+        result
+    }
+
+    async fn try_update(
+        &self,
+        tenant: &str,
+        built: &Arc<Built>,
+        update: Update,
+    ) -> anyhow::Result<Outcome> {
+        let _permit = self.update_permit.acquire().await?;
+        let started = Instant::now();
+        let rows =
+            tokio::time::timeout(PAGE_TIMEOUT, read_ids(&self.pool, tenant, &update.ids)).await??;
+        let (previous, ids) = (built.clone(), update.ids);
+        let memories = ids.len();
+        let index = tokio::task::spawn_blocking(move || {
+            let mut builder = previous.index.updater()?;
+            for id in ids {
+                builder.remove(id);
+            }
+            add_page(builder, rows)?.finish()
+        })
+        .await??;
+        self.install(
+            tenant,
+            Built {
+                as_of: update.as_of,
+                index,
+            },
+        );
+        let took = started.elapsed();
+        Ok(Outcome::Updated { memories, took })
     }
 }
 
@@ -357,16 +540,40 @@ async fn read_tenant(
 }
 
 /// The columns of the tenant's `tsv` (migrations/0005_conversation_turns.sql).
+macro_rules! searchable_columns {
+    () => {
+        "id, access_level, coalesce(title, ''), speaker || ' ' || content || ' ' || caption, context"
+    };
+}
+
+const READ_IDS: &str = concat!(
+    "SELECT ",
+    searchable_columns!(),
+    " FROM memories WHERE tenant_id = $1 AND id = ANY($2)"
+);
+
+const READ_PAGE: &str = concat!(
+    "SELECT ",
+    searchable_columns!(),
+    " FROM memories WHERE tenant_id = $1 AND ($2::uuid IS NULL OR id > $2) ORDER BY id LIMIT $3"
+);
+
+/// The rows of `ids` that still exist (a deleted memory has none).
+async fn read_ids(pool: &PgPool, tenant: &str, ids: &[Uuid]) -> sqlx::Result<Vec<Row>> {
+    sqlx::query_as(READ_IDS)
+        .bind(tenant)
+        .bind(ids)
+        .fetch_all(pool)
+        .await
+}
+
 async fn read_page(pool: &PgPool, tenant: &str, after_opt: Option<Uuid>) -> sqlx::Result<Vec<Row>> {
-    sqlx::query_as(
-        "SELECT id, access_level, coalesce(title, ''), speaker || ' ' || content || ' ' || caption, context \
-         FROM memories WHERE tenant_id = $1 AND ($2::uuid IS NULL OR id > $2) ORDER BY id LIMIT $3",
-    )
-    .bind(tenant)
-    .bind(after_opt)
-    .bind(PAGE)
-    .fetch_all(pool)
-    .await
+    sqlx::query_as(READ_PAGE)
+        .bind(tenant)
+        .bind(after_opt)
+        .bind(PAGE)
+        .fetch_all(pool)
+        .await
 }
 
 fn add_page(mut builder: Builder, page: Vec<Row>) -> tantivy::Result<Builder> {

@@ -310,7 +310,8 @@ impl SearchService for SearchSvc {
         )
         .await
         .map_err(|e| self.noted(e))?;
-        self.inner.keyword_index.changed(&identity.tenant);
+        let written: Vec<uuid::Uuid> = results.iter().filter_map(|r| r.id.parse().ok()).collect();
+        (self.inner.keyword_index).changed(&identity.tenant, Some(&written));
         // After the commit: the write is acknowledged whatever detection does
         // (queued, or run here when the queue is full: detection.rs).
         // New memories and rewrites (their embedding was recomputed: the
@@ -331,10 +332,11 @@ impl SearchService for SearchSvc {
         let (_slot, identity, ids) = self.open::<_, DeleteIds>(req)?;
         self.writable().await?;
         let timeout_ms = self.inner.timeouts.write_ms;
+        let asked = ids.0.clone();
         let deleted = writes::delete(&self.inner.pool, &identity, ids, timeout_ms)
             .await
             .map_err(|e| self.noted(e))?;
-        self.inner.keyword_index.changed(&identity.tenant);
+        (self.inner.keyword_index).changed(&identity.tenant, Some(&asked));
         Ok(Response::new(pb::DeleteResponse { deleted }))
     }
 

@@ -217,3 +217,63 @@ async fn the_index_searches_what_the_tsv_holds_for_turns_speaker_and_caption() {
     let first = by_caption[0].memory.as_ref().map(|m| m.content.clone());
     assert_eq!(first.as_deref(), Some("That sounds lovely."));
 }
+
+#[tokio::test]
+async fn writes_are_applied_in_place_without_a_full_build() {
+    let mut h = start_indexed().await;
+    let who = ident(&tenant(), "a", AccessLevel::Sensitive);
+    write_corpus(&mut h, &who).await;
+    wait_keyword_index(&h, &who).await;
+    assert_eq!(h.svc.keyword_index().updates(&who.tenant), Some(0));
+
+    // A new memory, then an edit of it, then its deletion: each is applied
+    // to the index in place and found (or not) through the index.
+    let written = upsert(
+        &mut h.client,
+        &who,
+        vec![mem("", "Heron", "A heron wades.")],
+    )
+    .await;
+    let id = written.results[0].id.clone();
+    wait_keyword_index(&h, &who).await;
+    assert_eq!(h.svc.keyword_index().updates(&who.tenant), Some(1));
+    assert!(answered_by_index(&mut h, &who, "heron").await);
+    assert_eq!(
+        texts(&keyword(&mut h.client, &who, "wades", None, 10).await),
+        vec!["Heron"]
+    );
+
+    upsert(
+        &mut h.client,
+        &who,
+        vec![mem(&id, "Heron", "A heron fishes.")],
+    )
+    .await;
+    wait_keyword_index(&h, &who).await;
+    assert_eq!(h.svc.keyword_index().updates(&who.tenant), Some(2));
+    assert!(
+        keyword(&mut h.client, &who, "wades", None, 10)
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        texts(&keyword(&mut h.client, &who, "fishes", None, 10).await),
+        vec!["Heron"]
+    );
+
+    h.client
+        .delete(req(pb::DeleteRequest { ids: vec![id] }, &who))
+        .await
+        .expect("delete");
+    wait_keyword_index(&h, &who).await;
+    assert_eq!(h.svc.keyword_index().updates(&who.tenant), Some(3));
+    assert!(answered_by_index(&mut h, &who, "heron").await);
+    assert!(
+        keyword(&mut h.client, &who, "heron", None, 10)
+            .await
+            .is_empty()
+    );
+    // The rest of the tenant is as it was.
+    let rest = texts(&keyword(&mut h.client, &who, "Who owns project Falcon?", None, 10).await);
+    assert_eq!(rest[0], "Falcon");
+}

@@ -1,7 +1,9 @@
 //! One tenant's keyword index: a tantivy index in memory over every row of
-//! the tenant (title and content as one field, the access level and the
-//! row's ordinal as fast fields), built once from Postgres and then only
-//! read. Scoring is tantivy's BM25 (k1 1.2, b 0.75) with block-max WAND, so
+//! the tenant (what its `tsv` holds as one field, the access level and the
+//! row's ordinal as fast fields), built from Postgres and then changed in
+//! place: [`TenantIndex::updater`] deletes changed memories' documents and
+//! adds their new versions as one more segment, leaving the index it came
+//! from untouched for the searches still using it. Scoring is tantivy's BM25 (k1 1.2, b 0.75) with block-max WAND, so
 //! a question's common words cost little and no candidate budget is needed.
 //!
 //! A caller who may not read every level the tenant holds is scored with
@@ -11,13 +13,16 @@
 //! level filter sits in the collector) and counts each query term's
 //! postings once; both are cheap next to the SQL it replaces.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::LazyLock;
 
 use tantivy::collector::{FilterCollector, TopDocs};
 use tantivy::columnar::Column;
+use tantivy::indexer::NoMergePolicy;
 use tantivy::query::{Bm25StatisticsProvider, BooleanQuery, Occur, Query, TermQuery};
-use tantivy::schema::{FAST, Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions};
+use tantivy::schema::{
+    FAST, Field, INDEXED, IndexRecordOption, Schema, TextFieldIndexing, TextOptions,
+};
 use tantivy::tokenizer::{
     Language, LowerCaser, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter, TextAnalyzer,
 };
@@ -30,6 +35,8 @@ use uuid::Uuid;
 const ANALYZER: &str = "engram_en";
 /// The indexing thread's arena; a larger tenant is flushed in segments.
 const WRITER_HEAP_BYTES: usize = 64 << 20;
+/// An update's arena (tantivy's least).
+const UPDATE_HEAP_BYTES: usize = 15 << 20;
 /// Access levels are 1..=4 (`AccessLevel`); index 0 stays empty.
 const LEVELS: usize = 5;
 const LEVEL: &str = "level";
@@ -75,7 +82,8 @@ fn schema() -> (Schema, Fields) {
         TextOptions::default().set_indexing_options(indexing),
     );
     let level = b.add_u64_field(LEVEL, FAST);
-    let ord = b.add_u64_field(ORD, FAST);
+    // Indexed too: an update deletes a memory's document by its ordinal.
+    let ord = b.add_u64_field(ORD, FAST | INDEXED);
     (b.build(), Fields { text, level, ord })
 }
 
@@ -85,11 +93,22 @@ pub struct Builder {
     index: Index,
     writer: IndexWriter<TantivyDocument>,
     fields: Fields,
-    ids: Vec<Uuid>,
-    text_bytes: u64,
+    docs: Docs,
     totals: LevelTotals,
     /// Counts the tokens the index will hold, for exact per-level totals.
     counter: TextAnalyzer,
+    /// In-place updates since the last full build.
+    updates: u32,
+}
+
+/// Every document ever added, by ordinal, and the live one of each memory.
+#[derive(Debug, Clone, Default)]
+struct Docs {
+    ids: Vec<Uuid>,
+    levels: Vec<u8>,
+    live: HashMap<Uuid, u64>,
+    /// Text added, deleted documents' included (what the cache weighs).
+    text_bytes: u64,
 }
 
 /// What a memory's keyword index holds: the same columns as its `tsv` in
@@ -119,38 +138,60 @@ impl Builder {
             index,
             writer,
             fields,
-            ids: Vec::new(),
-            text_bytes: 0,
+            docs: Docs::default(),
             totals: LevelTotals::default(),
             counter: analyzer(),
+            updates: 0,
         })
     }
 
     /// Bytes of text added so far.
     pub fn text_bytes(&self) -> u64 {
-        self.text_bytes
+        self.docs.text_bytes
     }
 
+    /// Memories the index holds.
     pub fn docs(&self) -> usize {
-        self.ids.len()
+        self.docs.live.len()
     }
 
+    /// Deletes `id`'s document, if the index holds one. Its tokens stay
+    /// counted, as in tantivy's own statistics until a full build.
+    pub fn remove(&mut self, id: Uuid) {
+        let Some(ord) = self.docs.live.remove(&id) else {
+            return;
+        };
+        self.writer
+            .delete_term(Term::from_field_u64(self.fields.ord, ord));
+        let level = usize::try_from(ord)
+            .ok()
+            .and_then(|o| self.docs.levels.get(o));
+        let docs = &mut self.totals.docs[level_index(level.map_or(0, |l| u64::from(*l)))];
+        *docs = docs.saturating_sub(1);
+    }
+
+    /// Adds `id`'s document (after [`Builder::remove`] when it changed).
     pub fn add(&mut self, id: Uuid, level: i16, text: &Searchable) -> tantivy::Result<()> {
         let level = u64::try_from(level).unwrap_or(u64::MAX);
+        let ord = self.docs.ids.len() as u64;
         let mut doc = TantivyDocument::default();
         let mut tokens = 0;
         for value in text.values() {
             doc.add_text(self.fields.text, value);
-            self.text_bytes += value.len() as u64;
+            self.docs.text_bytes += value.len() as u64;
             let mut stream = self.counter.token_stream(value);
             while stream.advance() {
                 tokens += 1;
             }
         }
         doc.add_u64(self.fields.level, level);
-        doc.add_u64(self.fields.ord, self.ids.len() as u64);
+        doc.add_u64(self.fields.ord, ord);
         self.writer.add_document(doc)?;
-        self.ids.push(id);
+        self.docs.ids.push(id);
+        self.docs
+            .levels
+            .push(u8::try_from(level_index(level)).unwrap_or(0));
+        self.docs.live.insert(id, ord);
         self.totals.docs[level_index(level)] += 1;
         self.totals.tokens[level_index(level)] += tokens;
         Ok(())
@@ -173,14 +214,15 @@ impl Builder {
         };
         let (ords, levels) = (columns(ORD)?, columns(LEVEL)?);
         Ok(TenantIndex {
+            index: self.index,
             _reader: reader,
             ords,
             levels,
             searcher,
             fields: self.fields,
-            ids: self.ids,
-            text_bytes: self.text_bytes,
+            docs: self.docs,
             totals,
+            updates: self.updates,
         })
     }
 }
@@ -214,6 +256,8 @@ pub struct Found {
 }
 
 pub struct TenantIndex {
+    /// For updates; shared by every version of the tenant's index.
+    index: Index,
     /// Kept with the searcher it handed out, so the segments stay open.
     _reader: IndexReader,
     /// Per segment, opened once: each document's ordinal and level.
@@ -221,27 +265,59 @@ pub struct TenantIndex {
     levels: Vec<Column<u64>>,
     searcher: Searcher,
     fields: Fields,
-    ids: Vec<Uuid>,
-    text_bytes: u64,
+    docs: Docs,
     totals: LevelTotals,
+    updates: u32,
 }
 
 impl std::fmt::Debug for TenantIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TenantIndex")
-            .field("docs", &self.ids.len())
+            .field("docs", &self.docs.live.len())
+            .field("updates", &self.updates)
             .finish_non_exhaustive()
     }
 }
 
 impl TenantIndex {
+    /// Memories the index holds.
     pub fn docs(&self) -> usize {
-        self.ids.len()
+        self.docs.live.len()
     }
 
-    /// Bytes of text indexed: what the cache weighs.
+    /// Documents ever added, deleted ones included: what the cache weighs
+    /// beside the text.
+    pub fn documents(&self) -> usize {
+        self.docs.ids.len()
+    }
+
+    /// Bytes of text indexed, deleted documents' included.
     pub fn text_bytes(&self) -> u64 {
-        self.text_bytes
+        self.docs.text_bytes
+    }
+
+    /// In-place updates since the index was last built in full.
+    pub fn updates(&self) -> u32 {
+        self.updates
+    }
+
+    /// A builder that changes a copy of this index in place: its commit
+    /// adds one segment (never merged, so the statistics stay those the
+    /// per-level totals mirror); this index keeps serving meanwhile.
+    /// Blocking work.
+    pub fn updater(&self) -> tantivy::Result<Builder> {
+        let writer: IndexWriter<TantivyDocument> =
+            self.index.writer_with_num_threads(1, UPDATE_HEAP_BYTES)?;
+        writer.set_merge_policy(Box::new(NoMergePolicy));
+        Ok(Builder {
+            index: self.index.clone(),
+            writer,
+            fields: self.fields,
+            docs: self.docs.clone(),
+            totals: self.totals,
+            counter: analyzer(),
+            updates: self.updates + 1,
+        })
     }
 
     /// The `limit` best memories at or below `trust` for `text`'s words
@@ -298,7 +374,7 @@ impl TenantIndex {
     fn id_of(&self, addr: DocAddress) -> tantivy::Result<Uuid> {
         let column = self.ords.get(addr.segment_ord as usize);
         let ord = column.and_then(|c| c.first(addr.doc_id));
-        ord.and_then(|o| self.ids.get(usize::try_from(o).ok()?).copied())
+        ord.and_then(|o| self.docs.ids.get(usize::try_from(o).ok()?).copied())
             .ok_or_else(|| tantivy::TantivyError::InternalError(format!("no id for {addr:?}")))
     }
 }
@@ -416,6 +492,31 @@ mod tests {
         );
         let high = index.search(4, "falcon", 50).expect("search");
         assert_eq!(high.hits.len(), 21);
+    }
+
+    #[test]
+    fn an_update_replaces_documents_in_a_copy_and_the_old_index_keeps_serving() {
+        let (old, ids) = build(&[(1, "Owl", "an owl hoots"), (1, "Crow", "a crow caws")]);
+        let mut updater = old.updater().expect("updater");
+        updater.remove(ids[0]);
+        let text = Searchable {
+            title: "Hawk".into(),
+            body: "a hawk soars".into(),
+            context: String::new(),
+        };
+        updater.add(ids[0], 1, &text).expect("add");
+        updater.remove(ids[1]);
+        let new = updater.finish().expect("finish");
+        assert_eq!((new.docs(), new.updates()), (1, 1));
+        let hits = |index: &TenantIndex, q: &str| {
+            let found = index.search(4, q, 10).expect("search");
+            found.hits.iter().map(|h| h.0).collect::<Vec<_>>()
+        };
+        assert_eq!(hits(&new, "hawk"), vec![ids[0]]);
+        assert!(hits(&new, "owl").is_empty() && hits(&new, "crow").is_empty());
+        assert_eq!(hits(&old, "owl"), vec![ids[0]]);
+        assert_eq!(hits(&old, "crow"), vec![ids[1]]);
+        assert!(hits(&old, "hawk").is_empty());
     }
 
     #[test]
