@@ -164,8 +164,16 @@ struct BuildState {
 
 /// How a build or an update ended.
 enum Outcome {
-    Built { docs: usize, took: Duration },
-    Updated { memories: usize, took: Duration },
+    Built {
+        docs: usize,
+        took: Duration,
+    },
+    Updated {
+        memories: usize,
+        took: Duration,
+    },
+    /// An update passed the size limit: the next build is a full one.
+    Outgrown,
     TooLarge,
 }
 
@@ -212,12 +220,16 @@ impl KeywordIndex {
     /// (None) any of them may have (call after the change committed).
     pub fn changed(&self, tenant: &str, ids_opt: Option<&[Uuid]>) {
         if let Some(s) = &self.shared_opt {
+            // Ids are kept only for a tenant with an index (or one being
+            // built) to update; any other is built in full when asked.
+            let tracked = s.tenants.contains_key(tenant)
+                || (s.builds.lock().get(tenant)).is_some_and(|b| b.running);
             let mut changes = s.changes.lock();
             let tick = changes.tick();
             let log = changes.tenants.entry(tenant.to_string()).or_default();
             log.last = tick;
             match ids_opt {
-                Some(ids) if log.ids.len() + ids.len() <= MAX_LOG => {
+                Some(ids) if tracked && log.ids.len() + ids.len() <= MAX_LOG => {
                     log.ids.extend(ids.iter().map(|id| (tick, *id)));
                 }
                 _ => {
@@ -243,7 +255,9 @@ impl KeywordIndex {
         while let Some(event) = events.next().await {
             match event {
                 Ok(e) if e.resync => self.resync(e.op != DISCONNECTED),
-                // New edges and feedback change no memory's text.
+                // New edges and feedback change no memory's text. (This
+                // process's own writes come back too: re-reading them costs
+                // one more small update.)
                 Ok(e) if e.op == "edges" || e.op == "feedback" => {}
                 Ok(e) => {
                     let ids: Option<Vec<Uuid>> = (e.ids.iter()).map(|id| id.parse().ok()).collect();
@@ -419,6 +433,10 @@ impl Shared {
                 tracing::debug!(tenant = %tenant, memories, ms, "keyword index updated in place");
                 Duration::ZERO
             }
+            Ok(Ok(Outcome::Outgrown)) => {
+                tracing::info!(tenant = %tenant, "keyword index outgrew its share: built in full next");
+                Duration::ZERO
+            }
             Ok(Ok(Outcome::TooLarge)) => {
                 let max_text_bytes = self.max_text_bytes / 2;
                 tracing::info!(tenant = %tenant, max_text_bytes, "keyword index not built: tenant too large");
@@ -472,10 +490,10 @@ impl Shared {
         built: &Arc<Built>,
         update: Update,
     ) -> anyhow::Result<Outcome> {
-        let _permit = self.update_permit.acquire().await?;
         let started = Instant::now();
         let rows =
             tokio::time::timeout(PAGE_TIMEOUT, read_ids(&self.pool, tenant, &update.ids)).await??;
+        let _permit = self.update_permit.acquire().await?;
         let (previous, ids) = (built.clone(), update.ids);
         let memories = ids.len();
         let index = tokio::task::spawn_blocking(move || {
@@ -486,6 +504,11 @@ impl Shared {
             add_page(builder, rows)?.finish()
         })
         .await??;
+        if index.text_bytes() > self.max_text_bytes / 2 {
+            // Edits count their old text until a full build recounts.
+            self.tenants.invalidate(tenant);
+            return Ok(Outcome::Outgrown);
+        }
         self.install(
             tenant,
             Built {

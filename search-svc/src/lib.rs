@@ -309,7 +309,10 @@ impl SearchService for SearchSvc {
             self.inner.fact_index,
         )
         .await
-        .map_err(|e| self.noted(e))?;
+        .map_err(|e| self.noted(e))
+        // Whether a failed write committed is unknown: the keyword index
+        // then takes the whole tenant as changed.
+        .inspect_err(|_| self.inner.keyword_index.changed(&identity.tenant, None))?;
         let written: Vec<uuid::Uuid> = results.iter().filter_map(|r| r.id.parse().ok()).collect();
         (self.inner.keyword_index).changed(&identity.tenant, Some(&written));
         // After the commit: the write is acknowledged whatever detection does
@@ -335,8 +338,11 @@ impl SearchService for SearchSvc {
         let asked = ids.0.clone();
         let deleted = writes::delete(&self.inner.pool, &identity, ids, timeout_ms)
             .await
-            .map_err(|e| self.noted(e))?;
-        (self.inner.keyword_index).changed(&identity.tenant, Some(&asked));
+            .map_err(|e| self.noted(e))
+            .inspect_err(|_| self.inner.keyword_index.changed(&identity.tenant, None))?;
+        if deleted > 0 {
+            (self.inner.keyword_index).changed(&identity.tenant, Some(&asked));
+        }
         Ok(Response::new(pb::DeleteResponse { deleted }))
     }
 

@@ -105,7 +105,6 @@ pub struct Builder {
 #[derive(Debug, Clone, Default)]
 struct Docs {
     ids: Vec<Uuid>,
-    levels: Vec<u8>,
     live: HashMap<Uuid, u64>,
     /// Text added, deleted documents' included (what the cache weighs).
     text_bytes: u64,
@@ -155,19 +154,16 @@ impl Builder {
         self.docs.live.len()
     }
 
-    /// Deletes `id`'s document, if the index holds one. Its tokens stay
-    /// counted, as in tantivy's own statistics until a full build.
+    /// Deletes `id`'s document, if the index holds one. The document stays
+    /// counted in the per-level totals, as in tantivy's own statistics
+    /// (documents and postings) until a full build: the two must agree, or
+    /// a term's document frequency could pass the document count.
     pub fn remove(&mut self, id: Uuid) {
         let Some(ord) = self.docs.live.remove(&id) else {
             return;
         };
         self.writer
             .delete_term(Term::from_field_u64(self.fields.ord, ord));
-        let level = usize::try_from(ord)
-            .ok()
-            .and_then(|o| self.docs.levels.get(o));
-        let docs = &mut self.totals.docs[level_index(level.map_or(0, |l| u64::from(*l)))];
-        *docs = docs.saturating_sub(1);
     }
 
     /// Adds `id`'s document (after [`Builder::remove`] when it changed).
@@ -188,9 +184,6 @@ impl Builder {
         doc.add_u64(self.fields.ord, ord);
         self.writer.add_document(doc)?;
         self.docs.ids.push(id);
-        self.docs
-            .levels
-            .push(u8::try_from(level_index(level)).unwrap_or(0));
         self.docs.live.insert(id, ord);
         self.totals.docs[level_index(level)] += 1;
         self.totals.tokens[level_index(level)] += tokens;
@@ -517,6 +510,30 @@ mod tests {
         assert_eq!(hits(&old, "owl"), vec![ids[0]]);
         assert_eq!(hits(&old, "crow"), vec![ids[1]]);
         assert!(hits(&old, "hawk").is_empty());
+    }
+
+    #[test]
+    fn a_low_trust_search_after_an_edit_counts_as_tantivy_does() {
+        // An edit leaves the old document's postings until a full build; a
+        // caller below the tenant's top level must still be answered (a
+        // document count below a term's frequency failed an assert).
+        let (old, ids) = build(&[(1, "Heron", "a heron"), (4, "Secret", "secret heron")]);
+        let mut updater = old.updater().expect("updater");
+        updater.remove(ids[0]);
+        let text = Searchable {
+            title: "Heron".into(),
+            body: "a grey heron".into(),
+            context: String::new(),
+        };
+        updater.add(ids[0], 1, &text).expect("add");
+        let new = updater.finish().expect("finish");
+        let found = new.search(1, "heron", 10).expect("search");
+        assert_eq!(
+            found.hits.iter().map(|h| h.0).collect::<Vec<_>>(),
+            vec![ids[0]]
+        );
+        let all = new.search(4, "heron", 10).expect("search");
+        assert_eq!(all.hits.len(), 2);
     }
 
     #[test]

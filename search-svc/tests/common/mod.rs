@@ -196,13 +196,19 @@ pub async fn dense_facts(
 }
 
 /// Keyword-searches as `id` until the tenant's keyword index holds every
-/// write so far (a search is what schedules its build), so the searches
-/// after it are answered by the index rather than by SQL.
+/// write so far (a search is what schedules its build or update) and still
+/// does 150 ms later (each write's notification comes back through the
+/// change feed a moment after it and makes the index catch up once more),
+/// so the searches after it are answered by the index rather than by SQL.
 pub async fn wait_keyword_index(h: &Harness, id: &Identity) {
     let mut client = h.client.clone();
+    let current = || h.svc.keyword_index().is_current(&id.tenant);
     for _ in 0..500 {
-        if h.svc.keyword_index().is_current(&id.tenant) {
-            return;
+        if current() {
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            if current() {
+                return;
+            }
         }
         keyword(&mut client, id, "index", None, 1).await;
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
