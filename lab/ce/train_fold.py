@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Trains one leave-one-dataset-out cross-encoder on this CPU (issue 18).
 
+Status: written by a session that was cut off before it ran this to the
+end; no model trained by it has been measured yet. Check the first run's
+held-out AUC before trusting it.
+
 The shipped cross-encoder (../shared/models/engram-ce-minilm-l6) was
 fine-tuned on every dev set, so no dev number can say whether it helps on
 data it never saw. This trains the same model (MiniLM-L6 from the
