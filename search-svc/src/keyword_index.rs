@@ -56,7 +56,8 @@ use parking_lot::Mutex;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-pub use tenant::{Builder, Found, Searchable, TenantIndex, analyzer};
+pub use tenant::Found;
+use tenant::{Builder, Searchable, TenantIndex};
 
 use crate::changes::{ChangeStream, DISCONNECTED};
 
@@ -208,7 +209,7 @@ impl KeywordIndex {
         }
     }
 
-    pub fn disabled() -> Self {
+    fn disabled() -> Self {
         Self { shared_opt: None }
     }
 

@@ -32,7 +32,7 @@ use tantivy::{
 };
 use uuid::Uuid;
 
-const ANALYZER: &str = "engram_en";
+const ANALYZER_NAME: &str = "engram_en";
 /// The indexing thread's arena; a larger tenant is flushed in segments.
 const WRITER_HEAP_BYTES: usize = 64 << 20;
 /// An update's arena (tantivy's least).
@@ -54,8 +54,11 @@ const STOP_WORDS: &str = include_str!("english.stop");
 /// English words as Postgres' `english` configuration sees them, near
 /// enough: split on anything but letters and digits, lower-cased, the
 /// Snowball English stop words dropped, the Snowball English stem kept.
-/// Tokens over 40 bytes (hashes, URLs run together) are dropped.
-pub fn analyzer() -> TextAnalyzer {
+/// Tokens over 40 bytes (hashes, URLs run together) are dropped. Built
+/// once; indexes, builders and queries take clones.
+static ANALYZER: LazyLock<TextAnalyzer> = LazyLock::new(analyzer);
+
+fn analyzer() -> TextAnalyzer {
     let stop_words = StopWordFilter::remove(STOP_WORDS.split_whitespace().map(str::to_string));
     TextAnalyzer::builder(SimpleTokenizer::default())
         .filter(RemoveLongFilter::limit(40))
@@ -75,7 +78,7 @@ struct Fields {
 fn schema() -> (Schema, Fields) {
     let mut b = Schema::builder();
     let indexing = TextFieldIndexing::default()
-        .set_tokenizer(ANALYZER)
+        .set_tokenizer(ANALYZER_NAME)
         .set_index_option(IndexRecordOption::WithFreqs);
     let text = b.add_text_field(
         "text",
@@ -131,7 +134,7 @@ impl Builder {
     pub fn new() -> tantivy::Result<Self> {
         let (schema, fields) = schema();
         let index = Index::create_in_ram(schema);
-        index.tokenizers().register(ANALYZER, analyzer());
+        index.tokenizers().register(ANALYZER_NAME, ANALYZER.clone());
         let writer = index.writer_with_num_threads(1, WRITER_HEAP_BYTES)?;
         Ok(Self {
             index,
@@ -139,7 +142,7 @@ impl Builder {
             fields,
             docs: Docs::default(),
             totals: LevelTotals::default(),
-            counter: analyzer(),
+            counter: ANALYZER.clone(),
             updates: 0,
         })
     }
@@ -147,11 +150,6 @@ impl Builder {
     /// Bytes of text added so far.
     pub fn text_bytes(&self) -> u64 {
         self.docs.text_bytes
-    }
-
-    /// Memories the index holds.
-    pub fn docs(&self) -> usize {
-        self.docs.live.len()
     }
 
     /// Deletes `id`'s document, if the index holds one. The document stays
@@ -308,7 +306,7 @@ impl TenantIndex {
             fields: self.fields,
             docs: self.docs.clone(),
             totals: self.totals,
-            counter: analyzer(),
+            counter: ANALYZER.clone(),
             updates: self.updates + 1,
         })
     }
@@ -345,7 +343,6 @@ impl TenantIndex {
     /// The query's distinct terms OR-ed; None when no word survives the
     /// analyzer (only stop words or punctuation).
     fn query(&self, text: &str) -> Option<BooleanQuery> {
-        static ANALYZER: LazyLock<TextAnalyzer> = LazyLock::new(analyzer);
         let mut analyzer = ANALYZER.clone();
         let mut stream = analyzer.token_stream(text);
         let mut words = BTreeSet::new();
@@ -417,16 +414,19 @@ impl Bm25StatisticsProvider for Visible<'_> {
 mod tests {
     use super::*;
 
+    fn text(title: &str, body: &str) -> Searchable {
+        Searchable {
+            title: title.to_string(),
+            body: body.to_string(),
+            context: String::new(),
+        }
+    }
+
     fn build(rows: &[(i16, &str, &str)]) -> (TenantIndex, Vec<Uuid>) {
         let mut b = Builder::new().expect("builder");
         let ids: Vec<Uuid> = rows.iter().map(|_| Uuid::new_v4()).collect();
         for (id, (level, title, content)) in ids.iter().zip(rows) {
-            let text = Searchable {
-                title: title.to_string(),
-                body: content.to_string(),
-                context: String::new(),
-            };
-            b.add(*id, *level, &text).expect("add");
+            b.add(*id, *level, &text(title, content)).expect("add");
         }
         (b.finish().expect("finish"), ids)
     }
@@ -492,12 +492,9 @@ mod tests {
         let (old, ids) = build(&[(1, "Owl", "an owl hoots"), (1, "Crow", "a crow caws")]);
         let mut updater = old.updater().expect("updater");
         updater.remove(ids[0]);
-        let text = Searchable {
-            title: "Hawk".into(),
-            body: "a hawk soars".into(),
-            context: String::new(),
-        };
-        updater.add(ids[0], 1, &text).expect("add");
+        updater
+            .add(ids[0], 1, &text("Hawk", "a hawk soars"))
+            .expect("add");
         updater.remove(ids[1]);
         let new = updater.finish().expect("finish");
         assert_eq!((new.docs(), new.updates()), (1, 1));
@@ -520,12 +517,9 @@ mod tests {
         let (old, ids) = build(&[(1, "Heron", "a heron"), (4, "Secret", "secret heron")]);
         let mut updater = old.updater().expect("updater");
         updater.remove(ids[0]);
-        let text = Searchable {
-            title: "Heron".into(),
-            body: "a grey heron".into(),
-            context: String::new(),
-        };
-        updater.add(ids[0], 1, &text).expect("add");
+        updater
+            .add(ids[0], 1, &text("Heron", "a grey heron"))
+            .expect("add");
         let new = updater.finish().expect("finish");
         let found = new.search(1, "heron", 10).expect("search");
         assert_eq!(
