@@ -288,3 +288,45 @@ async fn writes_are_applied_in_place_without_a_full_build() {
     let rest = texts(&keyword(&mut h.client, &who, "Who owns project Falcon?", None, 10).await);
     assert_eq!(rest[0], "Falcon");
 }
+
+#[tokio::test]
+async fn hostile_queries_get_an_answer_or_a_clear_refusal_from_the_index() {
+    let mut h = start_indexed().await;
+    let who = ident(&tenant(), "a", AccessLevel::Sensitive);
+    write_corpus(&mut h, &who).await;
+    wait_keyword_index(&h, &who).await;
+    // The longest query allowed, of ~800 distinct words (64 of them score),
+    // punctuation only, and unicode: answered by the index.
+    let many: String = (0..800).map(|i| format!("w{i} ")).collect();
+    let long: String = many.chars().take(4096).collect();
+    for text in [long.as_str(), "?!?!... ---", "Fålcon ÖWNED 😀 falcon"] {
+        assert!(answered_by_index(&mut h, &who, text).await, "{text:.40}");
+    }
+    let hits = keyword(&mut h.client, &who, "Fålcon ÖWNED 😀 falcon", None, 10).await;
+    assert_eq!(texts(&hits).first().map(String::as_str), Some("Falcon"));
+    // Past the limits: InvalidArgument naming the field, never the index.
+    let too_long = "a".repeat(4097);
+    for (text, k, field) in [
+        (too_long.as_str(), 10, "text"),
+        ("a\0b", 10, "text"),
+        ("falcon", 0, "k"),
+        ("falcon", 201, "k"),
+    ] {
+        let request = pb::KeywordSearchRequest {
+            text: text.into(),
+            filters: None,
+            k,
+        };
+        let status = h
+            .client
+            .keyword_search(req(request, &who))
+            .await
+            .expect_err("refused");
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{text:.20} k={k}"
+        );
+        assert!(status.message().contains(field), "{}", status.message());
+    }
+}
