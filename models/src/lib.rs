@@ -248,6 +248,11 @@ pub(crate) mod test_support {
         )
     }
 
+    /// The quantised embedder scripts/test derives (common/src/bootstrap.rs).
+    pub fn quantized_embedder_file() -> PathBuf {
+        engram_home().join("models/minilm-l6-dq-int8-v1/model.onnx")
+    }
+
     pub fn cross_encoder_dir() -> PathBuf {
         std::env::var_os("ENGRAM_CROSS_ENCODER_DIR")
             .map(PathBuf::from)

