@@ -102,6 +102,34 @@ impl Target {
         }
     }
 
+    /// CPU seconds so far of each process that serves a query: every
+    /// service (one figure in one process), Postgres, and the bench itself.
+    fn cpu_seconds(&self) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        match self {
+            Target::InProcess(_) => {
+                out.insert(
+                    "engram (all services and the bench)".into(),
+                    crate::profile::process_cpu_seconds("self"),
+                );
+            }
+            Target::Split(s) => {
+                for (svc, pid) in s.pids() {
+                    out.insert(
+                        svc.name().to_string(),
+                        crate::profile::process_cpu_seconds(&pid.to_string()),
+                    );
+                }
+                out.insert(
+                    "bench client".into(),
+                    crate::profile::process_cpu_seconds("self"),
+                );
+            }
+        }
+        out.insert("postgres".into(), crate::profile::postgres_cpu_seconds());
+        out
+    }
+
     /// Peak RSS per service; in one process every service shares one figure.
     fn rss_mb(&self) -> serde_json::Value {
         match self {
@@ -841,6 +869,7 @@ pub async fn run(
     // two cores is most of the concurrent numbers.
     let mut seq = serde_json::Map::new();
     let mut seq_stages: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut cpu_per_query = serde_json::Map::new();
     let n_seq = args.queries.min(300);
     for (label, skip_rerank, sequential) in [
         ("no_rerank", true, false),
@@ -856,6 +885,7 @@ pub async fn run(
         if progress {
             eprintln!("{n} queries, {label}, concurrency {conc}");
         }
+        let cpu_before = stack.cpu_seconds();
         let t = Instant::now();
         let results: Vec<anyhow::Result<Timed>> = futures::stream::iter(0..n)
             .map(|i| {
@@ -897,6 +927,9 @@ pub async fn run(
             .collect()
             .await;
         let wall = t.elapsed().as_secs_f64();
+        if skip_rerank && !sequential {
+            cpu_per_query = cpu_ms_per_query(&cpu_before, &stack.cpu_seconds(), n);
+        }
         let tag = if sequential {
             format!("sequential_{label}")
         } else {
@@ -994,6 +1027,8 @@ pub async fn run(
         "floor_ms": {"p50": floor["p50"], "p95": floor["p95"]},
         "stages_ms": stages_ms,
         "sequential": {"queries": n_seq, "e2e_ms": seq, "stages_ms": seq_stages_ms},
+        "cpu_ms_per_query": cpu_per_query,
+        "cpu_note": "CPU (user + system) of each process over the concurrent no-rerank pass, per query",
         "rss_mb": stack.rss_mb(),
         "rss_note": match stack {
             Target::InProcess(_) => "--in-process: all services share this process; the value is its peak RSS (VmHWM), Postgres excluded",
@@ -1028,6 +1063,23 @@ pub async fn run(
 }
 
 /// Peak resident set of this process, from /proc.
+/// Each process's CPU between two readings, in ms per query.
+fn cpu_ms_per_query(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    queries: usize,
+) -> serde_json::Map<String, serde_json::Value> {
+    let per = |secs: f64| serde_json::json!(round1(secs * 1000.0 / queries.max(1) as f64));
+    let mut out: serde_json::Map<String, serde_json::Value> = (after.iter())
+        .map(|(k, a)| (k.clone(), per(a - before.get(k).copied().unwrap_or(0.0))))
+        .collect();
+    let total: f64 = (after.iter())
+        .map(|(k, a)| a - before.get(k).copied().unwrap_or(0.0))
+        .sum();
+    out.insert("total".into(), per(total));
+    out
+}
+
 pub fn rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

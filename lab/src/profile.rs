@@ -72,11 +72,23 @@ fn process_ticks(stat: &str) -> Option<(String, u64)> {
 
 /// CPU seconds of this process and of every `postgres` process.
 fn cpu_seconds() -> (f64, f64) {
+    (process_cpu_seconds("self"), postgres_cpu_seconds())
+}
+
+/// CPU seconds (user + system) of one process (`pid` or "self"); 0 when
+/// it is gone.
+pub fn process_cpu_seconds(pid: &str) -> f64 {
     let tick = rustix::param::clock_ticks_per_second() as f64;
-    let own = std::fs::read_to_string("/proc/self/stat")
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| process_ticks(&s))
-        .map_or(0, |(_, t)| t);
+        .map_or(0, |(_, t)| t) as f64
+        / tick
+}
+
+/// CPU seconds of every `postgres` process on the machine.
+pub fn postgres_cpu_seconds() -> f64 {
+    let tick = rustix::param::clock_ticks_per_second() as f64;
     let postgres: u64 = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -86,7 +98,7 @@ fn cpu_seconds() -> (f64, f64) {
         .filter(|(comm, _)| comm == "postgres")
         .map(|(_, t)| t)
         .sum();
-    (own as f64 / tick, postgres as f64 / tick)
+    postgres as f64 / tick
 }
 
 /// One frame as "symbol file" for matching.

@@ -119,6 +119,13 @@ impl SplitStack {
     }
 
     /// Peak resident set (VmHWM) of each service's process, in MB.
+    /// Each service process's id.
+    pub fn pids(&self) -> Vec<(Service, u32)> {
+        (self.children.iter())
+            .filter_map(|(svc, c)| Some((*svc, c.id()?)))
+            .collect()
+    }
+
     pub fn peak_rss_mb(&self) -> Vec<(Service, f64)> {
         self.children
             .iter()
