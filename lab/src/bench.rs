@@ -102,6 +102,12 @@ impl Target {
         }
     }
 
+    /// Where the embedded cluster's postmaster.pid would be.
+    fn pg_data_dir(&self) -> std::path::PathBuf {
+        let s = self.settings();
+        s.home_path(&s.database.embedded_data_dir)
+    }
+
     /// CPU seconds so far of each process that serves a query: every
     /// service (one figure in one process), Postgres, and the bench itself.
     fn cpu_seconds(&self) -> BTreeMap<String, f64> {
@@ -126,7 +132,10 @@ impl Target {
                 );
             }
         }
-        out.insert("postgres".into(), crate::profile::postgres_cpu_seconds());
+        out.insert(
+            "postgres".into(),
+            crate::profile::postgres_cpu_seconds(Some(&self.pg_data_dir())),
+        );
         out
     }
 
@@ -676,9 +685,15 @@ pub async fn profile(
     warm_up(client, &questions).await?;
     let search = SearchServiceClient::connect(uri(stack, Service::Search)?).await?;
     let keyword_index_first_ms = wait_keyword_index(stack, &search, tenant, &questions).await?;
-    let mut report =
-        crate::profile::profile_queries(client, &questions, args.queries, args.concurrency, out)
-            .await?;
+    let mut report = crate::profile::profile_queries(
+        client,
+        &questions,
+        args.queries,
+        args.concurrency,
+        out,
+        Some(&stack.pg_data_dir()),
+    )
+    .await?;
     report["memories"] = serde_json::json!(args.memories);
     report["corpus"] = corpus;
     report["keyword_index_first_answer_ms"] = serde_json::json!(keyword_index_first_ms.map(round1));
@@ -1062,7 +1077,6 @@ pub async fn run(
     }))
 }
 
-/// Peak resident set of this process, from /proc.
 /// Each process's CPU between two readings, in ms per query.
 fn cpu_ms_per_query(
     before: &BTreeMap<String, f64>,
@@ -1080,6 +1094,7 @@ fn cpu_ms_per_query(
     out
 }
 
+/// Peak resident set of this process, from /proc.
 pub fn rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

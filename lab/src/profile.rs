@@ -58,21 +58,38 @@ const STAGES: &[(&str, &str)] = &[
 /// Where a crate's sources live: the registry (`<crate>-<version>/`), the
 /// workspace, or the standard library.
 const REGISTRY: &str = "/registry/src/";
-/// CPU ticks (user + system) of one process from `/proc/<pid>/stat`.
-fn process_ticks(stat: &str) -> Option<(String, u64)> {
+/// One process's parent and CPU ticks (user + system).
+#[derive(Debug, PartialEq)]
+struct Ticks {
+    parent: u32,
+    ticks: u64,
+}
+
+/// The command name and [`Ticks`] of one process from `/proc/<pid>/stat`.
+fn process_ticks(stat: &str) -> Option<(String, Ticks)> {
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
     let comm = stat.get(open + 1..close)?.to_string();
     let fields: Vec<&str> = stat.get(close + 2..)?.split_whitespace().collect();
-    // After "pid (comm) ": state is field 0, utime 11, stime 12.
+    // After "pid (comm) ": state is field 0, ppid 1, utime 11, stime 12.
+    let parent: u32 = fields.get(1)?.parse().ok()?;
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((comm, utime + stime))
+    Some((
+        comm,
+        Ticks {
+            parent,
+            ticks: utime + stime,
+        },
+    ))
 }
 
-/// CPU seconds of this process and of every `postgres` process.
-fn cpu_seconds() -> (f64, f64) {
-    (process_cpu_seconds("self"), postgres_cpu_seconds())
+/// CPU seconds of this process and of the stack's Postgres.
+fn cpu_seconds(pg_data_dir_opt: Option<&Path>) -> (f64, f64) {
+    (
+        process_cpu_seconds("self"),
+        postgres_cpu_seconds(pg_data_dir_opt),
+    )
 }
 
 /// CPU seconds (user + system) of one process (`pid` or "self"); 0 when
@@ -82,21 +99,40 @@ pub fn process_cpu_seconds(pid: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| process_ticks(&s))
-        .map_or(0, |(_, t)| t) as f64
+        .map_or(0, |(_, t)| t.ticks) as f64
         / tick
 }
 
-/// CPU seconds of every `postgres` process on the machine.
-pub fn postgres_cpu_seconds() -> f64 {
+/// CPU seconds of one Postgres cluster: the postmaster named in
+/// `<data dir>/postmaster.pid` and its children (backends, background
+/// workers), so other clusters on the machine are not counted. Without a
+/// running postmaster there (an external database), every `postgres`
+/// process on the machine.
+pub fn postgres_cpu_seconds(pg_data_dir_opt: Option<&Path>) -> f64 {
     let tick = rustix::param::clock_ticks_per_second() as f64;
+    let postmaster_opt: Option<u32> = pg_data_dir_opt
+        .and_then(|d| std::fs::read_to_string(d.join("postmaster.pid")).ok())
+        .and_then(|s| s.lines().next()?.trim().parse().ok())
+        // A stale pid file (the cluster stopped, an external database in
+        // use) names no running postmaster.
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        });
     let postgres: u64 = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .filter_map(|s| process_ticks(&s))
-        .filter(|(comm, _)| comm == "postgres")
-        .map(|(_, t)| t)
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            Some((pid, process_ticks(&stat)?))
+        })
+        .filter(|(pid, (comm, t))| match postmaster_opt {
+            Some(pm) => *pid == pm || t.parent == pm,
+            None => comm == "postgres",
+        })
+        .map(|(_, (_, t))| t.ticks)
         .sum();
     postgres as f64 / tick
 }
@@ -188,6 +224,7 @@ pub async fn profile_queries(
     queries: usize,
     concurrency: usize,
     out: &Path,
+    pg_data_dir_opt: Option<&Path>,
 ) -> anyhow::Result<serde_json::Value> {
     let routes = [
         RetrievalMode::Simple,
@@ -198,7 +235,7 @@ pub async fn profile_queries(
         .frequency(HZ)
         .build()
         .context("starting the profiler")?;
-    let (own_before, pg_before) = cpu_seconds();
+    let (own_before, pg_before) = cpu_seconds(pg_data_dir_opt);
     let t = Instant::now();
     let failed = futures::stream::iter(0..queries)
         .map(|i| {
@@ -218,7 +255,7 @@ pub async fn profile_queries(
         .count()
         .await;
     let wall = t.elapsed().as_secs_f64();
-    let (own_after, pg_after) = cpu_seconds();
+    let (own_after, pg_after) = cpu_seconds(pg_data_dir_opt);
     let report = guard.report().build().context("building the profile")?;
     drop(guard);
 
@@ -274,7 +311,14 @@ mod tests {
     #[test]
     fn stat_lines_with_spaces_in_the_name_parse() {
         let line = "42 (tokio runtime) S 1 2 3 4 5 6 7 8 9 10 120 30 0 0";
-        assert_eq!(process_ticks(line), Some(("tokio runtime".into(), 150)));
+        let parsed = Some((
+            "tokio runtime".to_string(),
+            Ticks {
+                parent: 1,
+                ticks: 150,
+            },
+        ));
+        assert_eq!(process_ticks(line), parsed);
         assert_eq!(process_ticks("garbage"), None);
     }
 

