@@ -276,7 +276,9 @@ async fn fan_out(
 ) -> Outcomes {
     let (ds, id, p) = (ctx.ds, &ctx.identity, &ctx.settings.pipeline);
     let text = ctx.query.text.as_str();
-    let k = p.candidates_per_strategy.clamp(1, 200);
+    // At least the answer's size, so a large `limit` is never starved by
+    // lists that overlap.
+    let k = (p.candidates_per_strategy.max(ctx.query.limit)).clamp(1, 200);
     let fact_k = match plan.graph {
         true => plan.fact_seeds,
         false => 0,
