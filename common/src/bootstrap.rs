@@ -98,7 +98,7 @@ pub fn ensure_quantized_embedder(
     if model.exists() {
         return Ok(model);
     }
-    let python = std::env::var("ENGRAM_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = python();
     let packages: Vec<&str> = (QUANTIZE_REQUIREMENTS.lines())
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -164,8 +164,14 @@ fn derive_into(
 /// Installs the wheels once (atomically: into a temporary folder renamed into
 /// place, so concurrent first starts never see a half-installed tree).
 pub fn ensure_python_packages(home: &Path) -> Result<Installed, BootstrapError> {
-    let python = std::env::var("ENGRAM_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = python();
     ensure_python_packages_with(home, &python)
+}
+
+/// The interpreter that installs and derives: `ENGRAM_PYTHON`, else
+/// `python3` (an install-time choice, read before the settings exist).
+fn python() -> String {
+    std::env::var("ENGRAM_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 /// [`ensure_python_packages`] with an explicit interpreter.

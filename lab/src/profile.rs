@@ -95,12 +95,15 @@ fn cpu_seconds(pg_data_dir_opt: Option<&Path>) -> (f64, f64) {
 /// CPU seconds (user + system) of one process (`pid` or "self"); 0 when
 /// it is gone.
 pub fn process_cpu_seconds(pid: &str) -> f64 {
+    process_cpu_seconds_opt(pid).unwrap_or(0.0)
+}
+
+/// [`process_cpu_seconds`], none when the process is gone.
+pub fn process_cpu_seconds_opt(pid: &str) -> Option<f64> {
     let tick = rustix::param::clock_ticks_per_second() as f64;
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| process_ticks(&s))
-        .map_or(0, |(_, t)| t.ticks) as f64
-        / tick
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, t) = process_ticks(&stat)?;
+    Some(t.ticks as f64 / tick)
 }
 
 /// CPU seconds of one Postgres cluster: the postmaster named in

@@ -405,17 +405,12 @@ fn child_pid(svc: Service) -> Option<u32> {
     })
 }
 
-/// CPU seconds (user + system) each process has used so far; /proc counts
-/// in USER_HZ, 100 a second on Linux whatever the kernel's tick.
+/// CPU seconds (user + system) each live process has used so far.
 pub fn cpu_seconds(pids: &[(String, u32)]) -> BTreeMap<String, f64> {
     pids.iter()
         .filter_map(|(name, pid)| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-            // Fields 14 and 15 of stat; `rest` starts at field 3.
-            let ticks: f64 =
-                rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?;
-            Some((name.clone(), ticks / 100.0))
+            let secs = crate::profile::process_cpu_seconds_opt(&pid.to_string())?;
+            Some((name.clone(), secs))
         })
         .collect()
 }

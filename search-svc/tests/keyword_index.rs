@@ -52,6 +52,16 @@ async fn write_corpus(h: &mut Harness, who: &engram_common::Identity) {
     upsert(&mut h.client, who, memories).await;
 }
 
+/// An indexed search-svc holding the corpus, its index up to date, and a
+/// caller who reads every level.
+async fn indexed_corpus() -> (Harness, engram_common::Identity) {
+    let mut h = start_indexed().await;
+    let who = ident(&tenant(), "a", AccessLevel::Sensitive);
+    write_corpus(&mut h, &who).await;
+    wait_keyword_index(&h, &who).await;
+    (h, who)
+}
+
 #[tokio::test]
 async fn the_index_ranks_as_sql_and_never_misses_a_write() {
     let mut h = start_indexed().await;
@@ -220,10 +230,7 @@ async fn the_index_searches_what_the_tsv_holds_for_turns_speaker_and_caption() {
 
 #[tokio::test]
 async fn writes_are_applied_in_place_without_a_full_build() {
-    let mut h = start_indexed().await;
-    let who = ident(&tenant(), "a", AccessLevel::Sensitive);
-    write_corpus(&mut h, &who).await;
-    wait_keyword_index(&h, &who).await;
+    let (mut h, who) = indexed_corpus().await;
     // Updates only from here on (a full build would start again from 0);
     // a write is applied once or twice (its own call, then the echo of its
     // notification), so the counts only grow.
@@ -291,10 +298,7 @@ async fn writes_are_applied_in_place_without_a_full_build() {
 
 #[tokio::test]
 async fn hostile_queries_get_an_answer_or_a_clear_refusal_from_the_index() {
-    let mut h = start_indexed().await;
-    let who = ident(&tenant(), "a", AccessLevel::Sensitive);
-    write_corpus(&mut h, &who).await;
-    wait_keyword_index(&h, &who).await;
+    let (mut h, who) = indexed_corpus().await;
     // The longest query allowed, of ~800 distinct words (64 of them score),
     // punctuation only, and unicode: answered by the index.
     let many: String = (0..800).map(|i| format!("w{i} ")).collect();

@@ -487,6 +487,12 @@ mod tests {
         assert_eq!(high.hits.len(), 21);
     }
 
+    /// The ids of the top 10 hits of `q` for a caller at `trust`.
+    fn hit_ids(index: &TenantIndex, trust: i16, q: &str) -> Vec<Uuid> {
+        let found = index.search(trust, q, 10).expect("search");
+        found.hits.iter().map(|h| h.0).collect()
+    }
+
     #[test]
     fn an_update_replaces_documents_in_a_copy_and_the_old_index_keeps_serving() {
         let (old, ids) = build(&[(1, "Owl", "an owl hoots"), (1, "Crow", "a crow caws")]);
@@ -498,10 +504,7 @@ mod tests {
         updater.remove(ids[1]);
         let new = updater.finish().expect("finish");
         assert_eq!((new.docs(), new.updates()), (1, 1));
-        let hits = |index: &TenantIndex, q: &str| {
-            let found = index.search(4, q, 10).expect("search");
-            found.hits.iter().map(|h| h.0).collect::<Vec<_>>()
-        };
+        let hits = |index: &TenantIndex, q: &str| hit_ids(index, 4, q);
         assert_eq!(hits(&new, "hawk"), vec![ids[0]]);
         assert!(hits(&new, "owl").is_empty() && hits(&new, "crow").is_empty());
         assert_eq!(hits(&old, "owl"), vec![ids[0]]);
@@ -521,11 +524,7 @@ mod tests {
             .add(ids[0], 1, &text("Heron", "a grey heron"))
             .expect("add");
         let new = updater.finish().expect("finish");
-        let found = new.search(1, "heron", 10).expect("search");
-        assert_eq!(
-            found.hits.iter().map(|h| h.0).collect::<Vec<_>>(),
-            vec![ids[0]]
-        );
+        assert_eq!(hit_ids(&new, 1, "heron"), vec![ids[0]]);
         let all = new.search(4, "heron", 10).expect("search");
         assert_eq!(all.hits.len(), 2);
     }
