@@ -554,6 +554,7 @@ mod base {
         pb::GetRequest {
             ids: vec![uuid()],
             include_embedding: false,
+            omit_entities: false,
         }
     }
     pub fn delete() -> pb::DeleteRequest {
@@ -1449,6 +1450,7 @@ async fn present_all(
                 let mut req = tonic::Request::new(engram_proto::GetRequest {
                     ids: vec![uuid::Uuid::new_v4().to_string()],
                     include_embedding: false,
+                    omit_entities: false,
                 });
                 match cred.value.parse() {
                     Ok(v) => {

@@ -288,6 +288,7 @@ async fn raw_vectors_and_higher_supersedes_targets_never_leave_the_service() -> 
             engram_proto::GetRequest {
                 ids: vec![new_id.to_string()],
                 include_embedding: true,
+                omit_entities: false,
             },
         )
     };

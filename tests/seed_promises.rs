@@ -148,6 +148,7 @@ async fn as_of_returns_the_version_of_that_time_in_every_mode() -> anyhow::Resul
         .get(engram_proto::GetRequest {
             ids: vec![old_id.clone()],
             include_embedding: false,
+            omit_entities: false,
         })
         .await?
         .into_inner()

@@ -603,6 +603,7 @@ async fn validation_defaults_and_demand_counters() -> anyhow::Result<()> {
             engram_proto::GetRequest {
                 ids: vec![r.results[0].id.clone(), wm_id.clone()],
                 include_embedding: false,
+                omit_entities: false,
             },
         ))
         .await?

@@ -127,9 +127,11 @@ impl EmbeddedPostgres {
         } else {
             String::new()
         };
+        let shared_buffers_mb = settings.database.embedded_shared_buffers_mb.max(16);
         let opts = format!(
             "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{socket_dir}' \
-             -c max_connections=200 -c shared_buffers=256MB -c maintenance_work_mem=512MB \
+             -c max_connections=200 -c shared_buffers={shared_buffers_mb}MB \
+             -c maintenance_work_mem=512MB \
              -c max_wal_size=2GB -c log_min_messages=warning"
         );
         let log = data.join("postgres.log");

@@ -138,6 +138,13 @@ pub struct DatabaseSettings {
     pub embedded_data_dir: PathBuf,
     /// Embedded Postgres port; 0 = a free one.
     pub embedded_port: u16,
+    /// Embedded Postgres `shared_buffers`, in MB. pgvector's HNSW graph is
+    /// read page by page at random; a page outside shared buffers is copied
+    /// in from the kernel's cache on every visit, which at 100K memories
+    /// (a 231 MB index beside a 178 MB table) was most of dense search's
+    /// CPU at 256 MB. Size it to hold the busiest tenants' vector index and
+    /// rows (Postgres' own guide: up to a quarter of RAM).
+    pub embedded_shared_buffers_mb: u32,
 }
 
 impl Default for DatabaseSettings {
@@ -147,6 +154,7 @@ impl Default for DatabaseSettings {
             max_connections: 16,
             embedded_data_dir: PathBuf::from("pgdata"),
             embedded_port: 0,
+            embedded_shared_buffers_mb: 1024,
         }
     }
 }

@@ -295,6 +295,7 @@ impl Session {
             let req = GetRequest {
                 ids: chunk.to_vec(),
                 include_embedding: false,
+                omit_entities: false,
             };
             let r = self.client.memories.get(req).await.map_err(status_error)?;
             out.extend(r.into_inner().memories);

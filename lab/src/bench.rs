@@ -571,6 +571,7 @@ pub(crate) async fn ensure_corpus(
         .get(GetRequest {
             ids: vec![bench_id(tenant, args.memories)],
             include_embedding: false,
+            omit_entities: false,
         })
         .await?
         .into_inner();

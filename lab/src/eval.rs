@@ -499,6 +499,7 @@ pub async fn ensure_ingested(
         .get(GetRequest {
             ids: vec![doc_id(&part.tenant, last)],
             include_embedding: false,
+            omit_entities: false,
         })
         .await?
         .into_inner();

@@ -266,6 +266,7 @@ pub async fn missing(client: &mut Client, ids: &[String]) -> anyhow::Result<Vec<
             .get(GetRequest {
                 ids: chunk.to_vec(),
                 include_embedding: false,
+                omit_entities: false,
             })
             .await?
             .into_inner();

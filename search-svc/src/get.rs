@@ -1,5 +1,5 @@
 //! Get by id: only the caller's tenant and trust level, with entity names
-//! (and the embedding on request).
+//! (unless the caller omits them) and the embedding on request.
 
 use engram_common::Identity;
 use engram_proto as pb;
@@ -27,10 +27,16 @@ pub async fn get(
     q: GetQuery,
     timeout_ms: u64,
 ) -> Result<Vec<pb::Memory>> {
+    // Two fixed statements (not a CASE on a parameter): a prepared plan
+    // cannot skip the per-row entity join and sort at run time.
+    let entities = if q.omit_entities {
+        "ARRAY[]::text[]"
+    } else {
+        "ARRAY(SELECT e.display FROM memory_entities me JOIN entities e ON e.id = me.entity_id \
+           WHERE me.memory_id = m.id ORDER BY me.is_home DESC, e.name)"
+    };
     let sql = format!(
-        "SELECT {MEMORY_COLUMNS}, \
-           ARRAY(SELECT e.display FROM memory_entities me JOIN entities e ON e.id = me.entity_id \
-                 WHERE me.memory_id = m.id ORDER BY me.is_home DESC, e.name) AS entities, \
+        "SELECT {MEMORY_COLUMNS}, {entities} AS entities, \
            CASE WHEN $4 THEN m.embedding END AS embedding \
          FROM memories m WHERE m.tenant_id = $1 AND m.access_level <= $2 AND m.id = ANY($3)"
     );

@@ -414,6 +414,7 @@ impl TryFrom<pb::DeleteRequest> for DeleteIds {
 pub struct GetQuery {
     pub ids: Vec<Uuid>,
     pub include_embedding: bool,
+    pub omit_entities: bool,
 }
 
 impl TryFrom<pb::GetRequest> for GetQuery {
@@ -422,10 +423,12 @@ impl TryFrom<pb::GetRequest> for GetQuery {
         let pb::GetRequest {
             ids,
             include_embedding,
+            omit_entities,
         } = r;
         Ok(Self {
             ids: id_list("ids", ids)?,
             include_embedding,
+            omit_entities,
         })
     }
 }

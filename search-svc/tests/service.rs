@@ -75,6 +75,35 @@ async fn upsert_then_dense_and_keyword_search_find_it() {
     .await
     .expect("entities");
     assert_eq!(home, vec![("ermengarde of tours".to_string(), true)]);
+
+    // Get names them (home entity first) unless the caller omits them; the
+    // row is the same either way.
+    for omit_entities in [false, true] {
+        let got = h
+            .client
+            .get(req(
+                pb::GetRequest {
+                    ids: vec![id.clone()],
+                    include_embedding: false,
+                    omit_entities,
+                },
+                &me,
+            ))
+            .await
+            .expect("get")
+            .into_inner();
+        let m = &got.memories[0];
+        assert_eq!(m.title, "Ermengarde of Tours");
+        assert!(m.embedding.is_empty());
+        if omit_entities {
+            assert!(m.entities.is_empty(), "{:?}", m.entities);
+        } else {
+            assert_eq!(
+                m.entities.first().map(String::as_str),
+                Some("Ermengarde of Tours")
+            );
+        }
+    }
 }
 
 #[tokio::test]
@@ -136,6 +165,7 @@ async fn upsert_is_idempotent_and_versions_content_changes() {
             pb::GetRequest {
                 ids: vec![id.clone()],
                 include_embedding: true,
+                omit_entities: false,
             },
             &me,
         ))

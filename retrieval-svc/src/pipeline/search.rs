@@ -595,6 +595,7 @@ impl Pool {
         let req = GetRequest {
             ids: missing,
             include_embedding: false,
+            omit_entities: true,
         };
         match call_until(&ctx.ds.get, &ctx.identity, deadline, req).await {
             Ok(resp) => {

@@ -125,7 +125,8 @@ pub async fn delete(
 /// Only the caller's own tenant and trust, whatever search-svc returned,
 /// and never an embedding: raw vectors do not leave the service (they can
 /// be inverted into the text they encode), so `include_embedding` is
-/// ignored on the public API.
+/// ignored on the public API, and entity names are always returned
+/// (`omit_entities` is the pipeline's, internal).
 pub async fn get(
     gw: &Gateway,
     identity: Identity,
@@ -133,6 +134,7 @@ pub async fn get(
 ) -> Result<GetResponse, Error> {
     check_batch("ids", req.ids.len(), MAX_WRITE_BATCH)?;
     req.include_embedding = false;
+    req.omit_entities = false;
     let identity = Arc::new(identity);
     let mut r = call(&gw.downstreams().get, &identity, req)
         .await

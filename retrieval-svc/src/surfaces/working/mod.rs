@@ -330,6 +330,7 @@ impl Expansion<'_> {
         let req = GetRequest {
             ids,
             include_embedding: false,
+            omit_entities: false,
         };
         match call_until(&self.gw.downstreams().get, identity, self.deadline, req).await {
             Ok(g) => g
