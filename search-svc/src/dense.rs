@@ -2,12 +2,12 @@
 //! the SQL. The pool's connections carry `hnsw.ef_search` and iterative scans
 //! (relaxed order) as startup options (`engram_common::db::connect_with`), so
 //! this is one round trip; relaxed order means the rows are re-sorted by
-//! distance afterwards. The query runs in a transaction bounded by
-//! `search.statement_timeout_dense_ms` (`bounds.rs`).
+//! distance afterwards. The query is bounded by
+//! `search.statement_timeout_dense_ms` (`bounds::Readers`).
 
 use engram_common::Identity;
 use pgvector::Vector;
-use sqlx::{PgPool, Postgres, QueryBuilder};
+use sqlx::{Postgres, QueryBuilder};
 
 use crate::bounds;
 use crate::error::Result;
@@ -16,7 +16,7 @@ use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow, hide_unreadable_supersed
 use crate::validate::SearchFilters;
 
 pub async fn search(
-    pool: &PgPool,
+    readers: &bounds::Readers,
     identity: &Identity,
     embedding: &[f32],
     filters: &SearchFilters,
@@ -31,10 +31,11 @@ pub async fn search(
     };
     let qb = nearest.query(embedding, identity, filters, default_decay_floor, k);
 
-    let mut tx = bounds::begin(pool, timeout_ms).await?;
-    let mut found = ScoredRow::fetch_all(qb, &mut tx).await?;
-    hide_unreadable_supersedes(&mut tx, identity, found.iter_mut().map(|r| &mut r.memory)).await?;
-    tx.commit().await?;
+    let mut read = readers.read(timeout_ms).await?;
+    let mut found = ScoredRow::fetch_all(qb, &mut read).await?;
+    hide_unreadable_supersedes(&mut read, identity, found.iter_mut().map(|r| &mut r.memory))
+        .await?;
+    read.finish().await?;
     let mut rows: Vec<(MemoryRow, f32)> = found
         .into_iter()
         .map(|r| (r.memory, (1.0 - r.score) as f32))

@@ -4,7 +4,6 @@
 use engram_common::Identity;
 use engram_proto as pb;
 use pgvector::Vector;
-use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::bounds;
@@ -22,7 +21,7 @@ struct GetRow {
 
 /// Both statements run under `timeout_ms` (`search.statement_timeout_get_ms`).
 pub async fn get(
-    pool: &PgPool,
+    readers: &bounds::Readers,
     identity: &Identity,
     q: GetQuery,
     timeout_ms: u64,
@@ -40,17 +39,17 @@ pub async fn get(
            CASE WHEN $4 THEN m.embedding END AS embedding \
          FROM memories m WHERE m.tenant_id = $1 AND m.access_level <= $2 AND m.id = ANY($3)"
     );
-    let mut tx = bounds::begin(pool, timeout_ms).await?;
+    let mut read = readers.read(timeout_ms).await?;
     let mut rows: Vec<GetRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(&identity.tenant)
         .bind(identity.trust.as_i16())
         .bind(&q.ids)
         .bind(q.include_embedding)
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *read)
         .await?;
     let memories = rows.iter_mut().map(|r| &mut r.memory);
-    crate::rows::hide_unreadable_supersedes(&mut tx, identity, memories).await?;
-    tx.commit().await?;
+    crate::rows::hide_unreadable_supersedes(&mut read, identity, memories).await?;
+    read.finish().await?;
     let mut by_id: std::collections::HashMap<Uuid, pb::Memory> = rows
         .into_iter()
         .map(|r| {

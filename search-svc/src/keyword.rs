@@ -33,7 +33,7 @@
 use std::collections::HashMap;
 
 use engram_common::Identity;
-use sqlx::{PgPool, Postgres, QueryBuilder};
+use sqlx::{Postgres, QueryBuilder};
 use uuid::Uuid;
 
 use crate::bounds;
@@ -94,7 +94,7 @@ pub struct Ranking {
 }
 
 pub async fn search(
-    pool: &PgPool,
+    readers: &bounds::Readers,
     index: &KeywordIndex,
     identity: &Identity,
     text: &str,
@@ -109,7 +109,7 @@ pub async fn search(
             filters,
             k: k as usize,
         };
-        if let Some(rows) = query.search(pool, index, ranking).await? {
+        if let Some(rows) = query.search(readers, index, ranking).await? {
             return Ok(Hits {
                 rows,
                 from_index: true,
@@ -133,10 +133,10 @@ pub async fn search(
             default_decay_floor,
         ),
     };
-    let mut tx = bounds::begin(pool, timeout_ms).await?;
-    let mut rows = ScoredRow::fetch_all(qb, &mut tx).await?;
-    hide_unreadable_supersedes(&mut tx, identity, rows.iter_mut().map(|r| &mut r.memory)).await?;
-    tx.commit().await?;
+    let mut read = readers.read(timeout_ms).await?;
+    let mut rows = ScoredRow::fetch_all(qb, &mut read).await?;
+    hide_unreadable_supersedes(&mut read, identity, rows.iter_mut().map(|r| &mut r.memory)).await?;
+    read.finish().await?;
     Ok(Hits {
         rows: (rows.into_iter())
             .map(|r| (r.memory, r.score as f32))
@@ -161,7 +161,7 @@ impl Indexed<'_> {
     /// or too many of its hits filtered out twice): then SQL answers.
     async fn search(
         &self,
-        pool: &PgPool,
+        readers: &bounds::Readers,
         index: &KeywordIndex,
         ranking: Ranking,
     ) -> Result<Option<Vec<(MemoryRow, f32)>>> {
@@ -172,7 +172,7 @@ impl Indexed<'_> {
             let Lookup::Found(found) = index.search(self.identity, self.text, limit).await else {
                 return Ok(None);
             };
-            let rows = self.read_back(pool, &found.hits, ranking).await?;
+            let rows = self.read_back(readers, &found.hits, ranking).await?;
             if rows.len() >= self.k || found.exhausted {
                 return Ok(Some(rows));
             }
@@ -185,7 +185,7 @@ impl Indexed<'_> {
     /// index's order, at most k.
     async fn read_back(
         &self,
-        pool: &PgPool,
+        readers: &bounds::Readers,
         hits: &[(Uuid, f32)],
         ranking: Ranking,
     ) -> Result<Vec<(MemoryRow, f32)>> {
@@ -204,14 +204,14 @@ impl Indexed<'_> {
             self.filters,
             ranking.default_decay_floor,
         );
-        let mut tx = bounds::begin(pool, ranking.timeout_ms).await?;
+        let mut read = readers.read(ranking.timeout_ms).await?;
         // A prepared statement (unlike the searches in rows.rs): every plan
         // of this one, generic or custom, is a primary-key lookup of the
         // listed ids, so re-planning it per call (~0.2 ms of Postgres CPU at
         // 100K) bought nothing.
-        let mut rows: Vec<MemoryRow> = qb.build_query_as().fetch_all(&mut *tx).await?;
-        hide_unreadable_supersedes(&mut tx, self.identity, rows.iter_mut()).await?;
-        tx.commit().await?;
+        let mut rows: Vec<MemoryRow> = qb.build_query_as().fetch_all(&mut *read).await?;
+        hide_unreadable_supersedes(&mut read, self.identity, rows.iter_mut()).await?;
+        read.finish().await?;
         let mut by_id: HashMap<Uuid, MemoryRow> = rows.into_iter().map(|r| (r.id, r)).collect();
         Ok(hits
             .iter()

@@ -68,6 +68,8 @@ pub struct SearchSvc {
 #[derive(Debug)]
 struct Inner {
     pool: PgPool,
+    /// The query path's reads, bounded without a transaction (bounds.rs).
+    readers: bounds::Readers,
     embeddings: Embeddings,
     internal_token_opt: Option<String>,
     scoring: Scoring,
@@ -116,6 +118,7 @@ impl SearchSvc {
                 feed: changes::Feed::new(pool.clone()),
                 keyword_index: keyword_index::KeywordIndex::new(&settings.search, pool.clone()),
                 db_up: Arc::new(AtomicBool::new(true)),
+                readers: bounds::Readers::new(&pool, settings.search.statement_timeout_dense_ms),
                 pool,
                 embeddings,
                 internal_token_opt: settings.auth.internal_token_opt.clone(),
@@ -144,7 +147,7 @@ impl SearchSvc {
     ) -> Result<(Vec<f32>, Vec<f32>), Status> {
         let rewritten_opt = match self.inner.dense_speakers_first_person {
             true => speakers::dense_text(
-                &self.inner.pool,
+                &self.inner.readers,
                 identity,
                 filters,
                 &text,
@@ -242,7 +245,7 @@ impl SearchSvc {
         scoring: Scoring,
     ) -> Result<pb::SearchResponse, Error> {
         let found = keyword::search(
-            &self.inner.pool,
+            &self.inner.readers,
             &self.inner.keyword_index,
             identity,
             &q.text,
@@ -349,7 +352,7 @@ impl SearchService for SearchSvc {
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
         let (_slot, identity, q) = self.open::<_, GetQuery>(req)?;
         let timeout_ms = self.inner.timeouts.get_ms;
-        let memories = get::get(&self.inner.pool, &identity, q, timeout_ms).await?;
+        let memories = get::get(&self.inner.readers, &identity, q, timeout_ms).await?;
         Ok(Response::new(pb::GetResponse { memories }))
     }
 
@@ -376,7 +379,7 @@ impl SearchService for SearchSvc {
             None => self.query_embedding(&identity, &q.filters, q.text).await?,
         };
         let rows = dense::search(
-            &self.inner.pool,
+            &self.inner.readers,
             &identity,
             &embedding,
             &q.filters,

@@ -21,7 +21,7 @@
 use std::collections::HashSet;
 
 use engram_common::Identity;
-use sqlx::{PgPool, Postgres, QueryBuilder};
+use sqlx::{Postgres, QueryBuilder};
 
 use crate::bounds;
 use crate::error::Result;
@@ -147,7 +147,7 @@ pub fn in_first_person(text: &str, names: &HashSet<String>) -> Option<String> {
 /// of turns the caller can read in the first person, or `None` to embed it
 /// as given.
 pub async fn dense_text(
-    pool: &PgPool,
+    readers: &bounds::Readers,
     identity: &Identity,
     filters: &SearchFilters,
     text: &str,
@@ -165,9 +165,9 @@ pub async fn dense_text(
     );
     push_where(&mut qb, identity, filters, default_decay_floor);
     qb.push(")");
-    let mut tx = bounds::begin(pool, timeout_ms).await?;
-    let found: Vec<String> = qb.build_query_scalar().fetch_all(&mut *tx).await?;
-    tx.commit().await?;
+    let mut read = readers.read(timeout_ms).await?;
+    let found: Vec<String> = qb.build_query_scalar().fetch_all(&mut *read).await?;
+    read.finish().await?;
     let names: HashSet<String> = found.into_iter().collect();
     Ok(in_first_person(text, &names))
 }

@@ -29,7 +29,8 @@ fn turn(speaker: &str, index: u32, text: &str, level: AccessLevel) -> pb::Memory
 }
 
 async fn rewrite(h: &Harness, id: &Identity, f: &SearchFilters, text: &str) -> Option<String> {
-    dense_text(&h.pool, id, f, text, 0.1, 5_000)
+    let readers = search_svc::bounds::Readers::new(&h.pool, 5_000);
+    dense_text(&readers, id, f, text, 0.1, 5_000)
         .await
         .expect("speaker probe")
 }
