@@ -133,6 +133,9 @@ impl Default for Settings {
 pub struct DatabaseSettings {
     /// Any Postgres with pgvector; unset = the embedded one (also read from `DATABASE_URL`).
     pub url_opt: Option<String>,
+    /// Connections per pool. search-svc keeps two: its own, and one for the
+    /// query path's bounded reads (search-svc/src/bounds.rs, `Readers`), so
+    /// it may open up to twice this many.
     pub max_connections: u32,
     /// Embedded Postgres data dir; relative paths are under `home`.
     pub embedded_data_dir: PathBuf,
