@@ -146,7 +146,9 @@ pub struct DatabaseSettings {
     /// in from the kernel's cache on every visit, which at 100K memories
     /// (a 231 MB index beside a 178 MB table) was most of dense search's
     /// CPU at 256 MB. Size it to hold the busiest tenants' vector index and
-    /// rows (Postgres' own guide: up to a quarter of RAM).
+    /// rows (Postgres' own guide: up to a quarter of RAM). Read when the
+    /// embedded server starts (a running one that is adopted keeps its
+    /// size); at least 16.
     pub embedded_shared_buffers_mb: u32,
 }
 
@@ -390,10 +392,14 @@ pub struct SearchSettings {
     /// statement_timeout (ms) of a dense query; a cancelled statement is
     /// DEADLINE_EXCEEDED. Reads stay well under the gateway's 3 s ceiling
     /// so a slow plan frees its connection soon after the caller gave up.
+    /// It is also the bound of search-svc's readers' pool: a read whose
+    /// bound equals it runs as one statement, any other one inside
+    /// `BEGIN; SET LOCAL` (two round trips more; search-svc/src/bounds.rs).
     pub statement_timeout_dense_ms: u64,
-    /// statement_timeout (ms) of a keyword query.
+    /// statement_timeout (ms) of a keyword query (set it equal to
+    /// `statement_timeout_dense_ms` to keep the one-statement read path).
     pub statement_timeout_keyword_ms: u64,
-    /// statement_timeout (ms) of a Get by id.
+    /// statement_timeout (ms) of a Get by id (as for keyword).
     pub statement_timeout_get_ms: u64,
     /// statement_timeout (ms) of each statement of a write transaction
     /// (upsert, delete, edges, feedback): longer, writes are not retried.

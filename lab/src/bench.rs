@@ -277,7 +277,9 @@ async fn ann_recall(
                     .execute(&mut *tx)
                     .await?;
             }
+            // Unprepared: a cached plan would not see enable_indexscan change.
             let ids: Vec<uuid::Uuid> = sqlx::query_scalar(sql)
+                .persistent(false)
                 .bind(tenant)
                 .bind(pgvector::Vector::from(q.clone()))
                 .bind(K)

@@ -1,16 +1,18 @@
 //! What one request may cost search-svc: a statement_timeout per kind of
 //! query, and a cap on requests in flight.
 //!
-//! Timeouts: every query runs in a transaction opened with
-//! `BEGIN; SET LOCAL statement_timeout = N` (one simple-query round trip,
-//! see [`begin`]), so Postgres itself cancels a statement that runs too long
+//! Timeouts: every statement runs under a `statement_timeout` for its kind,
+//! so Postgres itself cancels a statement that runs too long
 //! (SQLSTATE 57014, DEADLINE_EXCEEDED in `error.rs`). Without it a slow plan
 //! went on holding a pool connection long after the gateway had given up on
-//! the call. `SET LOCAL` ends with the transaction, so pooled connections
-//! keep no setting and each kind gets its own bound.
+//! the call. Writes and other kinds run in a transaction opened with
+//! `BEGIN; SET LOCAL statement_timeout = N` (one simple-query round trip,
+//! see [`begin`]); `SET LOCAL` ends with the transaction, so pooled
+//! connections keep no setting and each kind gets its own bound.
 //!
-//! The query path's reads (dense, keyword read-back, get, the speaker probe)
-//! skip that transaction when their bound is the readers' one ([`Readers`]):
+//! The query path's reads (dense, keyword read-back and its SQL fallback,
+//! get, the speaker probe) skip that transaction when their bound is the
+//! readers' one, `search.statement_timeout_dense_ms` ([`Readers`]):
 //! a second pool whose connections start with `statement_timeout` set, so
 //! each read is its one statement. BEGIN + SET LOCAL and COMMIT were two
 //! more round trips per read, four reads a query (~0.1 ms of wall time

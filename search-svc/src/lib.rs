@@ -529,10 +529,13 @@ pub async fn run(
     let embeddings = tokio::task::spawn_blocking(move || Embeddings::load_blocking(&s)).await?;
     let job_opt = decay::Job::spawn(pool.clone(), &settings.search);
     let svc = SearchSvc::new(&settings, pool, embeddings)?;
+    let readers = svc.inner.readers.clone();
     tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "search-svc listening");
     let result = serve_svc(listener, svc, shutdown).await;
     if let Some(job) = job_opt {
         job.stop().await;
     }
+    // The readers' pool is this service's own (the caller's pool is not).
+    readers.close().await;
     result
 }

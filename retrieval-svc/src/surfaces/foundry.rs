@@ -490,7 +490,10 @@ struct Run<'a> {
     pipelines: tokio::sync::Semaphore,
 }
 
-/// Content and stored entities of one of a step's top hits.
+/// Content and entity names of one of a step's top hits. Retrieval
+/// records carry no entity names (proto `Memory.entities`), so today the
+/// names come from the content (`decompose::bridge_entity`); the field
+/// stays for hits that do carry them.
 struct BestHit {
     content: String,
     entities: Vec<String>,
