@@ -614,6 +614,12 @@ impl Ord for Pri {
 }
 
 impl Graph {
+    /// Whether any typed edge of `edge_type` went into this graph (at any
+    /// trust level; a self-loop counts, so false means surely none).
+    pub fn has_edge_type(&self, edge_type: &str) -> bool {
+        self.edge_types.iter().any(|t| t == edge_type)
+    }
+
     pub fn memory_count(&self) -> usize {
         self.memory_ids.len()
     }

@@ -296,6 +296,7 @@ pub fn run_ppr_with(
         deadline_exceeded: out.deadline_hit,
         memory_count: graph.visible_memory_count(view) as u32,
         stale: false,
+        no_contradicts_edges: !graph.has_edge_type("contradicts"),
     }
 }
 

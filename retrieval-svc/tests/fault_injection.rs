@@ -154,8 +154,12 @@ impl SearchService for FakeSearch {
     }
 }
 
+#[derive(Default)]
 struct FakeGraph {
     delay: Duration,
+    /// What its PPR answers say of the tenant's graph.
+    no_contradicts_edges: bool,
+    stale: bool,
 }
 
 #[tonic::async_trait]
@@ -183,6 +187,8 @@ impl GraphService for FakeGraph {
             ],
             linked_entities: vec![],
             nodes_touched: 3,
+            no_contradicts_edges: self.no_contradicts_edges,
+            stale: self.stale,
             ..Default::default()
         }))
     }
@@ -312,7 +318,11 @@ async fn healthy_env(graph_delay: Duration) -> (Env, Arc<FakeSearch>) {
     let search = Arc::new(FakeSearch::default());
     let env = gateway(
         serve(SearchServiceServer::from_arc(search.clone())).await,
-        serve(GraphServiceServer::new(FakeGraph { delay: graph_delay })).await,
+        serve(GraphServiceServer::new(FakeGraph {
+            delay: graph_delay,
+            ..Default::default()
+        }))
+        .await,
         serve(RerankServiceServer::new(FakeRerank)).await,
     )
     .await;
@@ -323,10 +333,7 @@ async fn healthy_env(graph_delay: Duration) -> (Env, Arc<FakeSearch>) {
 async fn env_with_reranker(rerank: String) -> Env {
     gateway(
         serve(SearchServiceServer::new(FakeSearch::default())).await,
-        serve(GraphServiceServer::new(FakeGraph {
-            delay: Duration::ZERO,
-        }))
-        .await,
+        serve(GraphServiceServer::new(FakeGraph::default())).await,
         rerank,
     )
     .await
@@ -650,4 +657,42 @@ async fn retries_do_not_rescore_the_same_memories() {
         distinct.len(),
         r.retry_count + 1
     );
+}
+
+/// A graph that says it holds no `contradicts` edge is not asked for
+/// contradictions (the double would report c1/c2 if it were); a stale one
+/// still is, since the change it has not applied may be one.
+#[tokio::test]
+async fn a_graph_without_contradiction_edges_is_not_asked_for_them() {
+    for (stale, asked) in [(false, false), (true, true)] {
+        let env = gateway(
+            serve(SearchServiceServer::new(FakeSearch::default())).await,
+            serve(GraphServiceServer::new(FakeGraph {
+                no_contradicts_edges: true,
+                stale,
+                ..Default::default()
+            }))
+            .await,
+            serve(RerankServiceServer::new(FakeRerank)).await,
+        )
+        .await;
+        let mut c = client(&env).await;
+        let r = c
+            .retrieve(authed(RetrieveRequest {
+                mode: RetrievalMode::Exploratory as i32,
+                no_cache: true,
+                ..q("tell me about the deploy procedure")
+            }))
+            .await
+            .expect("answer")
+            .into_inner();
+        assert!(r.degraded_stages.is_empty(), "{:?}", r.degraded_stages);
+        assert_eq!(r.conflicts.len(), usize::from(asked), "stale: {stale}");
+        let ids: Vec<_> = r
+            .records
+            .iter()
+            .filter_map(|m| m.memory.as_ref().map(|m| m.id.as_str()))
+            .collect();
+        assert_eq!(ids.contains(&"c1"), !asked, "{ids:?}");
+    }
 }

@@ -245,6 +245,22 @@ fn neighbors_and_contradictions_respect_types_and_trust() {
     assert!(g.neighbors(&[ms[0]], 4, 100, Some(&only), &all).is_empty());
     assert_eq!(g.contradictions(&ms, &public), vec![(0, 1, 1.0)]);
     assert_eq!(g.contradictions(&ms, &all).len(), 2);
+    assert!(g.has_edge_type("contradicts") && g.has_edge_type("causes"));
+    assert!(!g.has_edge_type("part_of"));
+}
+
+#[test]
+fn a_graph_without_contradicts_edges_finds_no_contradiction() {
+    let mut b = GraphBuilder::new(Arc::new(Dictionary::default()), 5.0);
+    let ms: Vec<u32> = (0..3)
+        .map(|i| b.add_memory(Uuid::from_u128(i + 1), "default", 1, None, false))
+        .collect();
+    b.add_typed_edge(ms[0], ms[1], "related", 1.0);
+    b.add_typed_edge(ms[1], ms[2], "causes", 1.0);
+    let g = b.build();
+    // What lets the gateway skip its Contradictions call on this graph.
+    assert!(!g.has_edge_type("contradicts"));
+    assert!(g.contradictions(&ms, &g.view(4, None, false)).is_empty());
 }
 
 #[test]

@@ -190,6 +190,9 @@ pub struct Candidates {
     /// A strategy answered from data older than the latest change it knew
     /// of (graph-svc mid-rebuild): usable, but not to be cached as fresh.
     pub stale: bool,
+    /// graph-svc's current graph of the tenant has no `contradicts` edge,
+    /// so Stage 5 need not ask it for contradictions (one call fewer).
+    pub no_contradictions: bool,
 }
 
 /// Time kept back from Stage 2 so a partial answer can still be validated
@@ -520,6 +523,8 @@ impl Pool {
             );
         }
         self.out.stale |= resp.stale;
+        // A stale graph may be missing a contradiction written since.
+        self.out.no_contradictions = resp.no_contradicts_edges && !resp.stale;
         if resp.deadline_exceeded {
             // Partial walk: usable, but say so.
             self.out.degraded.push(GRAPH);
