@@ -256,6 +256,21 @@ async fn graph_follows_postgres_through_notifications() {
         .into_inner()
         .pairs;
     assert_eq!(pairs.len(), 1);
+    // The walk says whether a tenant's graph holds any contradicts edge,
+    // so the gateway can skip that call: this one does, the other none.
+    for (t, none) in [(&tenant, false), (&other, true)] {
+        ppr_ids(&mut c, t, AccessLevel::Public, q).await;
+        let msg = PprRequest {
+            query_text: q.into(),
+            ..Default::default()
+        };
+        let r = c
+            .personalized_page_rank(req(msg, t, AccessLevel::Public))
+            .await
+            .expect("ppr")
+            .into_inner();
+        assert_eq!(r.no_contradicts_edges, none, "{t}");
+    }
 
     // A new memory appears after NOTIFY (debounced rebuild).
     let added = insert_memory(

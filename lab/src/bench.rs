@@ -217,6 +217,28 @@ async fn embed(stack: &Target, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>
 /// first call is reported apart from PPR's. The ms from the first call, or
 /// None when the index is off or not current within a minute (then the
 /// timed calls measure SQL).
+/// Polls PPR until graph-svc answers from a current graph (not `stale`):
+/// the milliseconds that took, or None when it still was not after 60 s.
+async fn wait_graph_fresh(
+    graph: &GraphServiceClient<tonic::transport::Channel>,
+    req: impl Fn() -> tonic::Request<PprRequest>,
+) -> anyhow::Result<Option<f64>> {
+    let t = Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(60) {
+        if !graph
+            .clone()
+            .personalized_page_rank(req())
+            .await?
+            .into_inner()
+            .stale
+        {
+            return Ok(Some(t.elapsed().as_secs_f64() * 1000.0));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Ok(None)
+}
+
 async fn wait_keyword_index(
     stack: &Target,
     search: &SearchServiceClient<tonic::transport::Channel>,
@@ -874,6 +896,10 @@ pub async fn run(
     // keyword side of write-to-visible (SQL answers meanwhile), and the
     // passes below measure the index.
     let keyword_index_rebuild_ms = wait_keyword_index(stack, &search, tenant, &questions).await?;
+    // Its last delete also left graph-svc rebuilding: wait until the walk
+    // is on a current graph, so that rebuild's CPU and stale answers (which
+    // Stage 5 cannot trust to hold no contradiction) stay out of the passes.
+    let graph_fresh_ms = wait_graph_fresh(&graph, || ppr_req(0)).await?;
 
     // Direct: rerank-svc Score on 20 and 50 passages of ~128 tokens.
     let mut rerank_ms = serde_json::Map::new();
@@ -1128,6 +1154,7 @@ pub async fn run(
         "corpus": corpus,
         "write_to_visible_ms": write_to_visible,
         "keyword_index_rebuild_after_write_ms": keyword_index_rebuild_ms.map(round1),
+        "graph_fresh_after_write_ms": graph_fresh_ms.map(round1),
         "ingest": {
             "passages": ingest,
             "facts_per_s": facts_ingest,
