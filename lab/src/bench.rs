@@ -211,12 +211,6 @@ async fn embed(stack: &Target, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>
     Ok(out)
 }
 
-/// Keyword-searches until the tenant's in-memory keyword index answers
-/// (search-svc keyword_index.rs: the first call schedules its build and SQL
-/// answers meanwhile), so the timed calls measure the index, as the graph's
-/// first call is reported apart from PPR's. The ms from the first call, or
-/// None when the index is off or not current within a minute (then the
-/// timed calls measure SQL).
 /// Polls PPR until graph-svc answers from a current graph (not `stale`):
 /// the milliseconds that took, or None when it still was not after 60 s.
 async fn wait_graph_fresh(
@@ -239,6 +233,12 @@ async fn wait_graph_fresh(
     Ok(None)
 }
 
+/// Keyword-searches until the tenant's in-memory keyword index answers
+/// (search-svc keyword_index.rs: the first call schedules its build and SQL
+/// answers meanwhile), so the timed calls measure the index, as the graph's
+/// first call is reported apart from PPR's. The ms from the first call, or
+/// None when the index is off or not current within a minute (then the
+/// timed calls measure SQL).
 async fn wait_keyword_index(
     stack: &Target,
     search: &SearchServiceClient<tonic::transport::Channel>,

@@ -503,8 +503,8 @@ impl Pipeline {
             .in_scope(|| distill::run(checked, &ctx.settings.pipeline, step.is_raw(), learned));
         ctx.timed("distill", t);
         let rows = distilled.rows;
-        let conflicts = !step.is_raw() && !found.no_contradictions;
-        let (records, conflicts) = assemble::run(ctx, &mut trace, distilled.ranked, conflicts)
+        let ask_conflicts = !step.is_raw() && !found.no_contradictions;
+        let (records, conflicts) = assemble::run(ctx, &mut trace, distilled.ranked, ask_conflicts)
             .instrument(stage_span("assemble"))
             .await;
         Ok(Attempt {
