@@ -211,26 +211,33 @@ async fn embed(stack: &Target, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>
     Ok(out)
 }
 
-/// Polls PPR until graph-svc answers from a current graph (not `stale`):
-/// the milliseconds that took, or None when it still was not after 60 s.
-async fn wait_graph_fresh(
-    graph: &GraphServiceClient<tonic::transport::Channel>,
-    req: impl Fn() -> tonic::Request<PprRequest>,
-) -> anyhow::Result<Option<f64>> {
+/// Calls `ready` every 50 ms until it says yes: the milliseconds that
+/// took, or None when it still had not after a minute.
+async fn wait_until<F, Fut>(mut ready: F) -> anyhow::Result<Option<f64>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
     let t = Instant::now();
     while t.elapsed() < std::time::Duration::from_secs(60) {
-        if !graph
-            .clone()
-            .personalized_page_rank(req())
-            .await?
-            .into_inner()
-            .stale
-        {
+        if ready().await? {
             return Ok(Some(t.elapsed().as_secs_f64() * 1000.0));
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     Ok(None)
+}
+
+/// Polls PPR until graph-svc answers from a current graph (not `stale`).
+async fn wait_graph_fresh(
+    graph: &GraphServiceClient<tonic::transport::Channel>,
+    req: impl Fn() -> tonic::Request<PprRequest>,
+) -> anyhow::Result<Option<f64>> {
+    wait_until(|| async {
+        let resp = graph.clone().personalized_page_rank(req()).await?;
+        Ok(!resp.into_inner().stale)
+    })
+    .await
 }
 
 /// Keyword-searches until the tenant's in-memory keyword index answers
@@ -248,30 +255,21 @@ async fn wait_keyword_index(
     if !stack.settings().search.keyword_index {
         return Ok(None);
     }
-    let t = Instant::now();
-    while t.elapsed() < std::time::Duration::from_secs(60) {
-        let text = questions.first().cloned().unwrap_or_default();
+    let text = questions.first().cloned().unwrap_or_default();
+    wait_until(|| async {
         let req = internal(
             stack,
             tenant,
             KeywordSearchRequest {
-                text,
+                text: text.clone(),
                 k: 50,
                 ..Default::default()
             },
         );
-        if search
-            .clone()
-            .keyword_search(req)
-            .await?
-            .into_inner()
-            .from_keyword_index
-        {
-            return Ok(Some(t.elapsed().as_secs_f64() * 1000.0));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    Ok(None)
+        let resp = search.clone().keyword_search(req).await?;
+        Ok(resp.into_inner().from_keyword_index)
+    })
+    .await
 }
 
 /// How much of the exact nearest-neighbour list the HNSW index finds at
