@@ -661,6 +661,35 @@ pub struct PipelineSettings {
     pub weights: FusionWeights,
     pub abstain: AbstainSettings,
     pub ranker: RankerSettings,
+    pub complement: ComplementSettings,
+}
+
+/// Stage 4's second pass on multi-hop questions (retrieval-svc
+/// pipeline/complement.rs): the first slots hold the memories that,
+/// together with the #1, cover the question best. Chosen leave-one-dataset-
+/// out on the dev sets (docs/benchmarks.md, "Complementary slots").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ComplementSettings {
+    /// Candidates (best first after Stage 4) the slots are chosen from;
+    /// 0 = off. At most 50.
+    pub pool: usize,
+    /// Slots filled by the greedy choice, the #1 included (2 = choose the
+    /// #2 only). In 2..=pool.
+    pub slots: usize,
+    /// Weight of a candidate's own Stage 4 score (relative to the #1's)
+    /// beside how much the pair's joined vector resembles the question.
+    pub score_weight: f32,
+}
+
+impl Default for ComplementSettings {
+    fn default() -> Self {
+        Self {
+            pool: 10,
+            slots: 3,
+            score_weight: 0.8,
+        }
+    }
 }
 
 /// The learned Stage 4 ranker (retrieval-svc pipeline/ranker.rs). On by
@@ -753,6 +782,7 @@ impl Default for PipelineSettings {
             weights: FusionWeights::default(),
             abstain: AbstainSettings::default(),
             ranker: RankerSettings::default(),
+            complement: ComplementSettings::default(),
         }
     }
 }
@@ -1030,6 +1060,17 @@ impl Settings {
             if !(0.0..=10.0).contains(&v) {
                 return Err(SettingsError::Invalid(format!("{name} must be in 0..=10")));
             }
+        }
+        let c = &p.complement;
+        if c.pool > 50 || (c.pool > 0 && !(2..=c.pool).contains(&c.slots)) {
+            return Err(SettingsError::Invalid(
+                "pipeline.complement: pool must be in 0..=50 and slots in 2..=pool".into(),
+            ));
+        }
+        if !(0.0..=10.0).contains(&c.score_weight) {
+            return Err(SettingsError::Invalid(
+                "pipeline.complement.score_weight must be in 0..=10".into(),
+            ));
         }
         if p.graph_fact_seeds > 32 {
             return Err(SettingsError::Invalid(

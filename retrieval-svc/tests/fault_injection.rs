@@ -45,6 +45,10 @@ fn mem(id: &str, tenant: &str, secs: i64) -> Memory {
 #[derive(Default)]
 struct FakeSearch {
     vector_calls: AtomicU32,
+    /// Stored vectors Get returns when asked for embeddings (Stage 4b).
+    vectors: std::sync::Mutex<std::collections::HashMap<String, Vec<f32>>>,
+    /// Get fails when asked for embeddings.
+    fail_vector_reads: std::sync::atomic::AtomicBool,
 }
 
 fn hits(tenant: &str, ids: &[&str]) -> SearchResponse {
@@ -97,13 +101,20 @@ impl SearchService for FakeSearch {
     }
     async fn get(&self, r: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let id = check(&r)?;
+        let req = r.into_inner();
+        if req.include_embedding && self.fail_vector_reads.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("vector reads injected to fail"));
+        }
+        let vectors = self.vectors.lock().expect("vectors").clone();
+        let with_vector = |i: &String| Memory {
+            embedding: (req.include_embedding)
+                .then(|| vectors.get(i).cloned())
+                .flatten()
+                .unwrap_or_default(),
+            ..mem(i, &id.tenant, 500)
+        };
         Ok(Response::new(GetResponse {
-            memories: r
-                .into_inner()
-                .ids
-                .iter()
-                .map(|i| mem(i, &id.tenant, 500))
-                .collect(),
+            memories: req.ids.iter().map(with_vector).collect(),
         }))
     }
     async fn add_edges(
@@ -695,4 +706,57 @@ async fn a_graph_without_contradiction_edges_is_not_asked_for_them() {
             .collect();
         assert_eq!(ids.contains(&"c1"), !asked, "{ids:?}");
     }
+}
+
+/// Stage 4b on a multi-hop question: with the head's vectors read, the #2
+/// goes to the memory that completes the #1 (the query embeds as [1, 0, 0];
+/// the #1 and the old #2 are the same half of it, the old #3 the other
+/// half); when that read fails, Stage 4's order stands and the answer says
+/// `complement` was degraded; it never fails.
+#[tokio::test]
+async fn complementary_slots_reorder_the_head_or_degrade() {
+    let search = Arc::new(FakeSearch::default());
+    let env = gateway(
+        serve(SearchServiceServer::from_arc(search.clone())).await,
+        serve(GraphServiceServer::new(FakeGraph::default())).await,
+        serve(RerankServiceServer::new(FakeRerank)).await,
+    )
+    .await;
+    let mut c = client(&env).await;
+    let mut ask = async || {
+        let r = c
+            .retrieve(authed(RetrieveRequest {
+                mode: RetrievalMode::MultiHop as i32,
+                no_cache: true,
+                ..q("who approved the deploy procedure of the payments team")
+            }))
+            .await
+            .expect("answer")
+            .into_inner();
+        let ids: Vec<String> = (r.records.iter())
+            .filter_map(|m| m.memory.as_ref().map(|m| m.id.clone()))
+            .collect();
+        (ids, r.degraded_stages)
+    };
+    // No vectors stored: nothing to choose with, Stage 4's order.
+    let (before, degraded) = ask().await;
+    assert!(degraded.is_empty(), "{degraded:?}");
+    assert!(before.len() >= 3, "{before:?}");
+    {
+        let mut v = search.vectors.lock().expect("vectors");
+        v.insert(before[0].clone(), vec![0.6, 0.8, 0.0]);
+        v.insert(before[1].clone(), vec![0.6, 0.8, 0.0]);
+        v.insert(before[2].clone(), vec![0.6, -0.8, 0.0]);
+    }
+    let (after, degraded) = ask().await;
+    assert!(degraded.is_empty(), "{degraded:?}");
+    assert_eq!(
+        after[..3],
+        [&before[0], &before[2], &before[1]].map(String::clone)
+    );
+    assert_eq!(after[3..], before[3..]);
+    search.fail_vector_reads.store(true, Ordering::SeqCst);
+    let (failed, degraded) = ask().await;
+    assert_eq!(degraded, vec!["complement".to_string()]);
+    assert_eq!(failed, before);
 }

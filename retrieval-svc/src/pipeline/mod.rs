@@ -10,6 +10,7 @@
 pub mod abstain;
 pub mod assemble;
 pub mod cache;
+pub mod complement;
 pub mod ctx;
 pub mod distill;
 pub mod evidence;
@@ -503,12 +504,20 @@ impl Pipeline {
             .in_scope(|| distill::run(checked, &ctx.settings.pipeline, step.is_raw(), learned));
         ctx.timed("distill", t);
         let rows = distilled.rows;
+        let mut ranked = distilled.ranked;
+        let route = found.route_opt.unwrap_or(step.route);
+        if route == Route::MultiHop && !step.is_raw() {
+            let query_opt = found.query_embedding_opt.as_deref();
+            complement::run(ctx, &mut trace, &mut ranked, query_opt)
+                .instrument(stage_span("complement"))
+                .await;
+        }
         let ask_conflicts = !step.is_raw() && !found.no_contradictions;
-        let (records, conflicts) = assemble::run(ctx, &mut trace, distilled.ranked, ask_conflicts)
+        let (records, conflicts) = assemble::run(ctx, &mut trace, ranked, ask_conflicts)
             .instrument(stage_span("assemble"))
             .await;
         Ok(Attempt {
-            route: found.route_opt.unwrap_or(step.route),
+            route,
             confidence: assemble::confidence_of(&records, found.max_rrf),
             records,
             conflicts,

@@ -1,0 +1,222 @@
+//! Stage 4b, multi-hop questions only: the first slots hold memories that
+//! complete one another. A two-hop question needs two memories (the film's
+//! page and its director's), and ranking each candidate alone fills the
+//! #2 with another near-copy of the #1's half of the question. Here the #1
+//! stays, and each next slot goes to the candidate whose vector, added to
+//! the slots already chosen, resembles the question most, plus a share of
+//! its own Stage 4 score (relative to the #1's) so a weak memory does not
+//! win on coverage alone. No model runs: the memories' stored vectors and
+//! the query's (the vector list already embedded it) are enough.
+//!
+//! Chosen leave-one-dataset-out on the dev sets (docs/benchmarks.md,
+//! "Complementary slots"): R@2 up on 2Wiki, HotpotQA and MuSiQue, LoCoMo
+//! untouched (its questions route simple).
+
+use std::collections::HashMap;
+
+use engram_common::settings::ComplementSettings;
+use engram_proto::GetRequest;
+use tokio::time::Instant;
+
+use super::ctx::{Ctx, StageTrace};
+use super::validate::Checked;
+use crate::downstream::call_until;
+
+/// The degraded-stage name when the memories' vectors could not be read.
+pub const COMPLEMENT: &str = "complement";
+
+/// Reorders the head of `ranked` (best first, each with its Stage 4
+/// score) when the settings ask for it; on a failed read the order stands
+/// and the stage is reported degraded.
+pub async fn run(
+    ctx: &mut Ctx<'_>,
+    trace: &mut StageTrace,
+    ranked: &mut [(Checked, f32)],
+    query_opt: Option<&[f32]>,
+) {
+    let c = &ctx.settings.pipeline.complement;
+    let pool = c.pool.min(ranked.len());
+    let (Some(query), true) = (query_opt, pool >= 2) else {
+        return;
+    };
+    let t = Instant::now();
+    let req = GetRequest {
+        ids: ranked[..pool]
+            .iter()
+            .map(|(k, _)| k.cand.memory.id.clone())
+            .collect(),
+        include_embedding: true,
+        omit_entities: true,
+    };
+    let vectors: HashMap<String, Vec<f32>> =
+        match call_until(&ctx.ds.get, &ctx.identity, ctx.deadline, req).await {
+            Ok(resp) => resp
+                .memories
+                .into_iter()
+                .map(|m| (m.id, m.embedding))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the candidates' vectors failed");
+                trace.degraded.push(COMPLEMENT.into());
+                return;
+            }
+        };
+    let head = &mut ranked[..pool];
+    let order = {
+        let vecs: Vec<Option<&[f32]>> = (head.iter())
+            .map(|(k, _)| vectors.get(&k.cand.memory.id).map(Vec::as_slice))
+            .collect();
+        let scores: Vec<f32> = head.iter().map(|(_, s)| *s).collect();
+        choose(query, &vecs, &scores, c)
+    };
+    apply(head, &order);
+    ctx.timed(COMPLEMENT, t);
+}
+
+/// The chosen slots, as indices into the head: 0 first, then greedily the
+/// candidate that best completes the slots so far. Empty when nothing can
+/// be chosen (no #1 vector, a #1 score that is not positive, a query of
+/// another dimension): the order then stands.
+pub fn choose(
+    query: &[f32],
+    vectors: &[Option<&[f32]>],
+    scores: &[f32],
+    c: &ComplementSettings,
+) -> Vec<usize> {
+    let dim = query.len();
+    let top_score = scores.first().copied().unwrap_or(0.0);
+    let Some(Some(first)) = vectors.first() else {
+        return Vec::new();
+    };
+    if dim == 0 || first.len() != dim || !(top_score.is_finite() && top_score > 0.0) {
+        return Vec::new();
+    }
+    let mut chosen = vec![0];
+    let mut sum: Vec<f32> = first.to_vec();
+    while chosen.len() < c.slots.min(vectors.len()) {
+        let best_opt = (0..vectors.len())
+            .filter(|j| !chosen.contains(j))
+            .filter_map(|j| {
+                let v = vectors[j].filter(|v| v.len() == dim)?;
+                let fit = cosine_of_sum(query, &sum, v);
+                let own = c.score_weight * scores[j] / top_score;
+                Some((j, fit + own))
+            })
+            .filter(|(_, s)| s.is_finite())
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+        let Some((j, _)) = best_opt else { break };
+        if let Some(v) = vectors[j] {
+            sum.iter_mut().zip(v).for_each(|(s, x)| *s += x);
+        }
+        chosen.push(j);
+    }
+    chosen
+}
+
+/// cos(query, sum + v), without building sum + v.
+fn cosine_of_sum(query: &[f32], sum: &[f32], v: &[f32]) -> f32 {
+    let (mut dot, mut norm_sq, mut q_sq) = (0.0f32, 0.0f32, 0.0f32);
+    for ((q, s), x) in query.iter().zip(sum).zip(v) {
+        let joined = s + x;
+        dot += q * joined;
+        norm_sq += joined * joined;
+        q_sq += q * q;
+    }
+    let norm = (norm_sq * q_sq).sqrt();
+    if norm > 0.0 { dot / norm } else { 0.0 }
+}
+
+/// Moves the chosen to the front in their chosen order; the rest keep
+/// theirs. Each keeps its Stage 4 score: `rank` in the answer says the
+/// order.
+fn apply<T>(head: &mut [T], order: &[usize]) {
+    if order.len() < 2 {
+        return;
+    }
+    let rest = (0..head.len()).filter(|i| !order.contains(i));
+    let perm: Vec<usize> = order.iter().copied().chain(rest).collect();
+    permute(head, &perm);
+}
+
+/// Puts `head[perm[p]]` at position p, by swaps along each cycle.
+fn permute<T>(head: &mut [T], perm: &[usize]) {
+    let mut done = vec![false; head.len()];
+    for start in 0..head.len() {
+        if done[start] {
+            continue;
+        }
+        let mut pos = start;
+        loop {
+            done[pos] = true;
+            let src = perm[pos];
+            if src == start {
+                break;
+            }
+            head.swap(pos, src);
+            pos = src;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(slots: usize, score_weight: f32) -> ComplementSettings {
+        ComplementSettings {
+            pool: 10,
+            slots,
+            score_weight,
+        }
+    }
+
+    fn unit(v: [f32; 3]) -> Vec<f32> {
+        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.iter().map(|x| x / n).collect()
+    }
+
+    #[test]
+    fn the_second_slot_goes_to_what_the_first_lacks() {
+        // The question asks about a and b; #1 is about a, #2 is another
+        // copy of a, #3 is about b.
+        let q = unit([1.0, 1.0, 0.0]);
+        let a = unit([1.0, 0.0, 0.1]);
+        let a2 = unit([1.0, 0.05, 0.1]);
+        let b = unit([0.0, 1.0, 0.1]);
+        let vecs = [Some(a.as_slice()), Some(a2.as_slice()), Some(b.as_slice())];
+        let scores = [0.9, 0.85, 0.8];
+        assert_eq!(choose(&q, &vecs, &scores, &settings(2, 0.8)), vec![0, 2]);
+        // A heavy weight on the own score keeps Stage 4's order.
+        assert_eq!(choose(&q, &vecs, &scores, &settings(2, 10.0)), vec![0, 1]);
+        assert_eq!(choose(&q, &vecs, &scores, &settings(3, 0.8)), vec![0, 2, 1]);
+    }
+
+    #[test]
+    fn nothing_is_chosen_without_a_usable_first() {
+        let q = unit([1.0, 1.0, 0.0]);
+        let a = unit([1.0, 0.0, 0.0]);
+        let s = settings(2, 0.8);
+        assert!(choose(&q, &[None, Some(a.as_slice())], &[0.9, 0.8], &s).is_empty());
+        let vecs = [Some(a.as_slice()), Some(a.as_slice())];
+        assert!(choose(&q, &vecs, &[0.0, 0.8], &s).is_empty());
+        assert!(choose(&q, &vecs, &[f32::NAN, 0.8], &s).is_empty());
+        assert!(choose(&q[..2], &vecs, &[0.9, 0.8], &s).is_empty());
+        // A candidate without a vector, or of another dimension, is passed over.
+        let short = [1.0f32, 0.0];
+        let vecs = [Some(a.as_slice()), None, Some(&short[..])];
+        assert_eq!(choose(&q, &vecs, &[0.9, 0.8, 0.7], &s), vec![0]);
+    }
+
+    #[test]
+    fn apply_moves_the_chosen_up_and_keeps_the_rest_in_order() {
+        let mut head = vec!['a', 'b', 'c', 'd', 'e'];
+        apply(&mut head, &[0, 3, 1]);
+        assert_eq!(head, vec!['a', 'd', 'b', 'c', 'e']);
+        let mut head = vec!['a', 'b', 'c', 'd', 'e'];
+        apply(&mut head, &[0, 4]);
+        assert_eq!(head, vec!['a', 'e', 'b', 'c', 'd']);
+        let mut head = vec!['a', 'b'];
+        apply(&mut head, &[0]);
+        assert_eq!(head, vec!['a', 'b']);
+    }
+}
