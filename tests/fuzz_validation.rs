@@ -555,6 +555,7 @@ mod base {
             ids: vec![uuid()],
             include_embedding: false,
             omit_entities: false,
+            vectors_only: false,
         }
     }
     pub fn delete() -> pb::DeleteRequest {
@@ -1451,6 +1452,7 @@ async fn present_all(
                     ids: vec![uuid::Uuid::new_v4().to_string()],
                     include_embedding: false,
                     omit_entities: false,
+                    vectors_only: false,
                 });
                 match cred.value.parse() {
                     Ok(v) => {

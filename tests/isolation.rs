@@ -289,6 +289,7 @@ async fn raw_vectors_and_higher_supersedes_targets_never_leave_the_service() -> 
                 ids: vec![new_id.to_string()],
                 include_embedding: true,
                 omit_entities: false,
+                vectors_only: false,
             },
         )
     };

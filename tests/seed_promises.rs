@@ -149,6 +149,7 @@ async fn as_of_returns_the_version_of_that_time_in_every_mode() -> anyhow::Resul
             ids: vec![old_id.clone()],
             include_embedding: false,
             omit_entities: false,
+            vectors_only: false,
         })
         .await?
         .into_inner()

@@ -604,6 +604,7 @@ async fn validation_defaults_and_demand_counters() -> anyhow::Result<()> {
                 ids: vec![r.results[0].id.clone(), wm_id.clone()],
                 include_embedding: false,
                 omit_entities: false,
+                vectors_only: false,
             },
         ))
         .await?

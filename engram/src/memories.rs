@@ -296,6 +296,7 @@ impl Session {
                 ids: chunk.to_vec(),
                 include_embedding: false,
                 omit_entities: false,
+                vectors_only: false,
             };
             let r = self.client.memories.get(req).await.map_err(status_error)?;
             out.extend(r.into_inner().memories);

@@ -643,6 +643,7 @@ pub(crate) async fn ensure_corpus(
             ids: vec![bench_id(tenant, args.memories)],
             include_embedding: false,
             omit_entities: false,
+            vectors_only: false,
         })
         .await?
         .into_inner();

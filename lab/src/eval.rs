@@ -500,6 +500,7 @@ pub async fn ensure_ingested(
             ids: vec![doc_id(&part.tenant, last)],
             include_embedding: false,
             omit_entities: false,
+            vectors_only: false,
         })
         .await?
         .into_inner();

@@ -267,6 +267,7 @@ pub async fn missing(client: &mut Client, ids: &[String]) -> anyhow::Result<Vec<
                 ids: chunk.to_vec(),
                 include_embedding: false,
                 omit_entities: false,
+                vectors_only: false,
             })
             .await?
             .into_inner();

@@ -26,6 +26,9 @@ pub async fn get(
     q: GetQuery,
     timeout_ms: u64,
 ) -> Result<Vec<pb::Memory>> {
+    if q.vectors_only {
+        return vectors(readers, identity, &q.ids, timeout_ms).await;
+    }
     // Two fixed statements (not a CASE on a parameter): a prepared plan
     // cannot skip the per-row entity join and sort at run time.
     let entities = if q.omit_entities {
@@ -64,4 +67,33 @@ pub async fn get(
         .collect();
     // Request order; ids the caller cannot see are simply absent.
     Ok(q.ids.iter().filter_map(|id| by_id.remove(id)).collect())
+}
+
+/// Stage 4b's read: each visible memory's id and stored vector, nothing
+/// else, so no columns to decode and no supersedes to hide. Same scope as
+/// every read: the caller's tenant and trust level.
+async fn vectors(
+    readers: &bounds::Readers,
+    identity: &Identity,
+    ids: &[Uuid],
+    timeout_ms: u64,
+) -> Result<Vec<pb::Memory>> {
+    let mut read = readers.read(timeout_ms).await?;
+    let rows: Vec<(Uuid, Option<Vector>)> = sqlx::query_as(
+        "SELECT id, embedding FROM memories \
+         WHERE tenant_id = $1 AND access_level <= $2 AND id = ANY($3)",
+    )
+    .bind(&identity.tenant)
+    .bind(identity.trust.as_i16())
+    .bind(ids)
+    .fetch_all(&mut *read)
+    .await?;
+    read.finish().await?;
+    let memory = |(id, v): (Uuid, Option<Vector>)| pb::Memory {
+        id: id.to_string(),
+        tenant_id: identity.tenant.clone(),
+        embedding: v.map(|v| v.to_vec()).unwrap_or_default(),
+        ..Default::default()
+    };
+    Ok(rows.into_iter().map(memory).collect())
 }

@@ -415,6 +415,7 @@ pub struct GetQuery {
     pub ids: Vec<Uuid>,
     pub include_embedding: bool,
     pub omit_entities: bool,
+    pub vectors_only: bool,
 }
 
 impl TryFrom<pb::GetRequest> for GetQuery {
@@ -424,11 +425,13 @@ impl TryFrom<pb::GetRequest> for GetQuery {
             ids,
             include_embedding,
             omit_entities,
+            vectors_only,
         } = r;
         Ok(Self {
             ids: id_list("ids", ids)?,
             include_embedding,
             omit_entities,
+            vectors_only,
         })
     }
 }

@@ -96,6 +96,29 @@ fn results_never_exceed_trust_or_cross_tenants() {
             wait_keyword_index(&h, &me).await;
             check(&keyword(&mut client, &me, WORDS[word], None, 200).await);
             check(&keyword(&mut client, &me, &two_words, None, 200).await);
+            // Get by id, whole rows and the pipeline's vectors-only read,
+            // asked for every id ever written.
+            let all: Vec<String> = written.lock().expect("written").keys().cloned().collect();
+            for vectors_only in [false, true] {
+                let got = client
+                    .get(req(
+                        pb::GetRequest {
+                            ids: all.clone(),
+                            include_embedding: true,
+                            omit_entities: true,
+                            vectors_only,
+                        },
+                        &me,
+                    ))
+                    .await
+                    .expect("get")
+                    .into_inner();
+                for m in got.memories {
+                    let (t, l) = written.lock().expect("written")[&m.id];
+                    assert_eq!(t, ct, "get returned a foreign tenant's memory");
+                    assert!(l <= cl, "get returned level {l} above trust {cl}");
+                }
+            }
         });
         Ok(())
     });

@@ -3,8 +3,8 @@
 mod common;
 
 use common::*;
-use engram_common::AccessLevel;
 use engram_common::convert::{chrono_to_ts, json_to_struct};
+use engram_common::{AccessLevel, Identity};
 use engram_proto as pb;
 use uuid::Uuid;
 
@@ -86,6 +86,7 @@ async fn upsert_then_dense_and_keyword_search_find_it() {
                     ids: vec![id.clone()],
                     include_embedding: false,
                     omit_entities,
+                    vectors_only: false,
                 },
                 &me,
             ))
@@ -166,6 +167,7 @@ async fn upsert_is_idempotent_and_versions_content_changes() {
                 ids: vec![id.clone()],
                 include_embedding: true,
                 omit_entities: false,
+                vectors_only: false,
             },
             &me,
         ))
@@ -174,6 +176,37 @@ async fn upsert_is_idempotent_and_versions_content_changes() {
         .into_inner();
     assert_eq!(got.memories[0].content, "the dog sat on the mat");
     assert_eq!(got.memories[0].embedding.len(), 384);
+
+    // The pipeline's vectors-only read: the same vector, no row, and the
+    // same scope (another tenant sees nothing).
+    let vectors_only = |who: &Identity| {
+        req(
+            pb::GetRequest {
+                ids: vec![id.clone()],
+                include_embedding: true,
+                omit_entities: true,
+                vectors_only: true,
+            },
+            who,
+        )
+    };
+    let lean = h
+        .client
+        .get(vectors_only(&me))
+        .await
+        .expect("vectors")
+        .into_inner();
+    assert_eq!(lean.memories.len(), 1);
+    assert_eq!(lean.memories[0].id, id);
+    assert_eq!(lean.memories[0].embedding, got.memories[0].embedding);
+    assert!(lean.memories[0].content.is_empty());
+    let foreign = h
+        .client
+        .get(vectors_only(&other))
+        .await
+        .expect("vectors")
+        .into_inner();
+    assert!(foreign.memories.is_empty());
 
     // Writing above one's trust level is refused.
     let err = h

@@ -47,6 +47,7 @@ pub async fn run(
             .collect(),
         include_embedding: true,
         omit_entities: true,
+        vectors_only: true,
     };
     let vectors: HashMap<String, Vec<f32>> =
         match call_until(&ctx.ds.get, &ctx.identity, ctx.deadline, req).await {

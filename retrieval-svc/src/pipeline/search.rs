@@ -601,6 +601,7 @@ impl Pool {
             ids: missing,
             include_embedding: false,
             omit_entities: true,
+            vectors_only: false,
         };
         match call_until(&ctx.ds.get, &ctx.identity, deadline, req).await {
             Ok(resp) => {

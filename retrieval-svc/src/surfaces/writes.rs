@@ -125,8 +125,9 @@ pub async fn delete(
 /// Only the caller's own tenant and trust, whatever search-svc returned,
 /// and never an embedding: raw vectors do not leave the service (they can
 /// be inverted into the text they encode), so `include_embedding` is
-/// ignored on the public API, and entity names are always returned
-/// (`omit_entities` is the pipeline's, internal).
+/// ignored on the public API, and entity names and whole rows are always
+/// returned (`omit_entities` and `vectors_only` are the pipeline's,
+/// internal).
 pub async fn get(
     gw: &Gateway,
     identity: Identity,
@@ -135,6 +136,7 @@ pub async fn get(
     check_batch("ids", req.ids.len(), MAX_WRITE_BATCH)?;
     req.include_embedding = false;
     req.omit_entities = false;
+    req.vectors_only = false;
     let identity = Arc::new(identity);
     let mut r = call(&gw.downstreams().get, &identity, req)
         .await

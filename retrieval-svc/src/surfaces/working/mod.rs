@@ -331,6 +331,7 @@ impl Expansion<'_> {
             ids,
             include_embedding: false,
             omit_entities: false,
+            vectors_only: false,
         };
         match call_until(&self.gw.downstreams().get, identity, self.deadline, req).await {
             Ok(g) => g
