@@ -665,8 +665,8 @@ pub struct PipelineSettings {
 }
 
 /// Stage 4's second pass on multi-hop questions (retrieval-svc
-/// pipeline/complement.rs): the first slots hold the memories that,
-/// together with the #1, cover the question best. Chosen leave-one-dataset-
+/// pipeline/complement.rs): the fusion's #1 opens the answer and the next
+/// slots hold the memories that, together with it, cover the question best. Chosen leave-one-dataset-
 /// out on the dev sets (docs/benchmarks.md, "Complementary slots").
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -674,10 +674,10 @@ pub struct ComplementSettings {
     /// Candidates (best first after Stage 4) the slots are chosen from;
     /// 0 = off. At most 50.
     pub pool: usize,
-    /// Slots filled by the greedy choice, the #1 included (2 = choose the
-    /// #2 only). In 2..=pool.
+    /// Slots filled, the opening #1 included (2 = the #1 and one
+    /// complement). In 2..=pool.
     pub slots: usize,
-    /// Weight of a candidate's own Stage 4 score (relative to the #1's)
+    /// Weight of a candidate's own Stage 4 score (relative to the best)
     /// beside how much the pair's joined vector resembles the question.
     pub score_weight: f32,
 }
