@@ -736,6 +736,8 @@ async fn complementary_slots_reorder_the_head_or_degrade() {
         let ids: Vec<String> = (r.records.iter())
             .filter_map(|m| m.memory.as_ref().map(|m| m.id.clone()))
             .collect();
+        // Scores fall with rank whatever moved: callers sort by them.
+        assert!(r.records.windows(2).all(|w| w[0].score >= w[1].score));
         (ids, r.degraded_stages)
     };
     // No vectors stored: nothing to choose with, Stage 4's order.

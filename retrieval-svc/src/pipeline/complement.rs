@@ -73,7 +73,21 @@ pub async fn run(
         choose(query, &vecs, &scores, first, c)
     };
     apply(head, &order);
+    keep_scores_descending(head);
     ctx.timed(COMPLEMENT, t);
+}
+
+/// A memory moved up takes the score of the best one it passed, so scores
+/// still fall with rank: callers, and the agentic merge (stable sorts by
+/// score), would otherwise undo the order. The head's last keeps its own,
+/// which is still at least every score after the head.
+fn keep_scores_descending<T>(head: &mut [(T, f32)]) {
+    for i in (0..head.len().saturating_sub(1)).rev() {
+        let next = head[i + 1].1;
+        if head[i].1 < next {
+            head[i].1 = next;
+        }
+    }
 }
 
 /// Which of the head opens the answer: the fusion's best (highest fused
@@ -146,8 +160,7 @@ fn cosine_of_sum(query: &[f32], sum: &[f32], v: &[f32]) -> f32 {
 }
 
 /// Moves the chosen to the front in their chosen order; the rest keep
-/// theirs. Each keeps its Stage 4 score: `rank` in the answer says the
-/// order.
+/// theirs.
 fn apply<T>(head: &mut [T], order: &[usize]) {
     if order.is_empty() {
         return;
@@ -232,6 +245,16 @@ mod tests {
         let short = [1.0f32, 0.0];
         let vecs = [Some(a.as_slice()), None, Some(&short[..])];
         assert_eq!(choose(&q, &vecs, &[0.9, 0.8, 0.7], 0, &s), vec![0]);
+    }
+
+    #[test]
+    fn scores_fall_with_rank_after_the_move() {
+        let mut head = vec![('a', 0.9), ('c', 0.7), ('b', 0.8), ('d', 0.6)];
+        keep_scores_descending(&mut head);
+        assert_eq!(head, vec![('a', 0.9), ('c', 0.8), ('b', 0.8), ('d', 0.6)]);
+        let mut head = vec![('f', 0.85), ('x', 0.9), ('c', 0.5)];
+        keep_scores_descending(&mut head);
+        assert_eq!(head, vec![('f', 0.9), ('x', 0.9), ('c', 0.5)]);
     }
 
     #[test]
