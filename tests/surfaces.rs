@@ -433,6 +433,29 @@ async fn agentic_retrieval_decomposes_and_respects_budgets() -> anyhow::Result<(
         .sum();
     assert_eq!(r.total_tokens_used, retrieved);
 
+    // The same bridge with every step through the whole pipeline (`auto`):
+    // the same plan, the same bridge entity, the answer found.
+    let r = f
+        .retrieve_agentic(authed(
+            &ts.key,
+            AgenticRetrieveRequest {
+                mode: "auto".into(),
+                ..req(question)
+            },
+        ))
+        .await?
+        .into_inner();
+    assert_eq!(
+        r.steps[3].input, "Where was Christopher Nolan born?",
+        "{r:#?}"
+    );
+    assert!(
+        r.results
+            .iter()
+            .any(|x| x.text.contains("born in Westminster"))
+    );
+    assert!(r.results.iter().all(|x| !x.text.contains("other base")));
+
     // Comparison: the whole question and one sub-query per entity, in
     // parallel.
     let question = "Who was born first, Alan Turing or John von Neumann?";

@@ -326,6 +326,10 @@ pub struct EvalCommon {
     /// decomposition, reasoning_effort medium), reported as `agentic`.
     #[arg(long)]
     pub agentic: bool,
+    /// The agentic request's `mode` (auto, keyword, vector, hybrid; empty =
+    /// the API's default, hybrid).
+    #[arg(long, default_value = "")]
+    pub agentic_mode: String,
     /// After the eval, replay every question through the public API and
     /// send its gold memories as helpful (the rest as not) through the real
     /// Feedback RPC, then train the Stage 4 ranker from that feedback and
@@ -451,7 +455,7 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
                 part,
                 &mut tally,
                 common.concurrency.max(1),
-                common.agentic,
+                common.agentic.then_some(common.agentic_mode.as_str()),
                 progress,
             )
             .await?;

@@ -652,6 +652,7 @@ async fn ask(
     q: &Question,
     how: Ask,
     ids: &HashMap<String, usize>,
+    agentic_mode: &str,
 ) -> anyhow::Result<Answer> {
     let text = q.text.as_str();
     let t = Instant::now();
@@ -680,6 +681,7 @@ async fn ask(
                 tenant_id: tenant.to_string(),
                 reasoning_effort: "medium".into(),
                 top_k_per_step: Some(10),
+                mode: agentic_mode.to_string(),
                 ..Default::default()
             };
             let mut r = c.foundry.retrieve_agentic(req).await?.into_inner().results;
@@ -697,7 +699,7 @@ pub async fn run_part(
     part: &Part,
     tally: &mut Tally,
     concurrency: usize,
-    agentic: bool,
+    agentic_opt: Option<&str>,
     progress: bool,
 ) -> anyhow::Result<()> {
     let client = clients
@@ -709,14 +711,15 @@ pub async fn run_part(
         .collect();
     let mut settings: Vec<(&'static str, Ask)> =
         SETTINGS.iter().map(|&(n, m)| (n, Ask::Mode(m))).collect();
-    if agentic {
+    if agentic_opt.is_some() {
         settings.push((AGENTIC, Ask::Agentic));
     }
+    let agentic_mode = agentic_opt.unwrap_or_default();
     for (name, how) in settings {
         let pipeline = how == Ask::Mode(RetrievalMode::Auto);
         let conc = if pipeline { 1 } else { concurrency };
         let results: Vec<anyhow::Result<Answer>> = futures::stream::iter(part.questions.iter())
-            .map(|q| ask(client.clone(), &part.tenant, q, how, &ids))
+            .map(|q| ask(client.clone(), &part.tenant, q, how, &ids, agentic_mode))
             .buffered(conc)
             .collect()
             .await;
