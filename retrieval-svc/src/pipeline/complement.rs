@@ -248,6 +248,21 @@ mod tests {
     }
 
     #[test]
+    fn the_choice_is_bounded_and_breaks_ties_by_rank() {
+        // Identical candidates: every tie goes to the better-ranked one.
+        let v = unit([1.0, 0.0, 0.0]);
+        let vecs = vec![Some(v.as_slice()); 8];
+        let scores = [0.5; 8];
+        let chosen = choose(&v, &vecs, &scores, 0, &settings(3, 0.8));
+        assert_eq!(chosen, vec![0, 1, 2]);
+        // Never more slots than asked for or candidates there are.
+        assert_eq!(
+            choose(&v, &vecs[..2], &scores[..2], 0, &settings(5, 0.8)).len(),
+            2
+        );
+    }
+
+    #[test]
     fn scores_fall_with_rank_after_the_move() {
         let mut head = vec![('a', 0.9), ('c', 0.7), ('b', 0.8), ('d', 0.6)];
         keep_scores_descending(&mut head);
