@@ -330,6 +330,11 @@ pub struct EvalCommon {
     /// the API's default, hybrid).
     #[arg(long, default_value = "")]
     pub agentic_mode: String,
+    /// Write one JSON line per question and setting here: the ranked corpus
+    /// indices with scores and text, the gold and the route (for
+    /// prototyping a ranking change outside the service).
+    #[arg(long)]
+    pub dump: Option<PathBuf>,
     /// After the eval, replay every question through the public API and
     /// send its gold memories as helpful (the rest as not) through the real
     /// Feedback RPC, then train the Stage 4 ranker from that feedback and
@@ -442,6 +447,12 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
             clients.insert(tenant.clone(), Client::connect(&uri, key).await?);
         }
         let mut tally = ev::Tally::default();
+        let mut dump_opt = match &common.dump {
+            Some(path) => Some(std::io::BufWriter::new(
+                std::fs::File::create(path).with_context(|| format!("--dump {}", path.display()))?,
+            )),
+            None => None,
+        };
         for part in &parts {
             let client = clients.get_mut(&part.tenant).context("client")?;
             let (ingested, secs) = ev::ensure_ingested(client, part, progress).await?;
@@ -456,6 +467,7 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
                 &mut tally,
                 common.concurrency.max(1),
                 common.agentic.then_some(common.agentic_mode.as_str()),
+                dump_opt.as_mut().map(|w| w as &mut dyn std::io::Write),
                 progress,
             )
             .await?;
@@ -463,6 +475,9 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
                 let client = clients.get(&part.tenant).context("client")?;
                 ev::send_gold_feedback(client, part).await?;
             }
+        }
+        if let Some(w) = dump_opt.as_mut() {
+            std::io::Write::flush(w).context("--dump")?;
         }
         if let Some(out) = &common.feedback_out {
             let opts = crate::ranker::TrainOptions {

@@ -610,8 +610,16 @@ impl Tally {
     }
 }
 
-/// Ranked corpus indices, latency in ms, degraded stages.
-type Answer = (Vec<usize>, f64, Vec<String>);
+/// Ranked corpus indices, latency in ms, degraded stages, and (for
+/// `--dump`) the route and each record's score.
+type Answer = (Vec<usize>, f64, Vec<String>, Dumped);
+
+/// What `--dump` writes of one answer beside the question and its gold.
+#[derive(Debug, Default)]
+struct Dumped {
+    route: i32,
+    scores: Vec<f32>,
+}
 
 /// The optional setting: `RetrieveAgentic` with rule-based decomposition
 /// (reasoning_effort medium, 10 results per step), ranked by its score.
@@ -656,6 +664,7 @@ async fn ask(
 ) -> anyhow::Result<Answer> {
     let text = q.text.as_str();
     let t = Instant::now();
+    let mut dumped = Dumped::default();
     let (found, degraded): (Vec<String>, Vec<String>) = match how {
         Ask::Mode(mode) => {
             let req = RetrieveRequest {
@@ -667,6 +676,8 @@ async fn ask(
                 ..Default::default()
             };
             let r = retrieve_within_rate(&mut c, req).await?;
+            dumped.route = r.route;
+            dumped.scores = r.records.iter().map(|x| x.score).collect();
             let found = r
                 .records
                 .into_iter()
@@ -691,7 +702,24 @@ async fn ask(
     };
     let ms = t.elapsed().as_secs_f64() * 1000.0;
     let ranked = found.iter().filter_map(|id| ids.get(id).copied()).collect();
-    Ok((ranked, ms, degraded))
+    Ok((ranked, ms, degraded, dumped))
+}
+
+/// One JSON line per question for `--dump`: the ranked corpus indices with
+/// their scores and text, the gold, the route; what a prototype of a
+/// ranking change needs (docs/benchmarks.md, "Complementary slots").
+fn dump_line(part: &Part, setting: &str, q: &Question, ranked: &[usize], d: &Dumped) -> String {
+    let records: Vec<serde_json::Value> = (ranked.iter().zip(&d.scores))
+        .map(|(&i, score)| {
+            let doc = &part.docs[i];
+            serde_json::json!({"doc": i, "score": score, "title": doc.title, "text": doc.text})
+        })
+        .collect();
+    serde_json::json!({
+        "tenant": part.tenant, "setting": setting, "question": q.text,
+        "gold": q.gold, "route": d.route, "records": records,
+    })
+    .to_string()
 }
 
 pub async fn run_part(
@@ -700,8 +728,10 @@ pub async fn run_part(
     tally: &mut Tally,
     concurrency: usize,
     agentic_opt: Option<&str>,
+    dump_opt: Option<&mut dyn std::io::Write>,
     progress: bool,
 ) -> anyhow::Result<()> {
+    let mut dump_opt = dump_opt;
     let client = clients
         .get(&part.tenant)
         .context("no client for tenant")?
@@ -727,7 +757,10 @@ pub async fn run_part(
         tally.sums.entry(name).or_insert([0.0; KS.len()]);
         for (q, res) in part.questions.iter().zip(results) {
             match res {
-                Ok((ranked, ms, degraded)) => {
+                Ok((ranked, ms, degraded, dumped)) => {
+                    if let (Some(out), Ask::Mode(_)) = (dump_opt.as_mut(), how) {
+                        writeln!(out, "{}", dump_line(part, name, q, &ranked, &dumped))?;
+                    }
                     tally.score(name, q, &ranked);
                     if pipeline {
                         tally.pipeline_ms.push(ms);
@@ -956,6 +989,37 @@ mod tests {
         assert_eq!(any_hit_at(&[1, 2, 3], &[3, 9], 3), 1.0);
         assert_eq!(any_hit_at(&[], &[1], 5), 0.0);
         assert_eq!(any_hit_at(&[1], &[], 5), 0.0);
+    }
+
+    #[test]
+    fn a_dump_line_names_the_ranked_documents_with_scores_and_text() {
+        let doc = |title: &str| Doc {
+            title: title.into(),
+            text: format!("about {title}"),
+            event_time_opt: None,
+            metadata_opt: None,
+            entities: Vec::new(),
+            triples: Vec::new(),
+            turn_opt: None,
+        };
+        let part = Part {
+            tenant: "t".into(),
+            docs: vec![doc("a"), doc("b")],
+            questions: Vec::new(),
+        };
+        let d = Dumped {
+            route: 2,
+            scores: vec![0.9, 0.4],
+        };
+        let line = dump_line(&part, "pipeline", &question(vec![1], None), &[1, 0], &d);
+        let j: serde_json::Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(j["setting"], "pipeline");
+        assert_eq!(j["route"], 2);
+        assert_eq!(j["gold"], serde_json::json!([1]));
+        assert_eq!(j["records"][0]["doc"], 1);
+        assert_eq!(j["records"][0]["title"], "b");
+        assert_eq!(j["records"][1]["text"], "about a");
+        assert!((j["records"][0]["score"].as_f64().expect("score") - 0.9).abs() < 1e-6);
     }
 
     fn question(gold: Vec<usize>, category: Option<u8>) -> Question {
