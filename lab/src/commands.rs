@@ -447,12 +447,13 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
             clients.insert(tenant.clone(), Client::connect(&uri, key).await?);
         }
         let mut tally = ev::Tally::default();
-        let mut dump_opt = match &common.dump {
-            Some(path) => Some(std::io::BufWriter::new(
-                std::fs::File::create(path).with_context(|| format!("--dump {}", path.display()))?,
-            )),
-            None => None,
-        };
+        let mut dump_opt = (common.dump.as_ref())
+            .map(|path| {
+                let file = std::fs::File::create(path);
+                file.with_context(|| format!("--dump {}", path.display()))
+            })
+            .transpose()?
+            .map(std::io::BufWriter::new);
         for part in &parts {
             let client = clients.get_mut(&part.tenant).context("client")?;
             let (ingested, secs) = ev::ensure_ingested(client, part, progress).await?;

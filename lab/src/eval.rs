@@ -728,10 +728,9 @@ pub async fn run_part(
     tally: &mut Tally,
     concurrency: usize,
     agentic_opt: Option<&str>,
-    dump_opt: Option<&mut dyn std::io::Write>,
+    mut dump_opt: Option<&mut dyn std::io::Write>,
     progress: bool,
 ) -> anyhow::Result<()> {
-    let mut dump_opt = dump_opt;
     let client = clients
         .get(&part.tenant)
         .context("no client for tenant")?

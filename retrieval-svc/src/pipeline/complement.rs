@@ -126,67 +126,56 @@ pub fn choose(
     }
     let mut chosen = vec![first];
     let mut sum: Vec<f32> = opening.to_vec();
+    let query_norm = norm(query);
     while chosen.len() < c.slots.min(vectors.len()) {
         let best_opt = (0..vectors.len())
             .filter(|j| !chosen.contains(j))
             .filter_map(|j| {
                 let v = vectors[j].filter(|v| v.len() == dim)?;
-                let fit = cosine_of_sum(query, &sum, v);
+                let fit = cosine_of_sum(query, query_norm, &sum, v);
                 let own = c.score_weight * scores[j] / top_score;
-                Some((j, fit + own))
+                Some((j, v, fit + own))
             })
-            .filter(|(_, s)| s.is_finite())
-            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
-        let Some((j, _)) = best_opt else { break };
-        if let Some(v) = vectors[j] {
-            sum.iter_mut().zip(v).for_each(|(s, x)| *s += x);
-        }
+            .filter(|(_, _, s)| s.is_finite())
+            .max_by(|a, b| a.2.total_cmp(&b.2).then(b.0.cmp(&a.0)));
+        let Some((j, v, _)) = best_opt else { break };
+        sum.iter_mut().zip(v).for_each(|(s, x)| *s += x);
         chosen.push(j);
     }
     chosen
 }
 
+fn norm(v: &[f32]) -> f32 {
+    v.iter().map(|x| x * x).sum::<f32>().sqrt()
+}
+
 /// cos(query, sum + v), without building sum + v.
-fn cosine_of_sum(query: &[f32], sum: &[f32], v: &[f32]) -> f32 {
-    let (mut dot, mut norm_sq, mut q_sq) = (0.0f32, 0.0f32, 0.0f32);
+fn cosine_of_sum(query: &[f32], query_norm: f32, sum: &[f32], v: &[f32]) -> f32 {
+    let (mut dot, mut joined_sq) = (0.0f32, 0.0f32);
     for ((q, s), x) in query.iter().zip(sum).zip(v) {
         let joined = s + x;
         dot += q * joined;
-        norm_sq += joined * joined;
-        q_sq += q * q;
+        joined_sq += joined * joined;
     }
-    let norm = (norm_sq * q_sq).sqrt();
-    if norm > 0.0 { dot / norm } else { 0.0 }
+    let denominator = query_norm * joined_sq.sqrt();
+    if denominator > 0.0 {
+        dot / denominator
+    } else {
+        0.0
+    }
 }
 
 /// Moves the chosen to the front in their chosen order; the rest keep
-/// theirs.
+/// theirs. `at` follows which original index sits where.
 fn apply<T>(head: &mut [T], order: &[usize]) {
-    if order.is_empty() {
-        return;
-    }
-    let rest = (0..head.len()).filter(|i| !order.contains(i));
-    let perm: Vec<usize> = order.iter().copied().chain(rest).collect();
-    permute(head, &perm);
-}
-
-/// Puts `head[perm[p]]` at position p, by swaps along each cycle.
-fn permute<T>(head: &mut [T], perm: &[usize]) {
-    let mut done = vec![false; head.len()];
-    for start in 0..head.len() {
-        if done[start] {
+    let mut at: Vec<usize> = (0..head.len()).collect();
+    for (slot, original) in order.iter().enumerate() {
+        let Some(offset) = at[slot..].iter().position(|i| i == original) else {
             continue;
-        }
-        let mut pos = start;
-        loop {
-            done[pos] = true;
-            let src = perm[pos];
-            if src == start {
-                break;
-            }
-            head.swap(pos, src);
-            pos = src;
-        }
+        };
+        let now = slot + offset;
+        head[slot..=now].rotate_right(1);
+        at[slot..=now].rotate_right(1);
     }
 }
 
