@@ -306,6 +306,24 @@ async fn raw_vectors_and_higher_supersedes_targets_never_leave_the_service() -> 
         "an embedding left the service"
     );
     assert_eq!(seen_high[0].supersedes, old_id.to_string());
+    // A caller asking for the pipeline's internal vectors-only read gets
+    // the whole row and still no vector.
+    let hostile = authed(
+        &low,
+        engram_proto::GetRequest {
+            ids: vec![new_id.to_string()],
+            include_embedding: true,
+            omit_entities: true,
+            vectors_only: true,
+        },
+    );
+    let seen = mem.get(hostile).await?.into_inner().memories;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0].embedding.is_empty(),
+        "an embedding left the service"
+    );
+    assert!(!seen[0].content.is_empty(), "the row was cut to its vector");
 
     let mut low_client = Client::connect(&uri, &low).await?;
     let r = low_client

@@ -1102,6 +1102,8 @@ mod tests {
         assert_eq!(bad(|r| r.reasoning_effort = "x".into()), "reasoning_effort");
         assert_eq!(bad(|r| r.kb_ids = vec![String::new()]), "kb_ids");
         assert_eq!(bad(|r| r.mode = "graph".into()), "mode");
+        assert_eq!(bad(|r| r.mode = "auto\0".into()), "mode");
+        assert_eq!(bad(|r| r.mode = "AUTO".into()), "mode");
         let auto = Agentic::try_from(AgenticRetrieveRequest {
             mode: "auto".into(),
             ..req()
