@@ -680,6 +680,11 @@ pub struct ComplementSettings {
     /// Weight of a candidate's own Stage 4 score (relative to the best)
     /// beside how much the pair's joined vector resembles the question.
     pub score_weight: f32,
+    /// Weight of the bridge: the names (capitalised words) a candidate
+    /// shares with a slot already chosen and the question does not say,
+    /// relative to the best-bridging candidate. Not applied to comparison
+    /// questions, which name both ends themselves. 0 = off.
+    pub bridge_weight: f32,
 }
 
 impl Default for ComplementSettings {
@@ -687,7 +692,8 @@ impl Default for ComplementSettings {
         Self {
             pool: 10,
             slots: 3,
-            score_weight: 0.8,
+            score_weight: 0.5,
+            bridge_weight: 0.2,
         }
     }
 }
@@ -1067,10 +1073,13 @@ impl Settings {
                 "pipeline.complement: pool must be in 0..=50 and slots in 2..=pool".into(),
             ));
         }
-        if !(0.0..=10.0).contains(&c.score_weight) {
-            return Err(SettingsError::Invalid(
-                "pipeline.complement.score_weight must be in 0..=10".into(),
-            ));
+        for (name, v) in [
+            ("pipeline.complement.score_weight", c.score_weight),
+            ("pipeline.complement.bridge_weight", c.bridge_weight),
+        ] {
+            if !(0.0..=10.0).contains(&v) {
+                return Err(SettingsError::Invalid(format!("{name} must be in 0..=10")));
+            }
         }
         if p.graph_fact_seeds > 32 {
             return Err(SettingsError::Invalid(

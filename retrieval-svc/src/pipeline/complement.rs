@@ -13,13 +13,14 @@
 //! "Complementary slots"): R@1 and R@2 up on 2Wiki, HotpotQA and MuSiQue,
 //! LoCoMo untouched (its questions route simple).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use engram_common::settings::ComplementSettings;
-use engram_proto::GetRequest;
+use engram_proto::{GetRequest, Memory};
 use tokio::time::Instant;
 
 use super::ctx::{Ctx, StageTrace};
+use super::route::comparative;
 use super::validate::Checked;
 use crate::downstream::call_until;
 
@@ -65,12 +66,25 @@ pub async fn run(
         };
     let head = &mut ranked[..pool];
     let order = {
-        let vecs: Vec<Option<&[f32]>> = (head.iter())
-            .map(|(k, _)| vectors.get(&k.cand.memory.id).map(Vec::as_slice))
+        let bridging = c.bridge_weight > 0.0 && !comparative(&ctx.query.text);
+        let asked = if bridging {
+            lower_words(&ctx.query.text)
+        } else {
+            HashSet::new()
+        };
+        let slots: Vec<Slot<'_>> = (head.iter())
+            .map(|(k, score)| Slot {
+                vector_opt: vectors.get(&k.cand.memory.id).map(Vec::as_slice),
+                score: *score,
+                names: if bridging {
+                    names_beyond(&k.cand.memory, &asked)
+                } else {
+                    HashSet::new()
+                },
+            })
             .collect();
-        let scores: Vec<f32> = head.iter().map(|(_, s)| *s).collect();
         let first = fused_first(head);
-        choose(query, &vecs, &scores, first, c)
+        choose(query, &slots, first, c)
     };
     apply(head, &order);
     keep_scores_descending(head);
@@ -105,20 +119,35 @@ fn fused_first(head: &[(Checked, f32)]) -> usize {
         .unwrap_or(0)
 }
 
+/// One candidate of the head, as the choice sees it.
+pub struct Slot<'a> {
+    /// Its stored vector, when the read returned one.
+    pub vector_opt: Option<&'a [f32]>,
+    /// Its Stage 4 score.
+    pub score: f32,
+    /// Its names the question does not say (empty when bridging is off).
+    pub names: HashSet<String>,
+}
+
 /// The chosen slots, as indices into the head: `first`, then greedily the
-/// candidate that best completes the slots so far. Empty when nothing can
-/// be chosen (no vector for `first`, a best score that is not positive, a
-/// query of another dimension): the order then stands.
+/// candidate that best completes the slots so far: the cosine of the query
+/// to the slots' summed vectors, plus its own score relative to the best,
+/// plus its bridge to the slots already chosen relative to the best
+/// bridge. Empty when nothing can be chosen (no vector for `first`, a best
+/// score that is not positive, a query of another dimension): the order
+/// then stands.
 pub fn choose(
     query: &[f32],
-    vectors: &[Option<&[f32]>],
-    scores: &[f32],
+    head: &[Slot<'_>],
     first: usize,
     c: &ComplementSettings,
 ) -> Vec<usize> {
     let dim = query.len();
-    let top_score = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let Some(Some(opening)) = vectors.get(first) else {
+    let top_score = head
+        .iter()
+        .map(|s| s.score)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let Some(opening) = head.get(first).and_then(|s| s.vector_opt) else {
         return Vec::new();
     };
     if dim == 0 || opening.len() != dim || !(top_score.is_finite() && top_score > 0.0) {
@@ -127,14 +156,17 @@ pub fn choose(
     let mut chosen = vec![first];
     let mut sum: Vec<f32> = opening.to_vec();
     let query_norm = norm(query);
-    while chosen.len() < c.slots.min(vectors.len()) {
-        let best_opt = (0..vectors.len())
+    while chosen.len() < c.slots.min(head.len()) {
+        let open: Vec<(usize, &[f32])> = (0..head.len())
             .filter(|j| !chosen.contains(j))
-            .filter_map(|j| {
-                let v = vectors[j].filter(|v| v.len() == dim)?;
+            .filter_map(|j| Some((j, head[j].vector_opt.filter(|v| v.len() == dim)?)))
+            .collect();
+        let bridges = bridges(head, &chosen, &open);
+        let best_opt = (open.iter().zip(&bridges))
+            .map(|(&(j, v), bridge)| {
                 let fit = cosine_of_sum(query, query_norm, &sum, v);
-                let own = c.score_weight * scores[j] / top_score;
-                Some((j, v, fit + own))
+                let own = c.score_weight * head[j].score / top_score;
+                (j, v, fit + own + c.bridge_weight * bridge)
             })
             .filter(|(_, _, s)| s.is_finite())
             .max_by(|a, b| a.2.total_cmp(&b.2).then(b.0.cmp(&a.0)));
@@ -143,6 +175,70 @@ pub fn choose(
         chosen.push(j);
     }
     chosen
+}
+
+/// Each open candidate's bridge: the most names it shares with one chosen
+/// slot, over the most any open candidate shares (0..=1; all 0 when none
+/// shares any). A two-hop chain's second memory names what its first
+/// names and the question does not ("Finland" in a singer's page and in
+/// the Finnish markka's); a memory that only echoes the question's words
+/// shares none of those.
+fn bridges(head: &[Slot<'_>], chosen: &[usize], open: &[(usize, &[f32])]) -> Vec<f32> {
+    let shared: Vec<usize> = (open.iter())
+        .map(|&(j, _)| {
+            (chosen.iter())
+                .map(|&c| head[j].names.intersection(&head[c].names).count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let most = shared.iter().copied().max().unwrap_or(0);
+    (shared.iter())
+        .map(|&n| {
+            if most > 0 {
+                n as f32 / most as f32
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+/// Words that say nothing about which thing a text is about, even when
+/// capitalised at a sentence's start.
+const FILLER: &[&str] = &[
+    "the", "a", "an", "of", "in", "on", "at", "to", "for", "and", "or", "with", "by", "from", "as",
+    "is", "was", "were", "be", "been", "are", "that", "this", "which", "who", "whom", "whose",
+    "what", "when", "where", "why", "how", "it", "its", "his", "her", "their", "they", "he", "she",
+    "them", "also", "into", "than", "then", "there", "these", "those", "not", "but", "after",
+    "before", "about", "over", "under", "during", "between", "first", "one", "two", "three", "new",
+];
+
+/// Runs of letters, digits, `_`, `'` and `-`, without a leading `'` or `-`,
+/// of three or more characters.
+fn tokens(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '\'' | '-')))
+        .map(|w| w.trim_start_matches(['\'', '-']))
+        .filter(|w| w.chars().count() >= 3)
+}
+
+/// The question's content words, lowercased.
+fn lower_words(text: &str) -> HashSet<String> {
+    tokens(text)
+        .map(str::to_lowercase)
+        .filter(|w| !FILLER.contains(&w.as_str()))
+        .collect()
+}
+
+/// A memory's names (its title's and content's capitalised words,
+/// lowercased) that the question does not say.
+fn names_beyond(m: &Memory, asked: &HashSet<String>) -> HashSet<String> {
+    tokens(&m.title)
+        .chain(tokens(&m.content))
+        .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
+        .map(str::to_lowercase)
+        .filter(|w| !FILLER.contains(&w.as_str()) && !asked.contains(w))
+        .collect()
 }
 
 fn norm(v: &[f32]) -> f32 {
@@ -188,7 +284,85 @@ mod tests {
             pool: 10,
             slots,
             score_weight,
+            bridge_weight: 0.0,
         }
+    }
+
+    /// The choice without names: vectors and scores alone.
+    fn choose_plain(
+        query: &[f32],
+        vectors: &[Option<&[f32]>],
+        scores: &[f32],
+        first: usize,
+        c: &ComplementSettings,
+    ) -> Vec<usize> {
+        let head: Vec<Slot<'_>> = (vectors.iter().zip(scores))
+            .map(|(v, s)| Slot {
+                vector_opt: *v,
+                score: *s,
+                names: HashSet::new(),
+            })
+            .collect();
+        choose(query, &head, first, c)
+    }
+
+    fn memory(title: &str, content: &str) -> Memory {
+        Memory {
+            title: title.into(),
+            content: content.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn names_are_capitalised_words_the_question_does_not_say() {
+        let asked = lower_words("What currency predated the Euro in the country Signmark is from?");
+        let m = memory(
+            "Signmark",
+            "Signmark (born Marko Vuoriheimo) is a Finnish rapper. The first deaf artist signed by Warner-Music.",
+        );
+        let names = names_beyond(&m, &asked);
+        let mut sorted: Vec<&str> = names.iter().map(String::as_str).collect();
+        sorted.sort_unstable();
+        // Not "signmark" (the question says it), not "the" / "first"
+        // (filler), not "rapper" (lower case).
+        assert_eq!(
+            sorted,
+            vec!["finnish", "marko", "vuoriheimo", "warner-music"]
+        );
+    }
+
+    #[test]
+    fn the_bridge_lifts_the_memory_that_shares_the_first_slots_names() {
+        // #1 is the singer's page; the generic "Euro" page resembles the
+        // question more than the markka's, which shares "Finnish" with #1.
+        let q = unit([1.0, 1.0, 0.0]);
+        let singer = unit([1.0, 0.0, 0.2]);
+        let euro = unit([0.2, 1.0, 0.0]);
+        let markka = unit([0.1, 0.8, 0.6]);
+        let asked = lower_words("What currency predated the Euro in the country Signmark is from?");
+        let pages = [
+            memory("Signmark", "A Finnish rapper from Helsinki."),
+            memory("Euro", "The Euro is the currency of the Eurozone."),
+            memory(
+                "Finnish markka",
+                "The Finnish markka was the currency of Finland.",
+            ),
+        ];
+        let head: Vec<Slot<'_>> = [&singer, &euro, &markka]
+            .iter()
+            .zip(&pages)
+            .zip([0.9, 0.8, 0.7])
+            .map(|((v, m), score)| Slot {
+                vector_opt: Some(v.as_slice()),
+                score,
+                names: names_beyond(m, &asked),
+            })
+            .collect();
+        let mut c = settings(2, 0.5);
+        assert_eq!(choose(&q, &head, 0, &c), vec![0, 1]);
+        c.bridge_weight = 0.2;
+        assert_eq!(choose(&q, &head, 0, &c), vec![0, 2]);
     }
 
     fn unit(v: [f32; 3]) -> Vec<f32> {
@@ -206,18 +380,24 @@ mod tests {
         let b = unit([0.0, 1.0, 0.1]);
         let vecs = [Some(a.as_slice()), Some(a2.as_slice()), Some(b.as_slice())];
         let scores = [0.9, 0.85, 0.8];
-        assert_eq!(choose(&q, &vecs, &scores, 0, &settings(2, 0.8)), vec![0, 2]);
+        assert_eq!(
+            choose_plain(&q, &vecs, &scores, 0, &settings(2, 0.8)),
+            vec![0, 2]
+        );
         // A heavy weight on the own score keeps Stage 4's order.
         assert_eq!(
-            choose(&q, &vecs, &scores, 0, &settings(2, 10.0)),
+            choose_plain(&q, &vecs, &scores, 0, &settings(2, 10.0)),
             vec![0, 1]
         );
         assert_eq!(
-            choose(&q, &vecs, &scores, 0, &settings(3, 0.8)),
+            choose_plain(&q, &vecs, &scores, 0, &settings(3, 0.8)),
             vec![0, 2, 1]
         );
         // Opening with another (the fusion's #1): its complement follows.
-        assert_eq!(choose(&q, &vecs, &scores, 2, &settings(2, 0.8)), vec![2, 0]);
+        assert_eq!(
+            choose_plain(&q, &vecs, &scores, 2, &settings(2, 0.8)),
+            vec![2, 0]
+        );
     }
 
     #[test]
@@ -225,15 +405,15 @@ mod tests {
         let q = unit([1.0, 1.0, 0.0]);
         let a = unit([1.0, 0.0, 0.0]);
         let s = settings(2, 0.8);
-        assert!(choose(&q, &[None, Some(a.as_slice())], &[0.9, 0.8], 0, &s).is_empty());
-        assert!(choose(&q, &[Some(a.as_slice())], &[0.9], 3, &s).is_empty());
+        assert!(choose_plain(&q, &[None, Some(a.as_slice())], &[0.9, 0.8], 0, &s).is_empty());
+        assert!(choose_plain(&q, &[Some(a.as_slice())], &[0.9], 3, &s).is_empty());
         let vecs = [Some(a.as_slice()), Some(a.as_slice())];
-        assert!(choose(&q, &vecs, &[0.0, -0.8], 0, &s).is_empty());
-        assert!(choose(&q[..2], &vecs, &[0.9, 0.8], 0, &s).is_empty());
+        assert!(choose_plain(&q, &vecs, &[0.0, -0.8], 0, &s).is_empty());
+        assert!(choose_plain(&q[..2], &vecs, &[0.9, 0.8], 0, &s).is_empty());
         // A candidate without a vector, or of another dimension, is passed over.
         let short = [1.0f32, 0.0];
         let vecs = [Some(a.as_slice()), None, Some(&short[..])];
-        assert_eq!(choose(&q, &vecs, &[0.9, 0.8, 0.7], 0, &s), vec![0]);
+        assert_eq!(choose_plain(&q, &vecs, &[0.9, 0.8, 0.7], 0, &s), vec![0]);
     }
 
     #[test]
@@ -242,11 +422,11 @@ mod tests {
         let v = unit([1.0, 0.0, 0.0]);
         let vecs = vec![Some(v.as_slice()); 8];
         let scores = [0.5; 8];
-        let chosen = choose(&v, &vecs, &scores, 0, &settings(3, 0.8));
+        let chosen = choose_plain(&v, &vecs, &scores, 0, &settings(3, 0.8));
         assert_eq!(chosen, vec![0, 1, 2]);
         // Never more slots than asked for or candidates there are.
         assert_eq!(
-            choose(&v, &vecs[..2], &scores[..2], 0, &settings(5, 0.8)).len(),
+            choose_plain(&v, &vecs[..2], &scores[..2], 0, &settings(5, 0.8)).len(),
             2
         );
     }

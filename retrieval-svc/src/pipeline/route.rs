@@ -218,6 +218,33 @@ fn bridge_clause(norm: &str) -> bool {
             .any(|w| matches!(*w, "that" | "whose" | "which" | "who"))
 }
 
+/// Wording that compares things the question names itself ("who was born
+/// first, A or B?", "are both X and Y ...", "the same country"): both ends
+/// are in the question, so no bridge between them is needed (Stage 4b's
+/// bridge weight stays off for it).
+const COMPARATIVE: &[&str] = &[
+    "both",
+    "same",
+    "difference between",
+    "or",
+    "older",
+    "younger",
+    "earlier",
+    "later",
+    "longer",
+    "first",
+];
+
+/// Whether the question compares things it names (see [`COMPARATIVE`];
+/// "compare…" and "respective…" match as word prefixes).
+pub fn comparative(text: &str) -> bool {
+    let norm = normalise(text);
+    COMPARATIVE.iter().any(|p| has_phrase(&norm, p))
+        || norm
+            .split(' ')
+            .any(|w| w.starts_with("compare") || w.starts_with("respective"))
+}
+
 pub fn classify(text: &str) -> Route {
     let norm = normalise(text);
     if EXPLORATORY.iter().any(|p| has_phrase(&norm, p)) {
@@ -266,6 +293,25 @@ mod tests {
         );
         assert_eq!(Route::Simple.next_up(), Route::MultiHop);
         assert_eq!(Route::Exploratory.next_up(), Route::Exploratory);
+    }
+
+    #[test]
+    fn comparisons_are_told_from_chains() {
+        for q in [
+            "Who was born first, Ada Lovelace or Alan Turing?",
+            "Are both films from the same country?",
+            "What role did Ed Roland and Adam Duritz perform in their respective bands?",
+            "Compare Project Falcon with Atlas",
+        ] {
+            assert!(comparative(q), "{q}");
+        }
+        for q in [
+            "What currency predated the Euro in the country Signmark is from?",
+            "Who manages the person who owns Project Falcon?",
+            "Where was the director of film Do You Believe? born?",
+        ] {
+            assert!(!comparative(q), "{q}");
+        }
     }
 
     #[test]
