@@ -112,6 +112,9 @@ pub struct FitSpec<'a> {
     pub features: &'a [&'a str],
     pub version: &'a str,
     pub trained_on: &'a str,
+    /// The model scores nothing above the fusion's #1 (the dev-fitted
+    /// models; see `Model::keep_fused_first`).
+    pub keep_fused_first: bool,
 }
 
 /// Fits a model on `train` over `spec.features`.
@@ -175,13 +178,14 @@ pub fn fit(train: &[&Labelled], spec: &FitSpec<'_>) -> anyhow::Result<Ranker> {
         weights: fitted.params().iter().map(|&w| (sign * w) as f32).collect(),
         intercept: (sign * fitted.intercept()) as f32,
         trained_on: spec.trained_on.to_string(),
+        keep_fused_first: spec.keep_fused_first,
     };
     Ok(Ranker::new(model)?)
 }
 
 /// The candidates of `l` in the model's order (stable: ties keep fusion order).
 pub fn order(l: &Labelled, model: &Ranker) -> Vec<usize> {
-    let mut scored: Vec<(usize, f32)> = l.rows.iter().map(|r| model.score(r)).enumerate().collect();
+    let mut scored: Vec<(usize, f32)> = model.scores(&l.rows).into_iter().enumerate().collect();
     scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     scored.into_iter().map(|(i, _)| l.docs[i]).collect()
 }
@@ -212,6 +216,7 @@ pub fn cross_fitted(labelled: &[Labelled], features: &[&str]) -> anyhow::Result<
             features,
             version: &version,
             trained_on: "",
+            keep_fused_first: true,
         };
         let model = fit(&train, &spec)?;
         let fused_q = mean_quality(&test, |l| l.docs.clone());
@@ -280,6 +285,7 @@ pub fn write_models(labelled: &[Labelled], path: &std::path::Path) -> anyhow::Re
             features: &SHIPPED,
             version: &version,
             trained_on: &trained_on,
+            keep_fused_first: true,
         };
         let model = fit(&train, &spec)?;
         std::fs::write(&file, serde_json::to_string_pretty(model.model())? + "\n")
@@ -382,6 +388,7 @@ pub async fn train_from_feedback(
         features: &features,
         version: &version,
         trained_on: &trained_on,
+        keep_fused_first: false,
     };
     let model = fit(&informative, &spec)?;
     let tmp = opts.out.with_extension("json.tmp");
@@ -493,6 +500,7 @@ mod tests {
             features: &["fused_rr", "term_cover"],
             version: "v",
             trained_on: "",
+            keep_fused_first: false,
         };
         let m1 = fit(&refs, &spec).expect("fit");
         let m2 = fit(&refs, &spec).expect("fit");

@@ -45,9 +45,7 @@ pub fn run(checked: Vec<Checked>, p: &PipelineSettings, raw: bool, l: Learned<'_
         };
     }
     let rows = feature_rows(&checked, l.query);
-    let scores_opt = l
-        .ranker_opt
-        .map(|r| rows.iter().map(|row| r.score(row)).collect::<Vec<f32>>());
+    let scores_opt = l.ranker_opt.map(|r| r.scores(&rows));
     let ids = checked.iter().map(|c| c.cand.memory.id.clone());
     let rows = ids.zip(rows).collect();
     let ranked = rank(
@@ -263,6 +261,7 @@ mod tests {
             weights: vec![2.0, 1.0],
             intercept: 0.0,
             trained_on: String::new(),
+            keep_fused_first: false,
         };
         let ranker = Ranker::new(model).expect("model");
         let p = PipelineSettings::default();

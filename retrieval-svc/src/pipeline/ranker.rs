@@ -99,10 +99,24 @@ pub fn features(query: &str, cands: &[Signals<'_>]) -> Vec<Row> {
     // names: a neighbour of a #1 that is not about the question's subject
     // is no second hop (LODO: this gate keeps MuSiQue's R@2).
     let top_names = (cands.iter().position(|c| c.fused_pos == 0)).map_or(0.0, |i| rows[i][9]);
-    for (r, c) in rows.iter_mut().zip(cands) {
-        r[12] = f32::from(u8::from(linked(c, &top_title, &top_text))) * top_names;
+    let mut linked_titles = HashSet::new();
+    for i in by_fused_pos(cands) {
+        let c = &cands[i];
+        // One page per linked name: the #1 names an entity, not each of
+        // its paragraphs (MuSiQue holds several passages titled "Africa";
+        // lifting all of them pushed a gold memory out of the top 10).
+        let first_of_title =
+            linked(c, &top_title, &top_text) && linked_titles.insert(c.title.trim().to_lowercase());
+        rows[i][12] = f32::from(u8::from(first_of_title)) * top_names;
     }
     rows
+}
+
+/// The candidates' indices, best fused first.
+fn by_fused_pos(cands: &[Signals<'_>]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..cands.len()).collect();
+    order.sort_by_key(|&i| cands[i].fused_pos);
+    order
 }
 
 /// Whether the top candidate's text names this candidate (by its title).
@@ -169,6 +183,15 @@ pub struct Model {
     /// What it was fitted on and how (free text, for people).
     #[serde(default)]
     pub trained_on: String,
+    /// It scores no candidate above the fusion's #1. Set on the models
+    /// `engram tune` fits on the dev sets: their bridge feature lifts
+    /// memories the #1 links to, which helps them into the top few but,
+    /// over the #1 itself, cost R@1 against the fusion alone cross-fitted
+    /// (docs/benchmarks.md, "Bridges between slots"). Not set on a model
+    /// trained from a tenant's own feedback, which may learn that its #1
+    /// is wrong.
+    #[serde(default)]
+    pub keep_fused_first: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -231,6 +254,16 @@ impl Ranker {
 
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// The scores of candidates given in fused order, with the model's
+    /// rule for the fusion's #1 applied.
+    pub fn scores(&self, rows: &[Row]) -> Vec<f32> {
+        let mut scores: Vec<f32> = rows.iter().map(|row| self.score(row)).collect();
+        if self.model.keep_fused_first {
+            keep_fused_first(&mut scores);
+        }
+        scores
     }
 
     /// The model's probability that the candidate is relevant.
@@ -423,6 +456,17 @@ fn reload_tenants(slot: &Slot, dir: &Path, seen: &mut HashMap<String, Option<Sys
     });
 }
 
+/// Raises the first (the fusion's #1) to the best score; ties keep fused
+/// order, so it stays first unless time or confidence lowers it.
+fn keep_fused_first(scores: &mut [f32]) {
+    let best = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(first) = scores.first_mut()
+        && best.is_finite()
+    {
+        *first = best;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,6 +528,54 @@ mod tests {
     }
 
     #[test]
+    fn a_dev_fitted_model_scores_nothing_above_the_fused_first() {
+        let mut scores = vec![0.2, 0.9, 0.5];
+        keep_fused_first(&mut scores);
+        assert_eq!(scores, vec![0.9, 0.9, 0.5]);
+        let mut scores = vec![0.7, 0.1];
+        keep_fused_first(&mut scores);
+        assert_eq!(scores, vec![0.7, 0.1]);
+        let mut empty: Vec<f32> = Vec::new();
+        keep_fused_first(&mut empty);
+        assert!(empty.is_empty());
+        // Only when the model says so: a model that prefers the lower
+        // fused rank puts the #2 above the #1 unless it keeps the #1.
+        let col = NAMES
+            .iter()
+            .position(|n| *n == "fused_rr")
+            .expect("feature");
+        let mut rows = vec![[0.0; N]; 2];
+        (rows[0][col], rows[1][col]) = (1.0, 0.5);
+        let mut m = model(&["fused_rr"], &[-1.0]);
+        let free = Ranker::new(m.clone()).expect("model").scores(&rows);
+        assert!(free[1] > free[0]);
+        m.keep_fused_first = true;
+        let kept = Ranker::new(m).expect("model").scores(&rows);
+        assert_eq!(kept[0], kept[1]);
+    }
+
+    #[test]
+    fn of_several_pages_with_the_linked_title_only_the_best_fused_is_linked() {
+        let q = "What is the southern tip of the continent where coffee comes from?";
+        let rows = features(
+            q,
+            &[
+                sig(
+                    [Some((1, 0.6)), None, None],
+                    0,
+                    "Coffee",
+                    "coffee comes from Africa",
+                ),
+                sig([Some((4, 0.3)), None, None], 2, "Africa", "a paragraph"),
+                sig([Some((3, 0.4)), None, None], 1, "Africa", "another one"),
+            ],
+        );
+        // Input order is not fused order: position 1 is the best "Africa".
+        assert_eq!((rows[1][12], rows[2][12]), (0.0, rows[0][9]));
+        assert!(rows[2][12] > 0.0);
+    }
+
+    #[test]
     fn the_bridge_counts_only_from_a_top_passage_about_the_question() {
         let q = "Where was the director of Inception born?";
         let rows = features(
@@ -515,6 +607,7 @@ mod tests {
             weights: weights.to_vec(),
             intercept: 0.0,
             trained_on: String::new(),
+            keep_fused_first: false,
         }
     }
 
