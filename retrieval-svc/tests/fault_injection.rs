@@ -49,6 +49,8 @@ struct FakeSearch {
     vectors: std::sync::Mutex<std::collections::HashMap<String, Vec<f32>>>,
     /// Get fails when asked for embeddings.
     fail_vector_reads: std::sync::atomic::AtomicBool,
+    /// Gets that asked for embeddings.
+    vector_reads: AtomicU32,
 }
 
 fn hits(tenant: &str, ids: &[&str]) -> SearchResponse {
@@ -102,6 +104,9 @@ impl SearchService for FakeSearch {
     async fn get(&self, r: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let id = check(&r)?;
         let req = r.into_inner();
+        if req.include_embedding {
+            self.vector_reads.fetch_add(1, Ordering::SeqCst);
+        }
         if req.include_embedding && self.fail_vector_reads.load(Ordering::SeqCst) {
             return Err(Status::unavailable("vector reads injected to fail"));
         }
@@ -757,6 +762,8 @@ async fn complementary_slots_reorder_the_head_or_degrade() {
         [&before[0], &before[2], &before[1]].map(String::clone)
     );
     assert_eq!(after[3..], before[3..]);
+    // One vector read an answer (Stage 2's, beside the graph hits' rows).
+    assert_eq!(search.vector_reads.load(Ordering::SeqCst), 2);
     search.fail_vector_reads.store(true, Ordering::SeqCst);
     let (failed, degraded) = ask().await;
     assert_eq!(degraded, vec!["complement".to_string()]);

@@ -13,28 +13,30 @@
 //! "Complementary slots"): R@1 and R@2 up on 2Wiki, HotpotQA and MuSiQue,
 //! LoCoMo untouched (its questions route simple).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use engram_common::settings::ComplementSettings;
-use engram_proto::{GetRequest, Memory};
+use engram_proto::Memory;
 use tokio::time::Instant;
 
 use super::ctx::{Ctx, StageTrace};
 use super::route::comparative;
+use super::search::{Vectors, read_vectors};
 use super::validate::Checked;
-use crate::downstream::call_until;
 
 /// The degraded-stage name when the memories' vectors could not be read.
 pub const COMPLEMENT: &str = "complement";
 
 /// Reorders the head of `ranked` (best first, each with its Stage 4
-/// score) when the settings ask for it; on a failed read the order stands
-/// and the stage is reported degraded.
+/// score) when the settings ask for it, with the vectors Stage 2 read (or,
+/// when it did not, read here); on a failed read the order stands and the
+/// stage is reported degraded.
 pub async fn run(
     ctx: &mut Ctx<'_>,
     trace: &mut StageTrace,
     ranked: &mut [(Checked, f32)],
     query_opt: Option<&[f32]>,
+    prefetched: Vectors,
 ) {
     let c = &ctx.settings.pipeline.complement;
     let pool = c.pool.min(ranked.len());
@@ -42,28 +44,19 @@ pub async fn run(
         return;
     };
     let t = Instant::now();
-    let req = GetRequest {
-        ids: ranked[..pool]
-            .iter()
-            .map(|(k, _)| k.cand.memory.id.clone())
-            .collect(),
-        include_embedding: true,
-        omit_entities: true,
-        vectors_only: true,
+    let read = match prefetched {
+        Vectors::NotRead => {
+            let ids = (ranked[..pool].iter())
+                .map(|(k, _)| k.cand.memory.id.clone())
+                .collect();
+            read_vectors(ctx, ids, ctx.deadline).await
+        }
+        done => done,
     };
-    let vectors: HashMap<String, Vec<f32>> =
-        match call_until(&ctx.ds.get, &ctx.identity, ctx.deadline, req).await {
-            Ok(resp) => resp
-                .memories
-                .into_iter()
-                .map(|m| (m.id, m.embedding))
-                .collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the candidates' vectors failed");
-                trace.degraded.push(COMPLEMENT.into());
-                return;
-            }
-        };
+    let Vectors::Read(vectors) = read else {
+        trace.degraded.push(COMPLEMENT.into());
+        return;
+    };
     let head = &mut ranked[..pool];
     let order = {
         let bridging = c.bridge_weight > 0.0 && !comparative(&ctx.query.text);

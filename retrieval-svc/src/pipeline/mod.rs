@@ -508,7 +508,7 @@ impl Pipeline {
         let route = found.route_opt.unwrap_or(step.route);
         if route == Route::MultiHop && !step.is_raw() {
             let query_opt = found.query_embedding_opt.as_deref();
-            complement::run(ctx, &mut trace, &mut ranked, query_opt)
+            complement::run(ctx, &mut trace, &mut ranked, query_opt, found.vectors)
                 .instrument(stage_span("complement"))
                 .await;
         }

@@ -44,7 +44,10 @@ impl Step {
     /// evidence route (indicated by the wording, whatever the step's route).
     pub fn plan(&self, q: &Query, p: &PipelineSettings) -> Plan {
         match self.raw_opt {
-            Some(Raw::Hybrid) => Plan::by_evidence(classify(&q.text), p, q.limit),
+            Some(Raw::Hybrid) => Plan {
+                complement: false,
+                ..Plan::by_evidence(classify(&q.text), p, q.limit)
+            },
             Some(raw) => Plan::raw(raw, q.limit, p.rrf_k),
             None if self.by_evidence => Plan::by_evidence(self.route, p, q.limit),
             None => Plan::for_route(self.route, p, q.limit),
