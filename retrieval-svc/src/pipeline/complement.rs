@@ -223,11 +223,17 @@ fn lower_words(text: &str) -> HashSet<String> {
         .collect()
 }
 
+/// Words of a memory read for its names: a 64 KiB memory would otherwise
+/// cost its tenant's multi-hop queries milliseconds of tokenizing, and a
+/// bridge is named early in a passage.
+const NAME_TOKENS_MAX: usize = 2_000;
+
 /// A memory's names (its title's and content's capitalised words,
 /// lowercased) that the question does not say.
 fn names_beyond(m: &Memory, asked: &HashSet<String>) -> HashSet<String> {
     tokens(&m.title)
         .chain(tokens(&m.content))
+        .take(NAME_TOKENS_MAX)
         .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
         .map(str::to_lowercase)
         .filter(|w| !FILLER.contains(&w.as_str()) && !asked.contains(w))
@@ -323,6 +329,11 @@ mod tests {
             sorted,
             vec!["finnish", "marko", "vuoriheimo", "warner-music"]
         );
+        // A huge memory is read only so far.
+        let late = format!("{}Finland", "word ".repeat(NAME_TOKENS_MAX));
+        assert!(names_beyond(&memory("", &late), &asked).is_empty());
+        let early = format!("Finland {}", "word ".repeat(NAME_TOKENS_MAX));
+        assert_eq!(names_beyond(&memory("", &early), &asked).len(), 1);
     }
 
     #[test]
