@@ -327,7 +327,7 @@ pub struct EvalCommon {
     #[arg(long)]
     pub agentic: bool,
     /// The agentic request's `mode` (auto, keyword, vector, hybrid; empty =
-    /// the API's default, hybrid).
+    /// the API's default, auto).
     #[arg(long, default_value = "")]
     pub agentic_mode: String,
     /// Write one JSON line per question and setting here: the ranked corpus
