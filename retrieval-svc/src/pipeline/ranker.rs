@@ -105,8 +105,10 @@ pub fn features(query: &str, cands: &[Signals<'_>]) -> Vec<Row> {
         // One page per linked name: the #1 names an entity, not each of
         // its paragraphs (MuSiQue holds several passages titled "Africa";
         // lifting all of them pushed a gold memory out of the top 10).
-        let first_of_title =
-            linked(c, &top_title, &top_text) && linked_titles.insert(c.title.trim().to_lowercase());
+        let title = c.title.trim().to_lowercase();
+        let first_of_title = c.fused_pos != 0
+            && linked(&title, &top_title, &top_text)
+            && linked_titles.insert(title);
         rows[i][12] = f32::from(u8::from(first_of_title)) * top_names;
     }
     rows
@@ -119,13 +121,9 @@ fn by_fused_pos(cands: &[Signals<'_>]) -> Vec<usize> {
     order
 }
 
-/// Whether the top candidate's text names this candidate (by its title).
-fn linked(c: &Signals<'_>, top_title: &str, top_text: &str) -> bool {
-    let title = c.title.trim().to_lowercase();
-    c.fused_pos != 0
-        && title.chars().count() >= 3
-        && title != top_title
-        && top_text.contains(&title)
+/// Whether the top candidate's text names another by its (lowercased) title.
+fn linked(title: &str, top_title: &str, top_text: &str) -> bool {
+    title.chars().count() >= 3 && title != top_title && top_text.contains(title)
 }
 
 fn row(
