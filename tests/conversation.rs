@@ -1,7 +1,8 @@
 //! Conversation turns end to end (issue 20): the write shape is validated
 //! field by field, a context-free turn is found by what it answers, and a
 //! turn's context never carries a higher-trust turn's words to a lower
-//! reader.
+//! reader. A chain of relations asked of untitled chat memories finds its
+//! second hop (issue 19).
 
 use engram::client::Client;
 use engram_proto::{AccessLevel, Memory, RetrievalMode, RetrieveRequest, Turn, UpsertRequest};
@@ -224,5 +225,49 @@ async fn a_bad_turn_is_refused_naming_its_field() -> anyhow::Result<()> {
         );
     }
     stack.shutdown().await;
+    Ok(())
+}
+
+/// "The manager of the owner of Project Falcon": the graph cannot route it
+/// (chat memories have no titled home for "Priya"), so AUTO answers it on
+/// the simple route; its wording is a chain of relations, so Stage 4b
+/// still bridges from the owner's memory to the one naming her manager
+/// (without the bridge it was not in the top 6).
+#[tokio::test]
+async fn a_chain_of_relations_in_chat_finds_its_second_hop() -> anyhow::Result<()> {
+    let stack = TestStack::start("internal").await?;
+    let mut client = stack.client().await?;
+    let memories = [
+        "Priya said she owns Project Falcon now that the reorg is done.",
+        "Priya mentioned that her manager is Tomas Berg, who runs the platform group.",
+        "Project Falcon ships the new search index by the end of May.",
+        "The owner of the coffee machine asked everyone to clean up after themselves.",
+        "Managers meet every Thursday to review project budgets.",
+        "Project Falcon had two outages last week caused by the cache layer.",
+        "Lena is the manager of the design team and owns the style guide.",
+        "Falcon's dashboards are owned by the observability group.",
+    ]
+    .iter()
+    .map(|text| Memory {
+        id: uuid::Uuid::new_v4().to_string(),
+        content: (*text).into(),
+        ..Default::default()
+    })
+    .collect();
+    client.memories.upsert(UpsertRequest { memories }).await?;
+    let found = contents(
+        &mut client,
+        ask(
+            "Who is the manager of the owner of Project Falcon?",
+            RetrievalMode::Auto,
+        ),
+    )
+    .await?;
+    let top: Vec<&str> = found.iter().take(3).map(|m| m.content.as_str()).collect();
+    assert!(top[0].contains("owns Project Falcon"), "{top:?}");
+    assert!(
+        top.iter().any(|c| c.contains("Tomas Berg")),
+        "the manager is not in the top 3: {top:?}"
+    );
     Ok(())
 }

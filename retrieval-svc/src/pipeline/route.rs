@@ -248,6 +248,53 @@ pub fn comparative(text: &str) -> bool {
             .any(|w| w.starts_with("compare") || w.starts_with("respective"))
 }
 
+/// Head nouns that name an attribute, not a thing a chain passes through
+/// ("the name of the pet that…", "the kind of…"): chat questions use them
+/// without any hop.
+const ATTRIBUTE_HEADS: &[&str] = &[
+    "name", "kind", "type", "sort", "photo", "picture", "title", "number", "date", "year", "time",
+    "main", "part", "process", "color", "colour", "amount",
+];
+
+/// Words that attach a relation to the noun before them: "the composer
+/// of", "the country where", "the person who".
+const RELATION_LINKS: &[&str] = &["of", "where", "whose", "which", "who", "whom", "that", "by"];
+
+/// Whether the question is a chain of at least two relations ("the
+/// country where the composer of X was a citizen", "the manager of the
+/// owner of Project Falcon"): each link is "the", a noun that is not an
+/// attribute head, and a relation word. Such a question needs Stage 4b's
+/// bridges even when the graph's evidence routed it simple (its entity has
+/// no titled home memory, or is misspelt): on the dev sets it matched six
+/// simple-routed MuSiQue questions and none of LoCoMo's, HotpotQA's or
+/// 2Wiki's (docs/benchmarks.md, "Chains of relations").
+pub fn chained(text: &str) -> bool {
+    let norm = normalise(text);
+    let words: Vec<&str> = norm.split(' ').collect();
+    let links = words
+        .windows(3)
+        .filter(|w| {
+            w[0] == "the"
+                && w[1].len() > 1
+                && w[1].chars().all(char::is_alphabetic)
+                && !ATTRIBUTE_HEADS.contains(&w[1])
+                && RELATION_LINKS.contains(&w[2])
+        })
+        .count();
+    links >= 2
+}
+
+/// Whether Stage 4b chooses complementary slots for an answer on `route`:
+/// multi-hop answers, and simple ones whose wording is a chain of
+/// relations ([`chained`]).
+pub fn complements(route: Route, text: &str) -> bool {
+    match route {
+        Route::MultiHop => true,
+        Route::Simple => chained(text),
+        Route::Exploratory => false,
+    }
+}
+
 pub fn classify(text: &str) -> Route {
     let norm = normalise(text);
     if EXPLORATORY.iter().any(|p| has_phrase(&norm, p)) {
@@ -315,6 +362,31 @@ mod tests {
         ] {
             assert!(!comparative(q), "{q}");
         }
+    }
+
+    #[test]
+    fn chains_of_relations_are_told_from_chat_wording() {
+        for q in [
+            "Who was in charge of the country where the composer of Aschenbrodel was a citizen?",
+            "Who is the manager of the owner of Project Falcon?",
+            "Who formed and first arrived to the colony that became the state whose official sport is jousting?",
+        ] {
+            assert!(chained(q), "{q}");
+            assert!(complements(Route::Simple, q), "{q}");
+        }
+        for q in [
+            "What was the name of the pet that John had to say goodbye to on 3 June, 2023?",
+            "How does Gina describe the studio that Jon has opened?",
+            "What kind of university did the author of Alexander attend?",
+            "Where was the place of burial of Osthryth's father?",
+            "",
+        ] {
+            assert!(!chained(q), "{q}");
+            assert!(!complements(Route::Simple, q), "{q}");
+        }
+        assert!(complements(Route::MultiHop, "Who directed Heat?"));
+        let chain = "Who is the manager of the owner of Project Falcon?";
+        assert!(!complements(Route::Exploratory, chain));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use super::ctx::Ctx;
 use super::evidence::{self, Evidence};
 use super::fusion::{Fused, StrategyList, max_score, rrf, weights_for};
+use super::route;
 use super::session::{self, Lift};
 use super::when;
 use crate::downstream::{DownstreamError, call_until};
@@ -86,8 +87,9 @@ pub struct Plan {
     pub lift: Lift,
     /// The route a fixed plan runs (AUTO's comes from the evidence).
     pub route_opt: Option<Route>,
-    /// Stage 4b may reorder this plan's answer (not in raw modes): on the
-    /// multi-hop route Stage 2 then reads the fused candidates' vectors
+    /// Stage 4b may reorder this plan's answer (not in raw modes): when the
+    /// route is one it reorders ([`route::complements`]: multi-hop, or a
+    /// chain of relations) Stage 2 then reads the fused candidates' vectors
     /// beside the graph hits' rows, so Stage 4b needs no round trip of its own.
     pub complement: bool,
 }
@@ -263,8 +265,9 @@ pub async fn run(
         .as_ref()
         .and_then(|t| DateTime::from_timestamp(t.seconds, 0));
     let fused = pool.fuse(plan, &ctx.query.text, reference_opt);
-    let multi_hop = pool.out.route_opt.or(plan.route_opt) == Some(Route::MultiHop);
-    if plan.complement && multi_hop {
+    let complements = (pool.out.route_opt.or(plan.route_opt))
+        .is_some_and(|chosen| route::complements(chosen, &ctx.query.text));
+    if plan.complement && complements {
         // Beside the graph hits' rows, not after Stage 4: one round trip
         // fewer on the multi-hop path (at 8 in flight Stage 4b's own read
         // waited 7 ms p50 behind the other queries' work).
