@@ -506,7 +506,7 @@ impl Pipeline {
         let rows = distilled.rows;
         let mut ranked = distilled.ranked;
         let route = found.route_opt.unwrap_or(step.route);
-        if route::complements(route, &ctx.query.text) && !step.is_raw() {
+        if plan.complements(route) && !step.is_raw() {
             let query_opt = found.query_embedding_opt.as_deref();
             complement::run(ctx, &mut trace, &mut ranked, query_opt, found.vectors)
                 .instrument(stage_span("complement"))

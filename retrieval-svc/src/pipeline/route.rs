@@ -43,7 +43,7 @@ impl Step {
     /// Stage 2's plan. HYBRID is all three strategies weighted by the
     /// evidence route (indicated by the wording, whatever the step's route).
     pub fn plan(&self, q: &Query, p: &PipelineSettings) -> Plan {
-        match self.raw_opt {
+        let plan = match self.raw_opt {
             Some(Raw::Hybrid) => Plan {
                 complement: false,
                 ..Plan::by_evidence(classify(&q.text), p, q.limit)
@@ -51,6 +51,10 @@ impl Step {
             Some(raw) => Plan::raw(raw, q.limit, p.rrf_k),
             None if self.by_evidence => Plan::by_evidence(self.route, p, q.limit),
             None => Plan::for_route(self.route, p, q.limit),
+        };
+        Plan {
+            chained: chained(&q.text),
+            ..plan
         }
     }
 
@@ -284,17 +288,6 @@ pub fn chained(text: &str) -> bool {
     links >= 2
 }
 
-/// Whether Stage 4b chooses complementary slots for an answer on `route`:
-/// multi-hop answers, and simple ones whose wording is a chain of
-/// relations ([`chained`]).
-pub fn complements(route: Route, text: &str) -> bool {
-    match route {
-        Route::MultiHop => true,
-        Route::Simple => chained(text),
-        Route::Exploratory => false,
-    }
-}
-
 pub fn classify(text: &str) -> Route {
     let norm = normalise(text);
     if EXPLORATORY.iter().any(|p| has_phrase(&norm, p)) {
@@ -372,7 +365,6 @@ mod tests {
             "Who formed and first arrived to the colony that became the state whose official sport is jousting?",
         ] {
             assert!(chained(q), "{q}");
-            assert!(complements(Route::Simple, q), "{q}");
         }
         for q in [
             "What was the name of the pet that John had to say goodbye to on 3 June, 2023?",
@@ -382,11 +374,7 @@ mod tests {
             "",
         ] {
             assert!(!chained(q), "{q}");
-            assert!(!complements(Route::Simple, q), "{q}");
         }
-        assert!(complements(Route::MultiHop, "Who directed Heat?"));
-        let chain = "Who is the manager of the owner of Project Falcon?";
-        assert!(!complements(Route::Exploratory, chain));
     }
 
     #[test]

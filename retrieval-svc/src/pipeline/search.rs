@@ -20,7 +20,6 @@ use tokio::time::Instant;
 use super::ctx::Ctx;
 use super::evidence::{self, Evidence};
 use super::fusion::{Fused, StrategyList, max_score, rrf, weights_for};
-use super::route;
 use super::session::{self, Lift};
 use super::when;
 use crate::downstream::{DownstreamError, call_until};
@@ -88,13 +87,29 @@ pub struct Plan {
     /// The route a fixed plan runs (AUTO's comes from the evidence).
     pub route_opt: Option<Route>,
     /// Stage 4b may reorder this plan's answer (not in raw modes): when the
-    /// route is one it reorders ([`route::complements`]: multi-hop, or a
-    /// chain of relations) Stage 2 then reads the fused candidates' vectors
-    /// beside the graph hits' rows, so Stage 4b needs no round trip of its own.
+    /// route is one it reorders ([`Plan::complements`]) Stage 2 then reads
+    /// the fused candidates' vectors beside the graph hits' rows, so Stage
+    /// 4b needs no round trip of its own.
     pub complement: bool,
+    /// The question is a chain of relations (`route::chained`), so Stage 4b
+    /// reorders it on the simple route too. Set by `route::Step::plan`.
+    pub chained: bool,
 }
 
 impl Plan {
+    /// Whether Stage 4b reorders this plan's answer on `route`: multi-hop
+    /// answers, and simple ones to a chain of relations (AUTO's route comes
+    /// from the graph's evidence, which chat memories and misspelt names
+    /// never give).
+    pub fn complements(&self, route: Route) -> bool {
+        self.complement
+            && match route {
+                Route::MultiHop => true,
+                Route::Simple => self.chained,
+                Route::Exploratory => false,
+            }
+    }
+
     fn lift(p: &PipelineSettings) -> Lift {
         Lift {
             session: p.session_lift,
@@ -129,6 +144,7 @@ impl Plan {
             lift: Self::lift(p),
             route_opt: Some(route),
             complement: p.complement.pool > 0,
+            chained: false,
         }
     }
 
@@ -150,6 +166,7 @@ impl Plan {
             lift: Self::lift(p),
             route_opt: None,
             complement: p.complement.pool > 0,
+            chained: false,
         }
     }
 
@@ -179,6 +196,7 @@ impl Plan {
             lift: Lift::OFF,
             route_opt: None,
             complement: false,
+            chained: false,
         }
     }
 }
@@ -265,9 +283,9 @@ pub async fn run(
         .as_ref()
         .and_then(|t| DateTime::from_timestamp(t.seconds, 0));
     let fused = pool.fuse(plan, &ctx.query.text, reference_opt);
-    let complements = (pool.out.route_opt.or(plan.route_opt))
-        .is_some_and(|chosen| route::complements(chosen, &ctx.query.text));
-    if plan.complement && complements {
+    let complements =
+        (pool.out.route_opt.or(plan.route_opt)).is_some_and(|chosen| plan.complements(chosen));
+    if complements {
         // Beside the graph hits' rows, not after Stage 4: one round trip
         // fewer on the multi-hop path (at 8 in flight Stage 4b's own read
         // waited 7 ms p50 behind the other queries' work).
@@ -713,6 +731,26 @@ mod tests {
             graph: None,
             hyde: Vec::new(),
         }
+    }
+
+    #[test]
+    fn stage_4b_reorders_multi_hop_and_chained_simple_answers_only() {
+        let p = PipelineSettings::default();
+        let plain = Plan::for_route(Route::Simple, &p, 10);
+        let chain = Plan {
+            chained: true,
+            ..Plan::for_route(Route::Simple, &p, 10)
+        };
+        assert!(plain.complements(Route::MultiHop));
+        assert!(!plain.complements(Route::Simple));
+        assert!(chain.complements(Route::Simple));
+        assert!(!chain.complements(Route::Exploratory));
+        let raw = Plan {
+            chained: true,
+            ..Plan::raw(Raw::Vector, 10, 60.0)
+        };
+        assert!(!raw.complements(Route::MultiHop));
+        assert!(!raw.complements(Route::Simple));
     }
 
     #[test]
