@@ -11,7 +11,11 @@
 //! it measured) and the pairs queued ahead; a request whose estimated
 //! finish is past its `grpc-timeout` gets RESOURCE_EXHAUSTED at once,
 //! which the gateway reports as a skipped rerank (degraded), neutral to
-//! its breaker. Until the first request is measured everything is admitted,
+//! its breaker. Under load a request whose whole list would finish late
+//! but whose head of at least [`MIN_HEAD_PAIRS`] would not is admitted
+//! with that head only: the gateway sends its candidates best first, an
+//! agent reads the first few, and a reranked head is worth more to it than
+//! no rerank at all. Until the first request is measured everything is admitted,
 //! and so is a request with nothing queued ahead of it: it starts at once,
 //! and it is how the estimate learns that load has passed (refused requests
 //! teach nothing; without this rule one slow measurement under load would
@@ -25,6 +29,10 @@ use std::time::{Duration, Instant};
 /// Weight of the newest measurement in the per-pair mean: about the last
 /// ten requests count, so a load change shows within a second.
 const ALPHA: f64 = 0.2;
+
+/// The fewest pairs a request is cut to under load; below it the request
+/// is refused. Three: what an agent reads first (R@2, R@3).
+pub const MIN_HEAD_PAIRS: usize = 3;
 
 #[derive(Debug, Default)]
 pub struct Backlog {
@@ -47,38 +55,53 @@ pub struct Late {
     pub left: Duration,
 }
 
+/// What the backlog let in of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    /// How many of its pairs, from the first: all, or under load a head.
+    pub pairs: usize,
+    /// Nothing was queued ahead: the model thread scores it without a
+    /// second check.
+    pub first: bool,
+}
+
 impl Backlog {
     /// Admits `pairs` to the queue when they can be scored, behind what is
     /// queued, before `deadline_opt` (no deadline: always admitted), or
-    /// when nothing is queued. Ok(true) for a request first in line: the
-    /// model thread then scores it without a second check.
+    /// when nothing is queued; under load, only the head that can (at
+    /// least [`MIN_HEAD_PAIRS`]).
     pub fn admit(
         &self,
         pairs: usize,
         now: Instant,
         deadline_opt: Option<Instant>,
-    ) -> Result<bool, Late> {
+    ) -> Result<Admitted, Late> {
         let mut st = self.lock();
         let first = st.queued_pairs == 0;
-        if let Some(deadline) = deadline_opt.filter(|_| !first) {
-            check(estimate(&st, st.queued_pairs + pairs), now, deadline)?;
-        }
-        st.queued_pairs += pairs;
-        Ok(first)
+        let admitted = match deadline_opt.filter(|_| !first) {
+            Some(deadline) => fitting(&st, st.queued_pairs, pairs, now, deadline)?,
+            None => pairs,
+        };
+        st.queued_pairs += admitted;
+        Ok(Admitted {
+            pairs: admitted,
+            first,
+        })
     }
 
-    /// Whether `pairs` at the head of the queue can still finish before
-    /// `deadline_opt`: the model thread's last check before scoring.
+    /// How many of `pairs` at the head of the queue can still finish
+    /// before `deadline_opt` (all, a head of at least [`MIN_HEAD_PAIRS`],
+    /// or none): the model thread's last check before scoring.
     pub fn still_in_time(
         &self,
         pairs: usize,
         now: Instant,
         deadline_opt: Option<Instant>,
-    ) -> Result<(), Late> {
+    ) -> Result<usize, Late> {
         let st = self.lock();
         match deadline_opt {
-            Some(deadline) => check(estimate(&st, pairs), now, deadline),
-            None => Ok(()),
+            Some(deadline) => fitting(&st, 0, pairs, now, deadline),
+            None => Ok(pairs),
         }
     }
 
@@ -110,16 +133,32 @@ impl Backlog {
     }
 }
 
-fn estimate(st: &State, pairs: usize) -> Option<Duration> {
-    let per_pair = st.per_pair_opt?;
-    Duration::try_from_secs_f64(per_pair * pairs as f64).ok()
-}
-
-fn check(estimate_opt: Option<Duration>, now: Instant, deadline: Instant) -> Result<(), Late> {
+/// How many of `pairs`, behind `ahead` queued pairs, finish before
+/// `deadline` at the estimated cost per pair: all of them, else the
+/// longest head of at least [`MIN_HEAD_PAIRS`] (a request of fewer pairs
+/// is never cut), else Late. Unmeasured: all.
+fn fitting(
+    st: &State,
+    ahead: usize,
+    pairs: usize,
+    now: Instant,
+    deadline: Instant,
+) -> Result<usize, Late> {
+    let Some(per_pair) = st.per_pair_opt.filter(|p| *p > 0.0) else {
+        return Ok(pairs);
+    };
     let left = deadline.saturating_duration_since(now);
-    match estimate_opt {
-        Some(estimate) if estimate > left => Err(Late { estimate, left }),
-        _ => Ok(()),
+    // Float-to-integer `as` saturates (and maps NaN to 0): a huge budget
+    // admits everything, an empty one nothing.
+    let fit = ((left.as_secs_f64() / per_pair).floor() as usize).saturating_sub(ahead);
+    match fit.min(pairs) {
+        all if all == pairs => Ok(pairs),
+        head if head >= MIN_HEAD_PAIRS => Ok(head),
+        _ => Err(Late {
+            estimate: Duration::try_from_secs_f64(per_pair * (ahead + pairs) as f64)
+                .unwrap_or(Duration::MAX),
+            left,
+        }),
     }
 }
 
@@ -128,6 +167,10 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    fn whole(pairs: usize, first: bool) -> Admitted {
+        Admitted { pairs, first }
+    }
 
     #[test]
     fn everything_is_admitted_until_a_request_was_measured() {
@@ -146,21 +189,44 @@ mod tests {
         b.admit(10, now, None).expect("no deadline");
         b.done(10, Some(200 * MS));
         // First in line: admitted whatever the estimate says.
-        assert_eq!(b.admit(100, now, Some(now + MS)), Ok(true));
+        assert_eq!(b.admit(100, now, Some(now + MS)), Ok(whole(100, true)));
         b.done(100, None);
-        assert_eq!(b.admit(30, now, None), Ok(true));
+        assert_eq!(b.admit(30, now, None), Ok(whole(30, true)));
         assert_eq!(
             b.admit(10, now, Some(now + 1000 * MS)),
-            Ok(false),
+            Ok(whole(10, false)),
             "800 ms of work in 1 s"
+        );
+        assert_eq!(
+            b.admit(20, now, Some(now + 1000 * MS)),
+            Ok(whole(10, false)),
+            "60 pairs would take 1.2 s: the head of 10 fits"
         );
         let late = b
             .admit(20, now, Some(now + 1000 * MS))
-            .expect_err("60 pairs = 1.2 s");
+            .expect_err("behind 50 pairs not even a head of 3 fits");
         assert_eq!(late.left, 1000 * MS);
-        assert!((late.estimate.as_secs_f64() - 1.2).abs() < 1e-6);
-        assert_eq!(b.queued_pairs(), 40, "the refused pairs are not counted");
+        assert!((late.estimate.as_secs_f64() - 1.4).abs() < 1e-6);
+        assert_eq!(b.queued_pairs(), 50, "the refused pairs are not counted");
         b.admit(5, now, None).expect("no deadline, no refusal");
+    }
+
+    #[test]
+    fn a_short_request_is_never_cut_below_its_whole() {
+        let b = Backlog::default();
+        let now = Instant::now();
+        b.admit(10, now, None).expect("admitted");
+        b.done(10, Some(200 * MS));
+        b.admit(40, now, None).expect("queued ahead");
+        // 45 pairs fit in 900 ms: 5 after the 40 queued.
+        assert_eq!(
+            b.admit(MIN_HEAD_PAIRS, now, Some(now + 900 * MS)),
+            Ok(whole(MIN_HEAD_PAIRS, false))
+        );
+        // 43 queued now: 2 fit, fewer than a head.
+        assert!(b.admit(MIN_HEAD_PAIRS, now, Some(now + 900 * MS)).is_err());
+        assert!(b.admit(10, now, Some(now + 900 * MS)).is_err());
+        assert_eq!(b.queued_pairs(), 43);
     }
 
     #[test]
@@ -169,10 +235,15 @@ mod tests {
         let now = Instant::now();
         b.admit(10, now, None).expect("admitted");
         b.done(10, Some(100 * MS));
-        assert!(b.still_in_time(10, now, Some(now + 150 * MS)).is_ok());
-        assert!(b.still_in_time(20, now, Some(now + 150 * MS)).is_err());
+        assert_eq!(b.still_in_time(10, now, Some(now + 150 * MS)), Ok(10));
+        assert_eq!(
+            b.still_in_time(20, now, Some(now + 150 * MS)),
+            Ok(15),
+            "its head of 15 still fits"
+        );
+        assert!(b.still_in_time(20, now, Some(now + 20 * MS)).is_err());
         assert!(b.still_in_time(20, now, Some(now)).is_err());
-        assert!(b.still_in_time(20, now, None).is_ok());
+        assert_eq!(b.still_in_time(20, now, None), Ok(20));
     }
 
     #[test]
@@ -184,9 +255,11 @@ mod tests {
         }
         let now = Instant::now();
         b.admit(1, now, None).expect("something queued ahead");
-        // Close to 40 ms a pair now: 1 + 10 pairs no longer fit 300 ms.
-        assert!(b.admit(10, now, Some(now + 300 * MS)).is_err());
-        assert_eq!(b.admit(10, now, Some(now + 450 * MS)), Ok(false));
+        // Close to 40 ms a pair now: 1 + 10 pairs no longer fit 300 ms,
+        // a head of 6 does; 1 + 10 fit 450 ms.
+        assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(whole(6, false)));
+        b.done(6, None);
+        assert_eq!(b.admit(10, now, Some(now + 450 * MS)), Ok(whole(10, false)));
     }
 
     #[test]
@@ -197,18 +270,18 @@ mod tests {
         let now = Instant::now();
         // Nothing queued: admitted and first in line, so it is measured
         // and the estimate can learn that the load has passed.
-        assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(true));
+        assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(whole(10, true)));
         // Behind it, the slow estimate still refuses.
         assert!(b.admit(10, now, Some(now + 300 * MS)).is_err());
         b.done(20, None);
         // Each request first in line is measured, fast now: the mean comes
         // back down and requests behind others are admitted again.
         for _ in 0..30 {
-            assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(true));
+            assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(whole(10, true)));
             b.done(10, Some(100 * MS));
         }
         b.admit(1, now, None).expect("queued ahead");
-        assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(false));
+        assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(whole(10, false)));
     }
 
     #[test]

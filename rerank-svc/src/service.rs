@@ -181,6 +181,7 @@ impl RerankService for RerankSvc {
         tracing::debug!(
             tenant = %identity.tenant,
             candidates = n,
+            scored = scores.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "scored candidates"
         );

@@ -24,7 +24,7 @@ use std::time::Instant;
 use engram_models::CrossEncoder;
 use tokio::sync::oneshot;
 
-use crate::backlog::Backlog;
+use crate::backlog::{Admitted, Backlog};
 use crate::error::{Error, Result};
 
 /// Added to the thread's nice value: 10 gives it about a tenth of the CPU
@@ -95,19 +95,23 @@ impl ModelThread {
         }
     }
 
-    /// Scores on the model thread; `permit` is held until it is done.
-    /// TooLate at once when the queue ahead and these pairs would outlast
-    /// `deadline_opt`.
+    /// Scores on the model thread; `permit` is held until it is done. The
+    /// scores are those of the candidates' head the backlog admitted (all
+    /// of them unless under load). TooLate at once when not even a head
+    /// would finish before `deadline_opt` behind the queue.
     pub async fn score(
         &self,
-        (query, candidates, max_length): (String, Vec<String>, usize),
+        (query, mut candidates, max_length): (String, Vec<String>, usize),
         deadline_opt: Option<Instant>,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<Vec<f32>> {
-        let pairs = candidates.len();
-        let first_in_line = (self.backlog)
-            .admit(pairs, Instant::now(), deadline_opt)
+        let Admitted {
+            pairs,
+            first: first_in_line,
+        } = (self.backlog)
+            .admit(candidates.len(), Instant::now(), deadline_opt)
             .map_err(Error::too_late)?;
+        candidates.truncate(pairs);
         let (reply, answer) = oneshot::channel();
         let job = Job {
             query,
@@ -138,7 +142,7 @@ fn serve(model: &CrossEncoder, rx: &mpsc::Receiver<Job>, backlog: &Backlog) {
     while let Ok(job) = rx.recv() {
         let Job {
             query,
-            candidates,
+            mut candidates,
             max_length,
             deadline_opt,
             permit,
@@ -152,16 +156,22 @@ fn serve(model: &CrossEncoder, rx: &mpsc::Receiver<Job>, backlog: &Backlog) {
             backlog.done(pairs, None);
             continue;
         }
-        if let Err(late) = backlog.still_in_time(pairs, Instant::now(), deadline_opt) {
-            backlog.done(pairs, None);
-            drop(permit);
-            let _ = reply.send(Err(Error::too_late(late)));
-            continue;
-        }
+        let head = match backlog.still_in_time(pairs, Instant::now(), deadline_opt) {
+            Ok(head) => head,
+            Err(late) => {
+                backlog.done(pairs, None);
+                drop(permit);
+                let _ = reply.send(Err(Error::too_late(late)));
+                continue;
+            }
+        };
+        // Only the head still fits: the rest leaves the queue unscored.
+        backlog.done(pairs - head, None);
+        candidates.truncate(head);
         let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
         let started = Instant::now();
         let r = model.score(&query, &refs, max_length).map_err(Error::from);
-        backlog.done(pairs, r.is_ok().then(|| started.elapsed()));
+        backlog.done(head, r.is_ok().then(|| started.elapsed()));
         drop(permit);
         let _ = reply.send(r);
     }

@@ -271,6 +271,20 @@ impl RerankService for UnimpressedRerank {
     }
 }
 
+/// rerank-svc under load: scores only the head of 3 it had time for.
+struct HeadOnlyRerank;
+
+#[tonic::async_trait]
+impl RerankService for HeadOnlyRerank {
+    async fn score(&self, r: Request<ScoreRequest>) -> Result<Response<ScoreResponse>, Status> {
+        check(&r)?;
+        let n = r.into_inner().candidates.len().min(3);
+        Ok(Response::new(ScoreResponse {
+            scores: (0..n).map(|i| 0.9 - i as f32 * 0.01).collect(),
+        }))
+    }
+}
+
 async fn serve<S>(svc: S) -> String
 where
     S: tonic::codegen::Service<
@@ -606,6 +620,37 @@ async fn dead_reranker_is_skipped_and_marked() {
         r.degraded_stages
     );
     assert!(!r.records.is_empty());
+}
+
+/// A head scored is a partial rerank: marked as such, never a failure, and
+/// the candidates past the head stay in the answer unchecked (a missing
+/// score is not a relevance of 0, which the floor would drop).
+#[tokio::test]
+async fn a_reranked_head_is_marked_partial_and_drops_nothing() {
+    let full = env_with_reranker(serve(RerankServiceServer::new(FakeRerank)).await).await;
+    let head = env_with_reranker(serve(RerankServiceServer::new(HeadOnlyRerank)).await).await;
+    let ask = || authed(q("what is the deploy procedure"));
+    let whole = (client(&full).await.retrieve(ask()).await)
+        .expect("answer")
+        .into_inner();
+    let partial = (client(&head).await.retrieve(ask()).await)
+        .expect("answer")
+        .into_inner();
+    assert!(
+        whole.degraded_stages.is_empty(),
+        "{:?}",
+        whole.degraded_stages
+    );
+    assert_eq!(partial.degraded_stages, vec!["rerank_partial".to_string()]);
+    let ids = |r: &engram_proto::RetrieveResponse| {
+        let mut v: Vec<String> = (r.records.iter())
+            .filter_map(|x| x.memory.as_ref().map(|m| m.id.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(whole.records.len() > 3, "more candidates than the head");
+    assert_eq!(ids(&partial), ids(&whole));
 }
 
 #[tokio::test]

@@ -40,11 +40,13 @@ pub async fn run(
     trace.counts.push(("validated", checked.len()));
     if rerank && !checked.is_empty() {
         let t = Instant::now();
-        let ok = relevance(ctx, &mut checked, &mut trace.dropped)
+        let scored = relevance(ctx, &mut checked, &mut trace.dropped)
             .instrument(stage_span("rerank"))
             .await;
-        if !ok {
-            trace.degraded.push("rerank".into());
+        match scored {
+            Scored::All => {}
+            Scored::Head => trace.degraded.push(RERANK_PARTIAL.into()),
+            Scored::Failed => trace.degraded.push("rerank".into()),
         }
         ctx.metrics
             .observe_candidates("rerank", &[("fused", checked.len())]);
@@ -229,59 +231,78 @@ pub fn passage(m: &Memory) -> String {
     s
 }
 
+/// The degraded stage of an answer whose cross-encoder scored only the
+/// head of its candidates (rerank-svc under load).
+pub const RERANK_PARTIAL: &str = "rerank_partial";
+
+/// How much of the top the cross-encoder scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scored {
+    All,
+    /// Its first candidates only: rerank-svc had time for a head.
+    Head,
+    /// Nothing (down, slow, malformed answer).
+    Failed,
+}
+
 /// Cross-encoder over the top `rerank_top_n` (scores the request's memo
-/// does not hold yet are asked for in one batch), then the relevance floor.
-/// Returns false when the reranker could not be used (down, slow, malformed
-/// answer): the caller marks the stage degraded and keeps the candidates
-/// unchecked.
+/// does not hold yet are asked for in one batch), then the relevance floor
+/// over those scored. When the reranker could not be used the caller
+/// marks the stage degraded and the candidates stay unchecked; when it
+/// scored only a head, the rest stay unchecked and below it.
 async fn relevance(
     ctx: &mut Ctx<'_>,
     checked: &mut Vec<Checked>,
     dropped: &mut Vec<DroppedCandidate>,
-) -> bool {
+) -> Scored {
     let n = ctx.settings.pipeline.rerank_top_n.min(checked.len());
     if n == 0 {
-        return true;
+        return Scored::All;
     }
-    if !score_fresh(ctx, &checked[..n]).await {
-        return false;
+    let scored = score_fresh(ctx, &checked[..n]).await;
+    if scored == Scored::Failed {
+        return scored;
     }
     let threshold = ctx.settings.pipeline.relevance_threshold;
     let memo = &ctx.memo;
     let mut i = 0;
     checked.retain_mut(|c| {
-        let keep = i >= n || {
-            let s = memo.0.get(&ScoreMemo::key(&c.cand.memory)).copied();
-            let s = s.unwrap_or(0.0);
-            c.relevance_opt = Some(s);
-            let pass = s >= threshold;
-            if pass {
-                c.checks.push("relevance");
-            } else {
-                dropped.push(DroppedCandidate {
-                    memory_id: c.cand.memory.id.clone(),
-                    stage: "relevance".into(),
-                    reason: format!("cross-encoder {s:.3} below {threshold}"),
-                });
-            }
-            pass
-        };
+        let in_top = i < n;
         i += 1;
-        keep
+        // Past the top, or past the head rerank-svc had time for: kept,
+        // unchecked.
+        let key = ScoreMemo::key(&c.cand.memory);
+        let Some(s) = memo.0.get(&key).copied().filter(|_| in_top) else {
+            return true;
+        };
+        c.relevance_opt = Some(s);
+        let pass = s >= threshold;
+        if pass {
+            c.checks.push("relevance");
+        } else {
+            dropped.push(DroppedCandidate {
+                memory_id: c.cand.memory.id.clone(),
+                stage: "relevance".into(),
+                reason: format!("cross-encoder {s:.3} below {threshold}"),
+            });
+        }
+        pass
     });
-    true
+    scored
 }
 
 /// Asks rerank-svc for the scores of `top` the memo lacks, until 50 ms
-/// before the deadline, and keeps them in the memo; false when it could not.
-async fn score_fresh(ctx: &mut Ctx<'_>, top: &[Checked]) -> bool {
+/// before the deadline, and keeps those it got in the memo: all, a head
+/// (rerank-svc under load scores the first few; the request lists them
+/// best first), or none.
+async fn score_fresh(ctx: &mut Ctx<'_>, top: &[Checked]) -> Scored {
     let fresh: Vec<&Memory> = top
         .iter()
         .map(|c| &c.cand.memory)
         .filter(|m| !ctx.memo.0.contains_key(&ScoreMemo::key(m)))
         .collect();
     if fresh.is_empty() {
-        return true;
+        return Scored::All;
     }
     let req = ScoreRequest {
         query: ctx.query.text.clone(),
@@ -297,16 +318,25 @@ async fn score_fresh(ctx: &mut Ctx<'_>, top: &[Checked]) -> bool {
     match call_until(&ctx.ds.score, &ctx.identity, deadline, req).await {
         Ok(r) if r.scores.len() == want => {
             ctx.memo.0.extend(keys.into_iter().zip(r.scores));
-            true
+            Scored::All
+        }
+        Ok(r) if !r.scores.is_empty() && r.scores.len() < want => {
+            tracing::debug!(
+                asked = want,
+                scored = r.scores.len(),
+                "rerank scored a head"
+            );
+            ctx.memo.0.extend(keys.into_iter().zip(r.scores));
+            Scored::Head
         }
         Ok(r) => {
             let got = r.scores.len();
             tracing::warn!(expected = want, got, "rerank returned wrong count");
-            false
+            Scored::Failed
         }
         Err(e) => {
             tracing::warn!(error = %e, "rerank degraded");
-            false
+            Scored::Failed
         }
     }
 }
