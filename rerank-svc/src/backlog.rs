@@ -34,6 +34,9 @@ const ALPHA: f64 = 0.2;
 /// is refused. Three: what an agent reads first (R@2, R@3).
 pub const MIN_HEAD_PAIRS: usize = 3;
 
+/// The share of the time left a head is planned to take (see [`fitting`]).
+const HEAD_SHARE_OF_TIME_LEFT: f64 = 0.9;
+
 #[derive(Debug, Default)]
 pub struct Backlog {
     state: Mutex<State>,
@@ -150,10 +153,14 @@ fn fitting(
     let left = deadline.saturating_duration_since(now);
     // Float-to-integer `as` saturates (and maps NaN to 0): a huge budget
     // admits everything, an empty one nothing.
-    let fit = ((left.as_secs_f64() / per_pair).floor() as usize).saturating_sub(ahead);
-    match fit.min(pairs) {
+    let fits = |secs: f64| ((secs / per_pair).floor() as usize).saturating_sub(ahead);
+    // A head is cut to finish with a tenth of the time to spare: the
+    // estimate is a mean, and one just at the deadline would arrive after
+    // the caller stopped waiting.
+    let head = fits(left.as_secs_f64() * HEAD_SHARE_OF_TIME_LEFT).min(pairs);
+    match fits(left.as_secs_f64()).min(pairs) {
         all if all == pairs => Ok(pairs),
-        head if head >= MIN_HEAD_PAIRS => Ok(head),
+        _ if head >= MIN_HEAD_PAIRS => Ok(head),
         _ => Err(Late {
             estimate: Duration::try_from_secs_f64(per_pair * (ahead + pairs) as f64)
                 .unwrap_or(Duration::MAX),
@@ -199,15 +206,15 @@ mod tests {
         );
         assert_eq!(
             b.admit(20, now, Some(now + 1000 * MS)),
-            Ok(whole(10, false)),
-            "60 pairs would take 1.2 s: the head of 10 fits"
+            Ok(whole(5, false)),
+            "60 pairs would take 1.2 s: a head of 5 fits in 900 ms"
         );
         let late = b
             .admit(20, now, Some(now + 1000 * MS))
-            .expect_err("behind 50 pairs not even a head of 3 fits");
+            .expect_err("behind 45 pairs not even a head of 3 fits");
         assert_eq!(late.left, 1000 * MS);
-        assert!((late.estimate.as_secs_f64() - 1.4).abs() < 1e-6);
-        assert_eq!(b.queued_pairs(), 50, "the refused pairs are not counted");
+        assert!((late.estimate.as_secs_f64() - 1.3).abs() < 1e-6);
+        assert_eq!(b.queued_pairs(), 45, "the refused pairs are not counted");
         b.admit(5, now, None).expect("no deadline, no refusal");
     }
 
@@ -238,8 +245,8 @@ mod tests {
         assert_eq!(b.still_in_time(10, now, Some(now + 150 * MS)), Ok(10));
         assert_eq!(
             b.still_in_time(20, now, Some(now + 150 * MS)),
-            Ok(15),
-            "its head of 15 still fits"
+            Ok(13),
+            "a head of 13 fits in 135 ms, a tenth of 150 to spare"
         );
         assert!(b.still_in_time(20, now, Some(now + 20 * MS)).is_err());
         assert!(b.still_in_time(20, now, Some(now)).is_err());
@@ -256,9 +263,9 @@ mod tests {
         let now = Instant::now();
         b.admit(1, now, None).expect("something queued ahead");
         // Close to 40 ms a pair now: 1 + 10 pairs no longer fit 300 ms,
-        // a head of 6 does; 1 + 10 fit 450 ms.
-        assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(whole(6, false)));
-        b.done(6, None);
+        // a head of 5 does in 270; 1 + 10 fit 450 ms.
+        assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(whole(5, false)));
+        b.done(5, None);
         assert_eq!(b.admit(10, now, Some(now + 450 * MS)), Ok(whole(10, false)));
     }
 

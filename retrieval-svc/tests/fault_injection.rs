@@ -271,14 +271,15 @@ impl RerankService for UnimpressedRerank {
     }
 }
 
-/// rerank-svc under load: scores only the head of 3 it had time for.
-struct HeadOnlyRerank;
+/// rerank-svc under load: scores only the head it had time for (the proto
+/// allows no head shorter than 3).
+struct HeadOnlyRerank(usize);
 
 #[tonic::async_trait]
 impl RerankService for HeadOnlyRerank {
     async fn score(&self, r: Request<ScoreRequest>) -> Result<Response<ScoreResponse>, Status> {
         check(&r)?;
-        let n = r.into_inner().candidates.len().min(3);
+        let n = r.into_inner().candidates.len().min(self.0);
         Ok(Response::new(ScoreResponse {
             scores: (0..n).map(|i| 0.9 - i as f32 * 0.01).collect(),
         }))
@@ -628,7 +629,8 @@ async fn dead_reranker_is_skipped_and_marked() {
 #[tokio::test]
 async fn a_reranked_head_is_marked_partial_and_drops_nothing() {
     let full = env_with_reranker(serve(RerankServiceServer::new(FakeRerank)).await).await;
-    let head = env_with_reranker(serve(RerankServiceServer::new(HeadOnlyRerank)).await).await;
+    let head = env_with_reranker(serve(RerankServiceServer::new(HeadOnlyRerank(3))).await).await;
+    let short = env_with_reranker(serve(RerankServiceServer::new(HeadOnlyRerank(2))).await).await;
     let ask = || authed(q("what is the deploy procedure"));
     let whole = (client(&full).await.retrieve(ask()).await)
         .expect("answer")
@@ -651,6 +653,15 @@ async fn a_reranked_head_is_marked_partial_and_drops_nothing() {
     };
     assert!(whole.records.len() > 3, "more candidates than the head");
     assert_eq!(ids(&partial), ids(&whole));
+    let malformed = (client(&short).await.retrieve(ask()).await)
+        .expect("answer")
+        .into_inner();
+    assert_eq!(
+        malformed.degraded_stages,
+        vec!["rerank".to_string()],
+        "a head shorter than 3 breaks the contract: no rerank"
+    );
+    assert_eq!(ids(&malformed), ids(&whole));
 }
 
 #[tokio::test]

@@ -456,11 +456,10 @@ impl Pipeline {
                 }
                 Err(e) => return Err(e),
             };
-            repeat_of = a
-                .trace
-                .degraded
-                .is_empty()
-                .then(|| (a.route, step.by_evidence, filters.clone()));
+            // A reranked head is no downstream down: the same plan again
+            // would only ask the loaded cross-encoder once more.
+            let whole = (a.trace.degraded.iter()).all(|d| d == validate::RERANK_PARTIAL);
+            repeat_of = whole.then(|| (a.route, step.by_evidence, filters.clone()));
             let good = !a.records.is_empty() && a.confidence >= LOW_CONFIDENCE;
             let best_so_far = best.as_ref().map(|b| (b.records.len(), b.confidence));
             if retry::better(a.records.len(), a.confidence, best_so_far) {

@@ -235,6 +235,10 @@ pub fn passage(m: &Memory) -> String {
 /// head of its candidates (rerank-svc under load).
 pub const RERANK_PARTIAL: &str = "rerank_partial";
 
+/// The fewest scores rerank-svc answers for a head (rerank.proto): a
+/// shorter list is malformed.
+const MIN_HEAD: usize = 3;
+
 /// How much of the top the cross-encoder scored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scored {
@@ -320,7 +324,7 @@ async fn score_fresh(ctx: &mut Ctx<'_>, top: &[Checked]) -> Scored {
             ctx.memo.0.extend(keys.into_iter().zip(r.scores));
             Scored::All
         }
-        Ok(r) if !r.scores.is_empty() && r.scores.len() < want => {
+        Ok(r) if (MIN_HEAD..want).contains(&r.scores.len()) => {
             tracing::debug!(
                 asked = want,
                 scored = r.scores.len(),
