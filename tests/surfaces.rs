@@ -893,6 +893,57 @@ async fn ingest_writes_in_file_supersedes_in_order_and_names_lines_not_indices()
     Ok(())
 }
 
+/// `engram ingest` sends its batches of 500 two at a time: a file of three
+/// batches is written whole, and a refused line in a later batch is still
+/// named by its file line.
+#[tokio::test]
+async fn ingest_writes_every_batch_of_a_long_file() -> anyhow::Result<()> {
+    let ts = engram_tests::TestStack::start("internal").await?;
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("long.jsonl");
+    let line = |i: usize| format!("{{\"id\":\"n{i}\",\"content\":\"Note {i} on the rollout.\"}}\n");
+    std::fs::write(&file, (0..1_201).map(line).collect::<String>())?;
+    let conn = engram::commands::Conn {
+        addr: ts.stack.gateway_uri(),
+        api_key: Some(ts.key.clone()),
+        tenant: ts.tenant.clone(),
+    };
+    let mut settings = ts.stack.settings.clone();
+    settings.auth.id_secret_opt = Some("a test deployment's id secret, 32+ bytes".into());
+    engram::commands::ingest(settings.clone(), &file, conn.clone()).await?;
+    let key = engram::ingest::IdKey::for_deployment(&settings)?;
+    let ids: Vec<String> = [0, 499, 500, 999, 1_000, 1_200]
+        .iter()
+        .map(|i| engram::ingest::memory_id(&key, &ts.tenant, &format!("n{i}")))
+        .collect();
+    let mut c = ts.client().await?;
+    let got = (c.memories)
+        .get(engram_proto::GetRequest {
+            ids: ids.clone(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(
+        got.memories.len(),
+        ids.len(),
+        "one of each batch's ends is missing"
+    );
+    let mut lines: String = (0..1_201).map(line).collect();
+    lines.push_str("{\"id\":\"bad\",\"content\":\"x\",\"memory_type\":\"Not A Label\"}\n");
+    std::fs::write(&file, lines)?;
+    let err = engram::commands::ingest(settings, &file, conn)
+        .await
+        .expect_err("refused");
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("long.jsonl:1202") && text.contains("\"bad\""),
+        "{text}"
+    );
+    ts.shutdown().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_knowledge_base_may_be_named_by_its_namespace() -> anyhow::Result<()> {
     let ts = engram_tests::TestStack::start("internal").await?;

@@ -8,6 +8,7 @@ use engram_common::Settings;
 use engram_proto::{RetrievalMode, RetrieveRequest, UpsertRequest};
 use engram_stack::client::Client;
 use engram_stack::stack::{self, Service, Stack, StackOptions};
+use futures::StreamExt;
 
 use crate::{demo, ingest};
 
@@ -138,6 +139,12 @@ pub async fn demo_on(stack: &Stack, key: &str) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// Memories per Upsert call of `engram ingest`.
+const INGEST_BATCH: usize = 500;
+
+/// Upsert calls of `engram ingest` in flight at once.
+const INGEST_IN_FLIGHT: usize = 2;
+
 pub async fn ingest(settings: Settings, file: &Path, conn: Conn) -> anyhow::Result<()> {
     let key = ingest::IdKey::for_deployment(&settings)?;
     let batch = ingest::parse_file(file, &conn.tenant, &key)?;
@@ -146,9 +153,22 @@ pub async fn ingest(settings: Settings, file: &Path, conn: Conn) -> anyhow::Resu
     let total = batch.memories.len();
     let mut tally = IngestTally::default();
     for wave in &waves {
-        for chunk in wave.chunks(500) {
+        // The memories of one wave are independent: two batches at once
+        // keep both of the server's cores busy (one embeds while the other
+        // writes).
+        let calls = wave.chunks(INGEST_BATCH).map(|chunk| {
+            let mut memories_client = client.memories.clone();
             let memories = chunk.iter().map(|&i| batch.memories[i].clone()).collect();
-            let results = match client.memories.upsert(UpsertRequest { memories }).await {
+            async move {
+                (
+                    chunk,
+                    memories_client.upsert(UpsertRequest { memories }).await,
+                )
+            }
+        });
+        let mut answers = futures::stream::iter(calls).buffer_unordered(INGEST_IN_FLIGHT);
+        while let Some((chunk, answer)) = answers.next().await {
+            let results = match answer {
                 Ok(r) => r.into_inner().results,
                 Err(status) => return Err(at_line(&batch, chunk, &status)),
             };
