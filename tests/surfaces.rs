@@ -837,6 +837,31 @@ async fn conversation_window_and_context_block() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How `engram ingest` reaches a test stack: its connection, and the
+/// deployment's settings with an id secret (file ids derive from it).
+fn ingest_target(ts: &TestStack) -> (engram::commands::Conn, engram_common::Settings) {
+    let conn = engram::commands::Conn {
+        addr: ts.stack.gateway_uri(),
+        api_key: Some(ts.key.clone()),
+        tenant: ts.tenant.clone(),
+    };
+    let mut settings = ts.stack.settings.clone();
+    settings.auth.id_secret_opt = Some("a test deployment's id secret, 32+ bytes".into());
+    (conn, settings)
+}
+
+/// The error text of an ingest that must be refused.
+async fn refused_ingest(
+    settings: engram_common::Settings,
+    file: &std::path::Path,
+    conn: engram::commands::Conn,
+) -> String {
+    let err = engram::commands::ingest(settings, file, conn)
+        .await
+        .expect_err("refused");
+    format!("{err:#}")
+}
+
 #[tokio::test]
 async fn ingest_writes_in_file_supersedes_in_order_and_names_lines_not_indices()
 -> anyhow::Result<()> {
@@ -851,13 +876,7 @@ async fn ingest_writes_in_file_supersedes_in_order_and_names_lines_not_indices()
             "{\"id\":\"standup-v1\",\"content\":\"The standup is at 9:30.\"}\n",
         ),
     )?;
-    let conn = engram::commands::Conn {
-        addr: ts.stack.gateway_uri(),
-        api_key: Some(ts.key.clone()),
-        tenant: ts.tenant.clone(),
-    };
-    let mut settings = ts.stack.settings.clone();
-    settings.auth.id_secret_opt = Some("a test deployment's id secret, 32+ bytes".into());
+    let (conn, settings) = ingest_target(&ts);
     engram::commands::ingest(settings.clone(), &file, conn.clone()).await?;
     let key = engram::ingest::IdKey::for_deployment(&settings)?;
     let v1 = engram::ingest::memory_id(&key, &ts.tenant, "standup-v1");
@@ -881,10 +900,7 @@ async fn ingest_writes_in_file_supersedes_in_order_and_names_lines_not_indices()
         &file,
         "{\"id\":\"ok\",\"content\":\"fine\"}\n{\"id\":\"bad\",\"content\":\"x\",\"memory_type\":\"Not A Label\"}\n",
     )?;
-    let err = engram::commands::ingest(settings, &file, conn)
-        .await
-        .expect_err("refused");
-    let text = format!("{err:#}");
+    let text = refused_ingest(settings, &file, conn).await;
     assert!(
         text.contains("notes.jsonl:2") && text.contains("\"bad\""),
         "{text}"
@@ -903,13 +919,7 @@ async fn ingest_writes_every_batch_of_a_long_file() -> anyhow::Result<()> {
     let file = dir.path().join("long.jsonl");
     let line = |i: usize| format!("{{\"id\":\"n{i}\",\"content\":\"Note {i} on the rollout.\"}}\n");
     std::fs::write(&file, (0..1_201).map(line).collect::<String>())?;
-    let conn = engram::commands::Conn {
-        addr: ts.stack.gateway_uri(),
-        api_key: Some(ts.key.clone()),
-        tenant: ts.tenant.clone(),
-    };
-    let mut settings = ts.stack.settings.clone();
-    settings.auth.id_secret_opt = Some("a test deployment's id secret, 32+ bytes".into());
+    let (conn, settings) = ingest_target(&ts);
     engram::commands::ingest(settings.clone(), &file, conn.clone()).await?;
     let key = engram::ingest::IdKey::for_deployment(&settings)?;
     let ids: Vec<String> = [0, 499, 500, 999, 1_000, 1_200]
@@ -932,10 +942,7 @@ async fn ingest_writes_every_batch_of_a_long_file() -> anyhow::Result<()> {
     let mut lines: String = (0..1_201).map(line).collect();
     lines.push_str("{\"id\":\"bad\",\"content\":\"x\",\"memory_type\":\"Not A Label\"}\n");
     std::fs::write(&file, lines)?;
-    let err = engram::commands::ingest(settings, &file, conn)
-        .await
-        .expect_err("refused");
-    let text = format!("{err:#}");
+    let text = refused_ingest(settings, &file, conn).await;
     assert!(
         text.contains("long.jsonl:1202") && text.contains("\"bad\""),
         "{text}"

@@ -31,8 +31,9 @@ use std::time::{Duration, Instant};
 const ALPHA: f64 = 0.2;
 
 /// The fewest pairs a request is cut to under load; below it the request
-/// is refused. Three: what an agent reads first (R@2, R@3).
-pub const MIN_HEAD_PAIRS: usize = 3;
+/// is refused. Three (the proto's contract): what an agent reads first
+/// (R@2, R@3).
+pub const MIN_HEAD_PAIRS: usize = engram_proto::MIN_RERANK_HEAD;
 
 /// The share of the time left a head is planned to take (see [`fitting`]).
 const HEAD_SHARE_OF_TIME_LEFT: f64 = 0.9;

@@ -165,9 +165,11 @@ fn serve(model: &CrossEncoder, rx: &mpsc::Receiver<Job>, backlog: &Backlog) {
                 continue;
             }
         };
-        // Only the head still fits: the rest leaves the queue unscored.
-        backlog.done(pairs - head, None);
-        candidates.truncate(head);
+        if head < pairs {
+            // Only the head still fits: the rest leaves the queue unscored.
+            backlog.done(pairs - head, None);
+            candidates.truncate(head);
+        }
         let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
         let started = Instant::now();
         let r = model.score(&query, &refs, max_length).map_err(Error::from);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use engram_common::Identity;
 use engram_common::convert::{struct_to_json, ts_to_chrono};
-use engram_proto::{DroppedCandidate, Filters, Memory, ScoreRequest};
+use engram_proto::{DroppedCandidate, Filters, MIN_RERANK_HEAD, Memory, ScoreRequest};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -235,10 +235,6 @@ pub fn passage(m: &Memory) -> String {
 /// head of its candidates (rerank-svc under load).
 pub const RERANK_PARTIAL: &str = "rerank_partial";
 
-/// The fewest scores rerank-svc answers for a head (rerank.proto): a
-/// shorter list is malformed.
-const MIN_HEAD: usize = 3;
-
 /// How much of the top the cross-encoder scored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scored {
@@ -275,8 +271,10 @@ async fn relevance(
         i += 1;
         // Past the top, or past the head rerank-svc had time for: kept,
         // unchecked.
-        let key = ScoreMemo::key(&c.cand.memory);
-        let Some(s) = memo.0.get(&key).copied().filter(|_| in_top) else {
+        if !in_top {
+            return true;
+        }
+        let Some(s) = memo.0.get(&ScoreMemo::key(&c.cand.memory)).copied() else {
             return true;
         };
         c.relevance_opt = Some(s);
@@ -324,7 +322,7 @@ async fn score_fresh(ctx: &mut Ctx<'_>, top: &[Checked]) -> Scored {
             ctx.memo.0.extend(keys.into_iter().zip(r.scores));
             Scored::All
         }
-        Ok(r) if (MIN_HEAD..want).contains(&r.scores.len()) => {
+        Ok(r) if (MIN_RERANK_HEAD..want).contains(&r.scores.len()) => {
             tracing::debug!(
                 asked = want,
                 scored = r.scores.len(),
