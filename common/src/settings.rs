@@ -572,6 +572,12 @@ pub struct RerankSettings {
     pub max_length: usize,
     /// Requests allowed to wait for the model before ResourceExhausted.
     pub queue_capacity: usize,
+    /// Under load, a request queued behind others is cut to the head of
+    /// its pairs (at least 3) that finishes within this many ms, so every
+    /// answer gets a short rerank instead of a few a long one
+    /// (rerank-svc backlog.rs); 0 turns it off. A request alone is never
+    /// cut.
+    pub queue_target_ms: u64,
 }
 
 impl Default for RerankSettings {
@@ -579,6 +585,7 @@ impl Default for RerankSettings {
         Self {
             max_length: 128,
             queue_capacity: 32,
+            queue_target_ms: 150,
         }
     }
 }

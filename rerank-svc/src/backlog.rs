@@ -15,7 +15,18 @@
 //! but whose head of at least [`MIN_HEAD_PAIRS`] would not is admitted
 //! with that head only: the gateway sends its candidates best first, an
 //! agent reads the first few, and a reranked head is worth more to it than
-//! no rerank at all. Until the first request is measured everything is admitted,
+//! no rerank at all. A request queued behind others is also cut to the
+//! head that finishes within the queue target (`rerank.queue_target_ms`,
+//! never below [`MIN_HEAD_PAIRS`]) even when its deadline would allow
+//! more: under load a short rerank for every answer beats a long one for
+//! a few. Deadline admission alone has two stable states (measured at 8
+//! in flight, `engram bench`): a rerank the deadline skips frees the CPU
+//! for more search, which makes the niced model slower still, so it either
+//! skipped almost every answer or reranked all ten pairs of every answer at
+//! 24 QPS; the target keeps every answer waiting for a short rerank, which
+//! throttles search instead. A request with nothing queued ahead is never
+//! cut, so one query at a time keeps its whole rerank. Until the first
+//! request is measured everything is admitted,
 //! and so is a request with nothing queued ahead of it: it starts at once,
 //! and it is how the estimate learns that load has passed (refused requests
 //! teach nothing; without this rule one slow measurement under load would
@@ -41,6 +52,8 @@ const HEAD_SHARE_OF_TIME_LEFT: f64 = 0.9;
 #[derive(Debug, Default)]
 pub struct Backlog {
     state: Mutex<State>,
+    /// How long the queue a request joins may take with it, when set.
+    target_opt: Option<Duration>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -70,10 +83,20 @@ pub struct Admitted {
 }
 
 impl Backlog {
+    /// A backlog that also cuts queued requests to the head finishing
+    /// within `target_opt` (see the module doc).
+    pub fn with_target(target_opt: Option<Duration>) -> Self {
+        Self {
+            state: Mutex::default(),
+            target_opt,
+        }
+    }
+
     /// Admits `pairs` to the queue when they can be scored, behind what is
     /// queued, before `deadline_opt` (no deadline: always admitted), or
     /// when nothing is queued; under load, only the head that can (at
-    /// least [`MIN_HEAD_PAIRS`]).
+    /// least [`MIN_HEAD_PAIRS`]), and behind a queue only the head that
+    /// finishes within the target.
     pub fn admit(
         &self,
         pairs: usize,
@@ -82,9 +105,14 @@ impl Backlog {
     ) -> Result<Admitted, Late> {
         let mut st = self.lock();
         let first = st.queued_pairs == 0;
-        let admitted = match deadline_opt.filter(|_| !first) {
-            Some(deadline) => fitting(&st, st.queued_pairs, pairs, now, deadline)?,
-            None => pairs,
+        let admitted = if first {
+            pairs
+        } else {
+            let in_time = match deadline_opt {
+                Some(deadline) => fitting(&st, st.queued_pairs, pairs, now, deadline)?,
+                None => pairs,
+            };
+            within_target(&st, st.queued_pairs, in_time, self.target_opt)
         };
         st.queued_pairs += admitted;
         Ok(Admitted {
@@ -168,6 +196,17 @@ fn fitting(
             left,
         }),
     }
+}
+
+/// The head of `pairs` (already in time) that, behind `ahead` queued
+/// pairs, finishes within `target_opt`, never cut below
+/// [`MIN_HEAD_PAIRS`]; all of them without a target or an estimate.
+fn within_target(st: &State, ahead: usize, pairs: usize, target_opt: Option<Duration>) -> usize {
+    let (Some(target), Some(per_pair)) = (target_opt, st.per_pair_opt.filter(|p| *p > 0.0)) else {
+        return pairs;
+    };
+    let fits = ((target.as_secs_f64() / per_pair).floor() as usize).saturating_sub(ahead);
+    pairs.min(fits.max(MIN_HEAD_PAIRS))
 }
 
 #[cfg(test)]
@@ -290,6 +329,46 @@ mod tests {
         }
         b.admit(1, now, None).expect("queued ahead");
         assert_eq!(b.admit(10, now, Some(now + 300 * MS)), Ok(whole(10, false)));
+    }
+
+    #[test]
+    fn behind_a_queue_a_request_gets_the_head_that_fits_the_target() {
+        let b = Backlog::with_target(Some(200 * MS));
+        let now = Instant::now();
+        let far = Some(now + 10_000 * MS);
+        // Measured: 10 ms a pair.
+        b.admit(10, now, None).expect("admitted");
+        b.done(10, Some(100 * MS));
+        assert_eq!(
+            b.admit(10, now, far),
+            Ok(whole(10, true)),
+            "nothing queued: the whole request, whatever the target"
+        );
+        assert_eq!(
+            b.admit(10, now, far),
+            Ok(whole(10, false)),
+            "20 pairs fit 200 ms"
+        );
+        assert_eq!(
+            b.admit(10, now, far),
+            Ok(whole(MIN_HEAD_PAIRS, false)),
+            "behind 20 pairs nothing fits the target: cut to the fewest"
+        );
+        assert_eq!(
+            b.admit(2, now, far),
+            Ok(whole(2, false)),
+            "a request shorter than a head is never cut"
+        );
+        b.done(23, None);
+        assert_eq!(
+            b.admit(20, now, far),
+            Ok(whole(18, false)),
+            "behind 2 pairs, 18 fit"
+        );
+        assert!(
+            b.admit(10, now, Some(now + 5 * MS)).is_err(),
+            "the deadline still refuses what the target would admit"
+        );
     }
 
     #[test]

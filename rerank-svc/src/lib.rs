@@ -9,6 +9,7 @@ pub mod worker;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use engram_common::bootstrap;
 use engram_common::server::{self, ServingStatus};
@@ -18,6 +19,7 @@ use engram_proto::rerank_service_server::RerankServiceServer;
 use tokio::net::TcpListener;
 use tonic::service::Routes;
 
+pub use backlog::Backlog;
 pub use error::Error;
 pub use service::RerankSvc;
 pub use worker::ModelThread;
@@ -106,7 +108,13 @@ pub async fn run_with_model(
 /// which then serves every score request.
 pub async fn load_model_thread(settings: &Settings) -> Result<ModelThread, Error> {
     let s = settings.clone();
-    ModelThread::start(move || load_model(&s)).await
+    ModelThread::start(move || load_model(&s), backlog(settings)).await
+}
+
+/// The model thread's admission, with the settings' queue target.
+pub fn backlog(settings: &Settings) -> Backlog {
+    let target_ms = settings.rerank.queue_target_ms;
+    Backlog::with_target((target_ms > 0).then(|| Duration::from_millis(target_ms)))
 }
 
 /// Loads ONNX Runtime and the cross-encoder. Blocking (may pip-install the

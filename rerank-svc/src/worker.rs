@@ -53,23 +53,24 @@ pub struct ModelThread {
 
 impl ModelThread {
     /// Starts the thread, runs `load` on it (after lowering its priority)
-    /// and returns once the model is loaded or failed to.
-    pub async fn start<F>(load: F) -> std::result::Result<Self, Error>
+    /// and returns once the model is loaded or failed to. `backlog` is its
+    /// admission (with the queue target from the settings).
+    pub async fn start<F>(load: F, backlog: Backlog) -> std::result::Result<Self, Error>
     where
         F: FnOnce() -> std::result::Result<CrossEncoder, Error> + Send + 'static,
     {
-        Self::start_with(move || load().map(Arc::new)).await
+        Self::start_with(move || load().map(Arc::new), backlog).await
     }
 
     /// Like [`ModelThread::start`] for a model loaded elsewhere (tests):
     /// only the scoring runs at the lower priority then.
-    pub async fn start_with<F>(load: F) -> std::result::Result<Self, Error>
+    pub async fn start_with<F>(load: F, backlog: Backlog) -> std::result::Result<Self, Error>
     where
         F: FnOnce() -> std::result::Result<Arc<CrossEncoder>, Error> + Send + 'static,
     {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = oneshot::channel();
-        let backlog = Arc::new(Backlog::default());
+        let backlog = Arc::new(backlog);
         let thread_backlog = backlog.clone();
         std::thread::Builder::new()
             .name("rerank-model".into())

@@ -60,9 +60,12 @@ struct Server {
 
 async fn start(settings: Settings, model: Result<Arc<CrossEncoder>, String>) -> Server {
     let model = match model {
-        Ok(m) => Ok(rerank_svc::ModelThread::start_with(move || Ok(m))
-            .await
-            .expect("model thread")),
+        Ok(m) => Ok(rerank_svc::ModelThread::start_with(
+            move || Ok(m),
+            rerank_svc::backlog(&settings),
+        )
+        .await
+        .expect("model thread")),
         Err(e) => Err(e),
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
