@@ -700,6 +700,45 @@ async fn analyze(stack: &Target) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Tables with at least this many dead rows are vacuumed before measuring.
+const SETTLE_DEAD_ROWS: i64 = 1000;
+
+/// Vacuums the tables earlier runs left dead rows in, before anything is
+/// measured; which ones and how long it took. Why: every run's ingest
+/// figures write and delete memories beside the reused corpus, and once
+/// the dead rows passed autovacuum's threshold (a fifth of the table) an
+/// autovacuum of the HNSW index ran through whole runs at a third of a core
+/// (cost-throttled, it outlived each run and started again in the next):
+/// it took the full bench's ingest from 250 to 160-200 / s and was in the
+/// query figures too. Run in the foreground it takes ~30 s at 100K.
+async fn settle(stack: &Target) -> anyhow::Result<serde_json::Value> {
+    let url = stack
+        .database_url_opt()
+        .context("bench needs the database")?;
+    let pool =
+        engram_common::db::connect_with(url, 1, stack.settings().search.hnsw_ef_search).await?;
+    let tables: Vec<(String,)> = sqlx::query_as(
+        "SELECT relname::text FROM pg_stat_user_tables WHERE n_dead_tup >= $1 ORDER BY relname",
+    )
+    .bind(SETTLE_DEAD_ROWS)
+    .fetch_all(&pool)
+    .await?;
+    let t = Instant::now();
+    for (table,) in &tables {
+        // VACUUM takes no parameters and runs outside a transaction: the
+        // simple protocol, the name quoted as an identifier.
+        let sql = format!("VACUUM (ANALYZE) \"{}\"", table.replace('"', "\"\""));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&pool)
+            .await?;
+    }
+    pool.close().await;
+    Ok(serde_json::json!({
+        "tables": tables.into_iter().map(|(t,)| t).collect::<Vec<_>>(),
+        "seconds": round1(t.elapsed().as_secs_f64()),
+    }))
+}
+
 /// Queries one at a time until five in a row come back whole: the tenant's
 /// graph has loaded (a first load of 100K memories takes seconds and would
 /// otherwise be most of a profile) and connections and plans are warm.
@@ -783,8 +822,10 @@ pub async fn profile(
 /// `engram bench --ingest-only`: the ingest figures of [`run`] alone.
 pub async fn ingest_only(stack: &Target, passages: usize) -> anyhow::Result<serde_json::Value> {
     let part = bench_part()?;
+    let vacuumed = settle(stack).await?;
     let (facts_per_s, facts) = fact_ingest_rate(stack).await?;
     Ok(serde_json::json!({
+        "vacuumed_before": vacuumed,
         "ingest": {
             "passages": ingest_rates(stack, &part, passages).await?,
             "facts_per_s": round1(facts_per_s),
@@ -804,8 +845,9 @@ pub async fn run(
 ) -> anyhow::Result<serde_json::Value> {
     let part = bench_part()?;
     let corpus = ensure_corpus(stack, client, tenant, args, &part, progress).await?;
+    let vacuumed = settle(stack).await?;
     if progress {
-        eprintln!("corpus ready; measuring");
+        eprintln!("corpus ready ({vacuumed}); measuring");
     }
 
     let questions: Vec<String> = part.questions.iter().map(|q| q.text.clone()).collect();
@@ -1158,6 +1200,7 @@ pub async fn run(
             "rerank_score": rerank_ms,
         },
         "corpus": corpus,
+        "vacuumed_before": vacuumed,
         "write_to_visible_ms": write_to_visible,
         "keyword_index_rebuild_after_write_ms": keyword_index_rebuild_ms.map(round1),
         "graph_fresh_after_write_ms": graph_fresh_ms.map(round1),
