@@ -690,17 +690,23 @@ pub(crate) async fn ensure_corpus(
 /// made for the tenant before it held anything took dense k50 from 18 to
 /// 150 ms and keyword from 19 to 178 ms (p50).
 async fn analyze(stack: &Target) -> anyhow::Result<()> {
-    let url = stack
-        .database_url_opt()
-        .context("bench needs the database")?;
-    let pool =
-        engram_common::db::connect_with(url, 1, stack.settings().search.hnsw_ef_search).await?;
+    let pool = maintenance_pool(stack).await?;
     sqlx::query("ANALYZE").execute(&pool).await?;
     pool.close().await;
     Ok(())
 }
 
-/// Tables with at least this many dead rows are vacuumed before measuring.
+/// One connection to the bench's database for maintenance statements.
+async fn maintenance_pool(stack: &Target) -> anyhow::Result<sqlx::PgPool> {
+    let url = stack
+        .database_url_opt()
+        .context("bench needs the database")?;
+    Ok(engram_common::db::connect_with(url, 1, stack.settings().search.hnsw_ef_search).await?)
+}
+
+/// Tables with at least this many dead rows are vacuumed before measuring:
+/// a run's own ingest figures leave ~5,400 in `memories`, and a few hundred
+/// dead rows in a small table cost nothing worth 25 s of vacuum.
 const SETTLE_DEAD_ROWS: i64 = 1000;
 
 /// Vacuums the tables earlier runs left dead rows in, before anything is
@@ -710,33 +716,56 @@ const SETTLE_DEAD_ROWS: i64 = 1000;
 /// autovacuum of the HNSW index ran through whole runs at a third of a core
 /// (cost-throttled, it outlived each run and started again in the next):
 /// it took the full bench's ingest from 250 to 160-200 / s and was in the
-/// query figures too. Run in the foreground it takes ~30 s at 100K.
-async fn settle(stack: &Target) -> anyhow::Result<serde_json::Value> {
-    let url = stack
-        .database_url_opt()
-        .context("bench needs the database")?;
-    let pool =
-        engram_common::db::connect_with(url, 1, stack.settings().search.hnsw_ef_search).await?;
+/// query figures too. Run in the foreground it takes 23-30 s at 100K.
+/// Best effort: a failure (a `DATABASE_URL` role without the rights, a
+/// lock held elsewhere) is reported in the JSON, not fatal to the bench.
+async fn settle(stack: &Target) -> serde_json::Value {
+    let t = Instant::now();
+    let mut tables = Vec::new();
+    let failed_opt = vacuum_dead(stack, &mut tables).await.err();
+    if let Some(e) = &failed_opt {
+        tracing::warn!(error = %e, "bench could not vacuum before measuring");
+    }
+    serde_json::json!({
+        "tables": tables,
+        "seconds": round1(t.elapsed().as_secs_f64()),
+        "failed": failed_opt.map(|e| format!("{e:#}")),
+    })
+}
+
+/// Vacuums (and analyzes) the tables of engram's schema this role owns
+/// with at least [`SETTLE_DEAD_ROWS`] dead rows, pushing each name to
+/// `done` once vacuumed.
+async fn vacuum_dead(stack: &Target, done: &mut Vec<String>) -> anyhow::Result<()> {
+    let pool = maintenance_pool(stack).await?;
+    // Only engram's schema (a shared database holds others' tables), only
+    // tables this role owns (VACUUM skips the rest with a warning), and
+    // names quoted by Postgres itself.
     let tables: Vec<(String,)> = sqlx::query_as(
-        "SELECT relname::text FROM pg_stat_user_tables WHERE n_dead_tup >= $1 ORDER BY relname",
+        "SELECT format('%I.%I', s.schemaname, s.relname) \
+         FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid \
+         WHERE s.schemaname = current_schema() AND s.n_dead_tup >= $1 \
+           AND pg_has_role(c.relowner, 'USAGE') \
+         ORDER BY s.relname",
     )
     .bind(SETTLE_DEAD_ROWS)
     .fetch_all(&pool)
     .await?;
-    let t = Instant::now();
-    for (table,) in &tables {
-        // VACUUM takes no parameters and runs outside a transaction: the
-        // simple protocol, the name quoted as an identifier.
-        let sql = format!("VACUUM (ANALYZE) \"{}\"", table.replace('"', "\"\""));
+    // A role's statement_timeout would cut a 30 s VACUUM short. VACUUM
+    // runs outside a transaction and takes no parameters: the simple
+    // protocol.
+    sqlx::raw_sql("SET statement_timeout = 0")
+        .execute(&pool)
+        .await?;
+    for (table,) in tables {
+        let sql = format!("VACUUM (ANALYZE) {table}");
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .execute(&pool)
             .await?;
+        done.push(table);
     }
     pool.close().await;
-    Ok(serde_json::json!({
-        "tables": tables.into_iter().map(|(t,)| t).collect::<Vec<_>>(),
-        "seconds": round1(t.elapsed().as_secs_f64()),
-    }))
+    Ok(())
 }
 
 /// Queries one at a time until five in a row come back whole: the tenant's
@@ -794,10 +823,11 @@ pub async fn profile(
 ) -> anyhow::Result<serde_json::Value> {
     let part = bench_part()?;
     let corpus = ensure_corpus(stack, client, tenant, args, &part, progress).await?;
+    let vacuumed = settle(stack).await;
     let questions: Vec<String> = part.questions.iter().map(|q| q.text.clone()).collect();
     if progress {
         eprintln!(
-            "corpus ready; warming up, then profiling {} queries",
+            "corpus ready ({vacuumed}); warming up, then profiling {} queries",
             args.queries
         );
     }
@@ -815,6 +845,7 @@ pub async fn profile(
     .await?;
     report["memories"] = serde_json::json!(args.memories);
     report["corpus"] = corpus;
+    report["vacuumed_before"] = vacuumed;
     report["keyword_index_first_answer_ms"] = serde_json::json!(keyword_index_first_ms.map(round1));
     Ok(report)
 }
@@ -822,7 +853,7 @@ pub async fn profile(
 /// `engram bench --ingest-only`: the ingest figures of [`run`] alone.
 pub async fn ingest_only(stack: &Target, passages: usize) -> anyhow::Result<serde_json::Value> {
     let part = bench_part()?;
-    let vacuumed = settle(stack).await?;
+    let vacuumed = settle(stack).await;
     let (facts_per_s, facts) = fact_ingest_rate(stack).await?;
     Ok(serde_json::json!({
         "vacuumed_before": vacuumed,
@@ -845,7 +876,7 @@ pub async fn run(
 ) -> anyhow::Result<serde_json::Value> {
     let part = bench_part()?;
     let corpus = ensure_corpus(stack, client, tenant, args, &part, progress).await?;
-    let vacuumed = settle(stack).await?;
+    let vacuumed = settle(stack).await;
     if progress {
         eprintln!("corpus ready ({vacuumed}); measuring");
     }

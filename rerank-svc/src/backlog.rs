@@ -1,6 +1,8 @@
-//! Admission by deadline: a request the model cannot finish before its
-//! caller's deadline is refused at the door (or skipped when its turn
-//! comes) instead of taking CPU for an answer nobody will read.
+//! Admission by deadline and by queue target: a request the model cannot
+//! finish before its caller's deadline is refused at the door (or skipped
+//! when its turn comes) instead of taking CPU for an answer nobody will
+//! read, and under load a request is cut to the head of its pairs that
+//! fits.
 //!
 //! Why: the bulkhead (service.rs) bounds how many requests wait, not how
 //! long. At 8 queries in flight on two cores the queue held ~2 s of work
@@ -25,17 +27,33 @@
 //! skipped almost every answer or reranked all ten pairs of every answer at
 //! 24 QPS; the target keeps every answer waiting for a short rerank, which
 //! throttles search instead. A request with nothing queued ahead is never
-//! cut, so one query at a time keeps its whole rerank. Until the first
-//! request is measured everything is admitted,
-//! and so is a request with nothing queued ahead of it: it starts at once,
-//! and it is how the estimate learns that load has passed (refused requests
-//! teach nothing; without this rule one slow measurement under load would
-//! refuse every later request, as it did in `engram bench`).
+//! cut, so one query at a time keeps its whole rerank.
+//!
+//! Until the first request is measured everything is admitted, and so is a
+//! request with nothing queued ahead of it: it starts at once, and it is
+//! how the estimate learns that load has passed (refused requests teach
+//! nothing; without this rule one slow measurement under load would refuse
+//! every later request, as it did in `engram bench`). Under load the mean
+//! is learned mostly from heads of 3, whose fixed cost per run raises the
+//! cost per pair, so cuts stay deep until a request finds the queue empty
+//! and is measured whole. "Ahead" counts every pair admitted and not yet
+//! done, including the request being scored and any whose caller left:
+//! a cut can be a little deeper than needed, never shallower.
+//!
+//! Tenants: the queue is one FIFO for all of them, so one tenant's queued
+//! pairs shorten another's head. How much one tenant can queue while
+//! others are active is the gateway's work-slot share (retrieval-svc
+//! fair.rs): at the default one slot per core, two active tenants hold one
+//! pipeline each, about ten pairs, which cuts the other's head only when a
+//! pair costs more than the target over twenty pairs (7.5 ms at 150 ms;
+//! 3.7 ms measured at one query at a time).
 //!
 //! Plain arithmetic on a mutex-guarded pair of numbers: no crate needed.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use engram_common::settings::RerankSettings;
 
 /// Weight of the newest measurement in the per-pair mean: about the last
 /// ten requests count, so a load change shows within a second.
@@ -88,8 +106,14 @@ impl Backlog {
     pub fn with_target(target_opt: Option<Duration>) -> Self {
         Self {
             state: Mutex::default(),
-            target_opt,
+            target_opt: target_opt.filter(|t| !t.is_zero()),
         }
+    }
+
+    /// The backlog `rerank` settings ask for: a queue target of
+    /// `queue_target_ms`, none at 0.
+    pub fn from_settings(s: &RerankSettings) -> Self {
+        Self::with_target(Some(Duration::from_millis(s.queue_target_ms)))
     }
 
     /// Admits `pairs` to the queue when they can be scored, behind what is
@@ -365,10 +389,27 @@ mod tests {
             Ok(whole(18, false)),
             "behind 2 pairs, 18 fit"
         );
+        // Behind 20 pairs: 3 more would take 230 ms. The target alone would
+        // admit a head of 3; the deadline (235 ms, a head must fit in 9/10
+        // of it) is checked first and refuses.
         assert!(
-            b.admit(10, now, Some(now + 5 * MS)).is_err(),
-            "the deadline still refuses what the target would admit"
+            b.admit(10, now, Some(now + 235 * MS)).is_err(),
+            "the deadline is checked before the target"
         );
+        assert_eq!(b.queued_pairs(), 20, "the refused pairs are not counted");
+    }
+
+    #[test]
+    fn a_zero_target_is_no_target() {
+        let b = Backlog::from_settings(&RerankSettings {
+            queue_target_ms: 0,
+            ..RerankSettings::default()
+        });
+        let now = Instant::now();
+        b.admit(10, now, None).expect("admitted");
+        b.done(10, Some(100 * MS));
+        b.admit(50, now, None).expect("queued ahead");
+        assert_eq!(b.admit(10, now, None), Ok(whole(10, false)));
     }
 
     #[test]

@@ -9,8 +9,8 @@ pub mod worker;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
 
+use backlog::Backlog;
 use engram_common::bootstrap;
 use engram_common::server::{self, ServingStatus};
 use engram_common::settings::Settings;
@@ -19,7 +19,6 @@ use engram_proto::rerank_service_server::RerankServiceServer;
 use tokio::net::TcpListener;
 use tonic::service::Routes;
 
-pub use backlog::Backlog;
 pub use error::Error;
 pub use service::RerankSvc;
 pub use worker::ModelThread;
@@ -108,13 +107,8 @@ pub async fn run_with_model(
 /// which then serves every score request.
 pub async fn load_model_thread(settings: &Settings) -> Result<ModelThread, Error> {
     let s = settings.clone();
-    ModelThread::start(move || load_model(&s), backlog(settings)).await
-}
-
-/// The model thread's admission, with the settings' queue target.
-pub fn backlog(settings: &Settings) -> Backlog {
-    let target_ms = settings.rerank.queue_target_ms;
-    Backlog::with_target((target_ms > 0).then(|| Duration::from_millis(target_ms)))
+    let backlog = Backlog::from_settings(&settings.rerank);
+    ModelThread::start(move || load_model(&s), backlog).await
 }
 
 /// Loads ONNX Runtime and the cross-encoder. Blocking (may pip-install the

@@ -137,7 +137,9 @@ impl RerankSvc {
 
     /// Scores a validated request on the model thread, or refuses at once
     /// when the bulkhead is full or the scores could not be ready by
-    /// `deadline_opt`: a late rerank is worse than none.
+    /// `deadline_opt`: a late rerank is worse than none. Under load the
+    /// scores are those of a head of the candidates, at least 3
+    /// (backlog.rs).
     pub async fn score(&self, req: ValidScore, deadline_opt: Option<Instant>) -> Result<Vec<f32>> {
         let model = self
             .model

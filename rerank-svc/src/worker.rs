@@ -12,8 +12,9 @@
 //! cross-encoder cannot finish within the gateway's rerank budget the answer
 //! is degraded (rerank) instead of search timing out. How many requests may
 //! wait is the bulkhead's (service.rs); whether one can still finish before
-//! its deadline is the backlog's (backlog.rs), checked when it is queued
-//! and again when its turn comes.
+//! its deadline, and how much of it is scored (a head under load), is the
+//! backlog's (backlog.rs), checked when it is queued and, for the
+//! deadline, again when its turn comes.
 //!
 //! One thread is enough: the session runs one request at a time.
 

@@ -62,7 +62,7 @@ async fn start(settings: Settings, model: Result<Arc<CrossEncoder>, String>) -> 
     let model = match model {
         Ok(m) => Ok(rerank_svc::ModelThread::start_with(
             move || Ok(m),
-            rerank_svc::backlog(&settings),
+            rerank_svc::backlog::Backlog::from_settings(&settings.rerank),
         )
         .await
         .expect("model thread")),
