@@ -871,7 +871,13 @@ impl Graph {
             NodeBudget::AllNodes => mem_count + ent_count + add_m + add_e <= p.max_nodes,
             NodeBudget::MemoryNodes => mem_count + add_m <= mem_cap && ent_count + add_e <= ent_cap,
         };
-        let total_seed: f64 = seeds.iter().map(|s| s.1.max(0.0)).sum();
+        // Seeds the view hides carry no mass, not even in the total: they
+        // would scale every visible score.
+        let total_seed: f64 = seeds
+            .iter()
+            .filter(|s| self.node_visible(s.0, view) && (s.0 as usize) < self.wdeg.len())
+            .map(|s| s.1.max(0.0))
+            .sum();
         if total_seed <= 0.0 {
             return PprOutcome::default();
         }

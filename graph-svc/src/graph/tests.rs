@@ -147,6 +147,57 @@ fn unbounded_walk_matches_dense_power_iteration() {
     assert!(out.hits.windows(2).all(|w| w[0].score >= w[1].score));
 }
 
+/// HippoRAG 2's passage nodes (issue 19): the question names entity 0,
+/// which two memories mention; each leads on, through its other entity,
+/// to one more memory: the bridge (memory 1) and a distractor (memory 3),
+/// placed symmetrically so entity seeds alone cannot tell them apart. A
+/// memory seed on the dense top hit (memory 0, weight 0.05 as the
+/// gateway sends) is what ranks the bridge above the distractor. Both
+/// walks equal the dense reference.
+#[test]
+fn only_the_memory_seed_finds_the_bridge() {
+    let spec = Spec {
+        mems: (0..4).map(|_| (0, 1, false)).collect(),
+        ents: 3,
+        mentions: vec![
+            (0, 0, false),
+            (0, 1, false),
+            (1, 1, true),
+            (2, 0, false),
+            (2, 2, false),
+            (3, 2, true),
+        ],
+        typed: vec![],
+    };
+    let (g, _) = build(&spec, |_| true);
+    let view = g.view(4, None, false);
+    let score = |seeds: &[(u32, f64)], m: u32| -> f64 {
+        let dense = dense_ppr(&g, seeds, 0.5);
+        let out = g.ppr(seeds, &view, &params(1000, 50));
+        let hit = out
+            .hits
+            .iter()
+            .find(|h| h.memory == m)
+            .map_or(0.0, |h| h.score);
+        assert!(
+            (hit - dense[m as usize]).abs() < 1e-9,
+            "memory {m}: {hit} vs {}",
+            dense[m as usize]
+        );
+        hit
+    };
+    let entity_only = [(g.entity_node(0), 1.0)];
+    assert!(
+        (score(&entity_only, 1) - score(&entity_only, 3)).abs() < 1e-12,
+        "entity seeds alone: a tie"
+    );
+    let with_passage = [(g.entity_node(0), 1.0), (0u32, 0.05)];
+    assert!(
+        score(&with_passage, 1) > score(&with_passage, 3) + 1e-6,
+        "the memory seed ranks the bridge first"
+    );
+}
+
 #[test]
 fn star_with_a_million_leaves_touches_at_most_the_budget() {
     let n = 1_000_000u32;
@@ -361,6 +412,57 @@ proptest! {
         // Linking and neighbours obey the same view.
         for n in g.neighbors(&(0..g.memory_count() as u32).collect::<Vec<_>>(), 4, 1000, None, &view) {
             prop_assert!(visible(n.memory));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Issue 19's fact seeds and passage seeds obey trust: a fact naming
+    /// entities that only hidden memories mention, or a memory seed on a
+    /// hidden memory, changes nothing. The whole request (query, facts,
+    /// memory seeds) through the service's `run_ppr` equals the same
+    /// request on the graph built without the hidden memories.
+    #[test]
+    fn facts_and_memory_seeds_of_hidden_memories_seed_nothing(
+        spec in arb_spec(),
+        trust in 1i16..5,
+        query_ents in proptest::collection::vec(0u32..6, 0..2),
+        fact_ents in proptest::collection::vec((0u32..6, 0.05f32..1.0), 1..4),
+        memory_seeds in proptest::collection::vec((0u32..14, 0.1f32..1.0), 0..3),
+    ) {
+        use crate::service::{PprQuery, run_ppr};
+        let (g, _) = build(&spec, |_| true);
+        let view = g.view(trust, None, true);
+        let visible = |i: u32| spec.mems[i as usize].1 <= trust;
+        let (h, _) = build(&spec, visible);
+        let hview = h.view(4, None, true);
+        let name = |e: &u32| format!("entity{e}");
+        let req = engram_proto::PprRequest {
+            query_text: query_ents.iter().map(name).collect::<Vec<_>>().join(" "),
+            seeds: memory_seeds
+                .iter()
+                .filter(|(m, _)| (*m as usize) < spec.mems.len())
+                .map(|&(m, w)| engram_proto::Seed {
+                    memory_id: Uuid::from_u128(u128::from(m) + 1).to_string(),
+                    weight: w,
+                })
+                .collect(),
+            facts: fact_ents
+                .iter()
+                .map(|(e, w)| engram_proto::FactSeed { text: name(e), weight: *w })
+                .collect(),
+            ..Default::default()
+        };
+        let settings = engram_common::settings::GraphSettings::default();
+        let q = PprQuery::from_proto(req, &settings).expect("valid");
+        let got = run_ppr(&g, &q, &view, settings.memory_seed_weight, None);
+        let want = run_ppr(&h, &q, &hview, settings.memory_seed_weight, None);
+        prop_assert_eq!(got.hits.len(), want.hits.len());
+        for (a, b) in got.hits.iter().zip(&want.hits) {
+            prop_assert_eq!(&a.memory_id, &b.memory_id);
+            prop_assert!((a.score - b.score).abs() < 1e-5, "{} vs {}", a.score, b.score);
         }
     }
 }
