@@ -356,10 +356,13 @@ fn panic_response(
 pub async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
-            anyhow::anyhow!(
+            // The io::Error stays in the chain, so a caller that can pick
+            // another port (the soak's in-process deployment) can tell.
+            let fix = format!(
                 "{what}: address {addr} is already in use; stop the other process or set ENGRAM__LISTEN__{}=127.0.0.1:<port>",
                 what.to_ascii_uppercase()
-            )
+            );
+            anyhow::Error::new(e).context(fix)
         } else {
             anyhow::anyhow!("{what}: cannot listen on {addr}: {e}")
         }

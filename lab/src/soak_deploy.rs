@@ -64,6 +64,15 @@ pub struct Deployment {
 }
 
 /// A free loopback port: bind port 0 and release it.
+/// Whether `e` is a bind that found its port taken.
+fn addr_in_use(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+    })
+}
+
 fn free_addr() -> anyhow::Result<SocketAddr> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?)
@@ -132,12 +141,32 @@ impl Deployment {
             pg_opt: None,
         };
         for svc in Service::ALL {
-            if let Err(e) = dep.restart(svc).await {
+            if let Err(e) = dep.start_on_a_free_port(svc).await {
                 dep.shutdown().await;
                 return Err(e);
             }
         }
         Ok(dep)
+    }
+
+    /// Starts `svc` on its address, or on another free one when something
+    /// took that port between choosing it and binding it (an outgoing
+    /// connection of a test running beside this one gets its local port
+    /// from the same range: a failed CI run). Only at the first start:
+    /// nothing points at the service yet, and the gateway starts last.
+    async fn start_on_a_free_port(&mut self, svc: Service) -> anyhow::Result<()> {
+        const ATTEMPTS: usize = 5;
+        let mut attempt = 1;
+        loop {
+            match self.restart(svc).await {
+                Err(e) if attempt < ATTEMPTS && addr_in_use(&e) => {
+                    tracing::warn!(service = svc.name(), error = %e, "port taken before bind; another");
+                    crate::split::set_address(&mut self.settings, svc, free_addr()?);
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     pub fn gateway_uri(&self) -> String {
@@ -465,4 +494,21 @@ fn established_to(pid: u32, port: u16, inodes: &std::collections::HashSet<u64>) 
                 .collect::<Vec<_>>()
         })
         .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_taken_port_is_told_apart_from_other_start_failures() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = held.local_addr().expect("addr").to_string();
+        let e = engram_common::server::bind(&addr, "retrieval")
+            .await
+            .expect_err("the port is held");
+        assert!(addr_in_use(&e), "{e:#}");
+        assert!(e.to_string().contains("already in use"), "{e}");
+        assert!(!addr_in_use(&anyhow::anyhow!("retrieval: cannot listen")));
+    }
 }
