@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use engram_common::Settings;
 use engram_proto::{RetrievalMode, RetrieveRequest, UpsertRequest};
-use engram_stack::client::Client;
+use engram_stack::client::{Client, INGEST_BATCH, INGEST_IN_FLIGHT};
 use engram_stack::stack::{self, Service, Stack, StackOptions};
 use futures::StreamExt;
 
@@ -138,12 +138,6 @@ pub async fn demo_on(stack: &Stack, key: &str) -> anyhow::Result<String> {
     out.push_str(&demo::render_agentic(demo::BRIDGE_QUERY, &r));
     Ok(out)
 }
-
-/// Memories per Upsert call of `engram ingest`.
-const INGEST_BATCH: usize = 500;
-
-/// Upsert calls of `engram ingest` in flight at once.
-const INGEST_IN_FLIGHT: usize = 2;
 
 pub async fn ingest(settings: Settings, file: &Path, conn: Conn) -> anyhow::Result<()> {
     let key = ingest::IdKey::for_deployment(&settings)?;

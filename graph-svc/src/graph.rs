@@ -872,18 +872,17 @@ impl Graph {
             NodeBudget::MemoryNodes => mem_count + add_m <= mem_cap && ent_count + add_e <= ent_cap,
         };
         // Seeds the view hides carry no mass, not even in the total: they
-        // would scale every visible score.
-        let total_seed: f64 = seeds
-            .iter()
-            .filter(|s| self.node_visible(s.0, view) && (s.0 as usize) < self.wdeg.len())
-            .map(|s| s.1.max(0.0))
-            .sum();
+        // would scale every visible score, and so tell a caller that a
+        // hidden memory id exists.
+        let in_view =
+            |s: &&(u32, f64)| self.node_visible(s.0, view) && (s.0 as usize) < self.wdeg.len();
+        let total_seed: f64 = seeds.iter().filter(in_view).map(|s| s.1.max(0.0)).sum();
         if total_seed <= 0.0 {
             return PprOutcome::default();
         }
         let mut deadline_hit = false;
-        for &(n, w) in seeds {
-            if w <= 0.0 || !self.node_visible(n, view) || (n as usize) >= self.wdeg.len() {
+        for &(n, w) in seeds.iter().filter(in_view) {
+            if w <= 0.0 {
                 continue;
             }
             let li = match local.get(n) {

@@ -252,11 +252,10 @@ pub fn run_ppr_with(
     } else {
         f64::from(memory_seed_weight)
     };
-    // Only memories the caller may see: a hidden one would still count in
-    // the walk's seed mass, and the visible scores would then say that the
-    // id exists (found by the trust property test, issue 19).
+    // Hidden memories among them seed nothing (the walk drops seeds its
+    // view hides, mass and all).
     for (id, w) in &q.seeds {
-        if let Some(m) = graph.memory(id).filter(|&m| graph.memory_visible(m, view)) {
+        if let Some(m) = graph.memory(id) {
             seeds.push((m, f64::from(*w) * rel));
         }
     }

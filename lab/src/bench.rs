@@ -30,7 +30,7 @@ use engram_proto::{
     Edge, EmbedRequest, GetRequest, KeywordSearchRequest, Memory, PprRequest, RetrievalMode,
     RetrieveRequest, ScoreRequest, Seed, UpsertRequest, VectorSearchRequest,
 };
-use engram_stack::client::Client;
+use engram_stack::client::{Client, INGEST_BATCH, INGEST_IN_FLIGHT};
 use engram_stack::stack::{Service, Stack};
 use futures::StreamExt;
 use rand::Rng;
@@ -561,8 +561,8 @@ async fn ingest_rates(
     Ok(serde_json::json!({
         "embedded_memories_per_s": round1(write_rate(stack, sample.clone(), 32, 1).await?),
         "embedded_memories_per_s_2_in_flight": round1(write_rate(stack, fresh(&sample), 32, 2).await?),
-        // As `engram ingest` writes a file: batches of 500, two at once.
-        "embedded_memories_per_s_as_engram_ingest": round1(write_rate(stack, fresh(&sample), 500, 2).await?),
+        // As `engram ingest` writes a file.
+        "embedded_memories_per_s_as_engram_ingest": round1(write_rate(stack, fresh(&sample), INGEST_BATCH, INGEST_IN_FLIGHT).await?),
         "embed_only_per_s": round1(embed_only),
         "write_only_per_s": round1(write_rate(stack, supplied, 32, 1).await?),
         "passages": sample.len(),

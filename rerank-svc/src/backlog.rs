@@ -74,6 +74,13 @@ pub struct Backlog {
     target_opt: Option<Duration>,
 }
 
+impl State {
+    /// The measured cost per pair, once there is a usable one.
+    fn per_pair(&self) -> Option<f64> {
+        self.per_pair_opt.filter(|p| *p > 0.0)
+    }
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct State {
     /// Pairs admitted and not yet scored or skipped.
@@ -200,13 +207,11 @@ fn fitting(
     now: Instant,
     deadline: Instant,
 ) -> Result<usize, Late> {
-    let Some(per_pair) = st.per_pair_opt.filter(|p| *p > 0.0) else {
+    let Some(per_pair) = st.per_pair() else {
         return Ok(pairs);
     };
     let left = deadline.saturating_duration_since(now);
-    // Float-to-integer `as` saturates (and maps NaN to 0): a huge budget
-    // admits everything, an empty one nothing.
-    let fits = |secs: f64| ((secs / per_pair).floor() as usize).saturating_sub(ahead);
+    let fits = |secs: f64| pairs_within(secs, per_pair, ahead);
     // A head is cut to finish with a tenth of the time to spare: the
     // estimate is a mean, and one just at the deadline would arrive after
     // the caller stopped waiting.
@@ -226,11 +231,18 @@ fn fitting(
 /// pairs, finishes within `target_opt`, never cut below
 /// [`MIN_HEAD_PAIRS`]; all of them without a target or an estimate.
 fn within_target(st: &State, ahead: usize, pairs: usize, target_opt: Option<Duration>) -> usize {
-    let (Some(target), Some(per_pair)) = (target_opt, st.per_pair_opt.filter(|p| *p > 0.0)) else {
+    let (Some(target), Some(per_pair)) = (target_opt, st.per_pair()) else {
         return pairs;
     };
-    let fits = ((target.as_secs_f64() / per_pair).floor() as usize).saturating_sub(ahead);
+    let fits = pairs_within(target.as_secs_f64(), per_pair, ahead);
     pairs.min(fits.max(MIN_HEAD_PAIRS))
+}
+
+/// How many pairs finish in `secs` at `per_pair` seconds each behind
+/// `ahead` queued ones. Float-to-integer `as` saturates (and maps NaN to
+/// 0): a huge budget admits everything, an empty one nothing.
+fn pairs_within(secs: f64, per_pair: f64, ahead: usize) -> usize {
+    ((secs / per_pair).floor() as usize).saturating_sub(ahead)
 }
 
 #[cfg(test)]

@@ -74,3 +74,11 @@ impl Client {
 
 /// Edges per AddEdges call: search-svc writes at most 1,000 per batch.
 pub const EDGE_BATCH: usize = 1000;
+
+/// Memories per Upsert call of a bulk load (`engram ingest`, and the bench's
+/// figure of it).
+pub const INGEST_BATCH: usize = 500;
+
+/// Upsert calls of a bulk load in flight at once: one batch embeds while
+/// the other writes.
+pub const INGEST_IN_FLIGHT: usize = 2;

@@ -505,7 +505,8 @@ impl Pipeline {
         let rows = distilled.rows;
         let mut ranked = distilled.ranked;
         let route = found.route_opt.unwrap_or(step.route);
-        if plan.complements(route) && !step.is_raw() {
+        // Raw plans never reorder: their `complement` is false.
+        if plan.complements(route) {
             let query_opt = found.query_embedding_opt.as_deref();
             complement::run(ctx, &mut trace, &mut ranked, query_opt, found.vectors)
                 .instrument(stage_span("complement"))
