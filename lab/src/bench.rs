@@ -286,7 +286,12 @@ async fn ann_recall(
     ef_search: u32,
 ) -> anyhow::Result<serde_json::Value> {
     const K: i64 = 30;
-    let sql = "SELECT id FROM memories WHERE tenant_id = $1 ORDER BY embedding <=> $2 LIMIT $3";
+    // The index's order (half precision, `dense::HALF`) against the exact
+    // full-precision one: what the pipeline's candidates lose to both.
+    let indexed = "SELECT id FROM memories WHERE tenant_id = $1 \
+                   ORDER BY embedding::halfvec(384) <=> $2::halfvec(384) LIMIT $3";
+    let exact_sql =
+        "SELECT id FROM memories WHERE tenant_id = $1 ORDER BY embedding <=> $2 LIMIT $3";
     let n = qvecs.len().min(100);
     let (mut all, mut top5) = (0.0f64, 0.0f64);
     for q in &qvecs[..n] {
@@ -298,6 +303,7 @@ async fn ann_recall(
                     .await?;
             }
             // Unprepared: a cached plan would not see enable_indexscan change.
+            let sql = if exact { exact_sql } else { indexed };
             let ids: Vec<uuid::Uuid> = sqlx::query_scalar(sql)
                 .persistent(false)
                 .bind(tenant)
@@ -1146,7 +1152,8 @@ pub async fn run(
         let v = pgvector::Vector::from(qvecs[i % qvecs.len()].clone());
         let t = Instant::now();
         let _rows: Vec<(uuid::Uuid,)> = sqlx::query_as(
-            "SELECT id FROM memories WHERE tenant_id = $1 ORDER BY embedding <=> $2 LIMIT 10",
+            "SELECT id FROM memories WHERE tenant_id = $1 \
+             ORDER BY embedding::halfvec(384) <=> $2::halfvec(384) LIMIT 10",
         )
         .bind(tenant)
         .bind(v)

@@ -27,6 +27,7 @@ pub async fn search(
     let nearest = Nearest {
         select: MEMORY_COLUMNS,
         column: "m.embedding",
+        index_cast: HALF,
         from: "memories m WHERE m.embedding IS NOT NULL AND ",
     };
     let qb = nearest.query(embedding, identity, filters, default_decay_floor, k);
@@ -44,14 +45,26 @@ pub async fn search(
     Ok(rows)
 }
 
+/// The cast the HNSW indexes of memories and sentences are built on
+/// (migration 0010): the index holds half-precision copies, so a reader
+/// orders by `<column>::halfvec(384) <=> q::halfvec(384)` or Postgres
+/// cannot use it and scans the tenant. Scores still come from the stored
+/// full-precision vectors.
+pub const HALF: &str = "::halfvec(384)";
+
 /// One nearest-neighbour statement over a vector column, with dense
 /// search's whole access predicate on the memory row `m` inside it:
 /// `SELECT <select>, (<column> <=> q)::float8 AS score FROM <from> <predicate>
-/// ORDER BY <column> <=> q LIMIT k`. Dense search and the fact index
-/// (facts.rs) both read through it, so their access rules cannot drift.
+/// ORDER BY <column><cast> <=> q<cast> LIMIT k`. Dense search and the fact
+/// index (facts.rs) both read through it, so their access rules cannot
+/// drift.
 pub(crate) struct Nearest {
     pub select: &'static str,
+    /// The full-precision vector column the score is computed from.
     pub column: &'static str,
+    /// The cast of the column's index expression ([`HALF`]), applied to
+    /// both sides of the ORDER BY so the index serves it.
+    pub index_cast: &'static str,
     /// The FROM clause up to the predicate (ends in `WHERE ` or `AND `).
     pub from: &'static str,
 }
@@ -77,8 +90,10 @@ impl Nearest {
         push_where(&mut qb, identity, filters, default_decay_floor);
         qb.push(" ORDER BY ")
             .push(self.column)
+            .push(self.index_cast)
             .push(" <=> ")
             .push_bind(q)
+            .push(self.index_cast)
             .push(" LIMIT ")
             .push_bind(i64::from(k));
         qb

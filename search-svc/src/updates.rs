@@ -620,7 +620,8 @@ struct Candidate {
     cosine: f32,
 }
 
-/// The nearest older memories each new one may update.
+/// The nearest older memories each new one may update (ordered by the
+/// index's half-precision expression, `dense::HALF`).
 const CANDIDATES_SQL: &str = r#"
 SELECT n.id AS new_id, o.id AS old_id,
        n.title || ' ' || n.content AS new_text, o.title || ' ' || o.content AS old_text,
@@ -637,7 +638,7 @@ CROSS JOIN LATERAL (
       AND o.memory_type = n.memory_type
       AND (n.supersedes IS NULL OR n.supersedes <> o.id)
       AND NOT EXISTS (SELECT 1 FROM rejected_updates r WHERE r.new_id = n.id AND r.old_id = o.id)
-    ORDER BY o.embedding <=> n.embedding
+    ORDER BY o.embedding::halfvec(384) <=> n.embedding::halfvec(384)
     LIMIT 5
 ) o
 WHERE n.tenant_id = $1 AND n.id = ANY($2) AND n.embedding IS NOT NULL
