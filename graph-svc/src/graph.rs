@@ -497,6 +497,54 @@ struct Scratch {
     bits: Vec<u64>,
     slot: Vec<u32>,
     touched: Vec<u32>,
+    walk: Walk,
+}
+
+/// A walk's per-local-node state and work lists, kept with its
+/// [`Scratch`] so the next walk reuses their capacity: allocating and
+/// growing them was ~3 % of the engram process's CPU samples under load
+/// (docs/benchmarks.md, "Half-precision HNSW").
+#[derive(Default)]
+struct Walk {
+    nodes: Vec<u32>,
+    hop: Vec<u8>,
+    resid: Vec<f64>,
+    /// The degree the caller sees, read when a node is admitted.
+    vdeg: Vec<f64>,
+    /// Whether the node has pushed (a seed always pushes once).
+    pushed: Vec<bool>,
+    seed_mass: Vec<f64>,
+    heap: BinaryHeap<(Pri, u32)>,
+    /// (neighbour, first edge, end of its edges) of a push's new neighbours.
+    new_runs: Vec<(u32, u32, u32)>,
+    solve: Solve,
+}
+
+/// [`Graph::solve_local`]'s local transition matrix and iterates.
+#[derive(Default)]
+struct Solve {
+    hub_slot: Vec<u32>,
+    small_off: Vec<usize>,
+    small: Vec<(u32, f64)>,
+    from_hubs: Vec<(u32, u32, f64)>,
+    off: Vec<usize>,
+    to: Vec<u32>,
+    prob: Vec<f64>,
+    x: Vec<f64>,
+    next: Vec<f64>,
+}
+
+impl Walk {
+    fn clear(&mut self) {
+        self.nodes.clear();
+        self.hop.clear();
+        self.resid.clear();
+        self.vdeg.clear();
+        self.pushed.clear();
+        self.seed_mass.clear();
+        self.heap.clear();
+        self.new_runs.clear();
+    }
 }
 
 /// A walk's view of a [`Scratch`]: the touched set's node → local index.
@@ -815,7 +863,9 @@ impl Graph {
     /// 1. discovery: a best-first forward push (Andersen–Chung–Lang) from
     ///    the seeds picks the node set: nodes within `max_hops` of a seed,
     ///    admitted in order of the residual mass reaching them, until the
-    ///    node budget is spent. A push that would admit more new neighbours
+    ///    node budget is spent. Thresholds and priorities divide by the
+    ///    degree the caller sees, never the full one: hidden edges must
+    ///    not decide which nodes a walk touches. A push that would admit more new neighbours
     ///    than the budget has left (a hub) only feeds nodes already admitted;
     ///    a seed hub still admits its heaviest neighbours (home edges first)
     ///    within half the remaining budget. On 2Wiki dev, counting every
@@ -837,10 +887,13 @@ impl Graph {
     /// first written; the property test `walk_equals_the_reference_walk`
     /// holds the two bit-for-bit equal.
     pub fn ppr(&self, seeds: &[(u32, f64)], view: &View, p: &PprParams) -> PprOutcome {
-        let scratch = self.scratch.lock().pop().unwrap_or_default();
+        let mut scratch = self.scratch.lock().pop().unwrap_or_default();
+        let mut walk = std::mem::take(&mut scratch.walk);
+        walk.clear();
         let mut local = LocalIndex::new(scratch, self.wdeg.len());
-        let out = self.ppr_in(&mut local, seeds, view, p);
-        let scratch = local.finish();
+        let out = self.ppr_in(&mut local, &mut walk, seeds, view, p);
+        let mut scratch = local.finish();
+        scratch.walk = walk;
         let mut pool = self.scratch.lock();
         if pool.len() < MAX_SCRATCH {
             pool.push(scratch);
@@ -851,15 +904,22 @@ impl Graph {
     fn ppr_in(
         &self,
         local: &mut LocalIndex,
+        walk: &mut Walk,
         seeds: &[(u32, f64)],
         view: &View,
         p: &PprParams,
     ) -> PprOutcome {
-        let mut nodes: Vec<u32> = Vec::new();
-        let mut hop: Vec<u8> = Vec::new();
-        let mut resid: Vec<f64> = Vec::new();
-        let mut vdeg: Vec<f64> = Vec::new();
-        let mut seed_mass: Vec<f64> = Vec::new();
+        let Walk {
+            nodes,
+            hop,
+            resid,
+            vdeg,
+            pushed,
+            seed_mass,
+            heap,
+            new_runs,
+            solve,
+        } = walk;
         let mut mem_count = 0usize;
         let mut ent_count = 0usize;
         let mem_cap = p.max_nodes;
@@ -907,7 +967,8 @@ impl Graph {
                     nodes.push(n);
                     hop.push(0);
                     resid.push(0.0);
-                    vdeg.push(f64::NAN);
+                    vdeg.push(self.visible_degree(n, view));
+                    pushed.push(false);
                     seed_mass.push(0.0);
                     li
                 }
@@ -920,22 +981,22 @@ impl Graph {
         }
         let d = p.damping;
         let eps = p.tol.max(1e-12);
-        let mut heap: BinaryHeap<(Pri, u32)> = BinaryHeap::new();
         for li in 0..nodes.len() {
             heap.push((Pri(f64::INFINITY), li as u32));
         }
         let max_pushes = (p.max_iter as usize).max(1) * p.max_nodes.max(1);
         let max_scans = 4_000_000usize;
         let (mut pushes, mut scans) = (0usize, 0usize);
-        // (neighbour, first edge, end of its edges) of a push's new neighbours.
-        let mut new_runs: Vec<(u32, u32, u32)> = Vec::new();
         while let Some((_, li)) = heap.pop() {
             let u = nodes[li as usize];
             let r = resid[li as usize];
-            let full = f64::from(self.wdeg[u as usize]).max(1e-12);
+            // Thresholds on the degree the caller sees: the full degree
+            // would let hidden edges decide which nodes a walk touches, and
+            // so move visible scores.
+            let full = vdeg[li as usize].max(1e-12);
             // Seeds always spread once, whatever their degree.
-            if r <= eps * full && !(hop[li as usize] == 0 && vdeg[li as usize].is_nan()) || r <= 0.0
-            {
+            let unspread_seed = hop[li as usize] == 0 && !pushed[li as usize];
+            if r <= eps * full && !unspread_seed || r <= 0.0 {
                 continue;
             }
             if pushes >= max_pushes || scans >= max_scans {
@@ -946,9 +1007,7 @@ impl Graph {
                 break;
             }
             pushes += 1;
-            if vdeg[li as usize].is_nan() {
-                vdeg[li as usize] = self.visible_degree(u, view);
-            }
+            pushed[li as usize] = true;
             let deg = vdeg[li as usize];
             resid[li as usize] = 0.0;
             if deg <= 0.0 {
@@ -976,8 +1035,8 @@ impl Graph {
                         (spread, deg),
                         eps,
                         view,
-                        &mut resid,
-                        &mut heap,
+                        (resid, vdeg),
+                        heap,
                     ),
                     None if can_grow && (e..run_end).any(|x| self.edge_visible(x, view)) => {
                         new_runs.push((v, e as u32, run_end as u32));
@@ -1014,13 +1073,14 @@ impl Graph {
                 admit = !new_runs.is_empty();
             }
             if admit {
-                for &(v, lo, hi) in &new_runs {
+                for &(v, lo, hi) in new_runs.iter() {
                     let lv = nodes.len() as u32;
                     local.insert(v, lv);
                     nodes.push(v);
                     hop.push(hop[li as usize] + 1);
                     resid.push(0.0);
-                    vdeg.push(f64::NAN);
+                    vdeg.push(self.visible_degree(v, view));
+                    pushed.push(false);
                     seed_mass.push(0.0);
                     self.spread_run(
                         lo as usize..hi as usize,
@@ -1028,23 +1088,25 @@ impl Graph {
                         (spread, deg),
                         eps,
                         view,
-                        &mut resid,
-                        &mut heap,
+                        (resid, vdeg),
+                        heap,
                     );
                 }
                 mem_count += add_m;
                 ent_count += add_e;
             }
         }
-        let x = self.solve_local(
-            &nodes,
+        self.solve_local(
+            nodes,
             local,
-            &mut vdeg,
-            &seed_mass,
+            vdeg,
+            seed_mass,
             view,
             p,
             &mut deadline_hit,
+            solve,
         );
+        let x = &solve.x;
         let mut mems: Vec<(u32, f64)> = (0..nodes.len())
             .filter(|&li| self.is_memory_node(nodes[li]) && x[li] > 0.0)
             .map(|li| (li as u32, x[li]))
@@ -1099,63 +1161,68 @@ impl Graph {
         (spread, deg): (f64, f64),
         eps: f64,
         view: &View,
-        resid: &mut [f64],
+        (resid, vdeg): (&mut [f64], &[f64]),
         heap: &mut BinaryHeap<(Pri, u32)>,
     ) {
         for e in run {
             if !self.edge_visible(e, view) {
                 continue;
             }
-            let v = self.targets[e];
             resid[lv as usize] += spread * f64::from(self.weights[e]) / deg;
-            let vfull = f64::from(self.wdeg[v as usize]).max(1e-12);
+            let vfull = vdeg[lv as usize].max(1e-12);
             if resid[lv as usize] > eps * vfull {
                 heap.push((Pri(resid[lv as usize] / vfull), lv));
             }
         }
     }
 
+    /// The walk's scores on the touched nodes alone, by power iteration
+    /// over their local transition matrix; left in `solve.x`.
     #[allow(clippy::too_many_arguments)]
     fn solve_local(
         &self,
         nodes: &[u32],
         local: &LocalIndex,
-        vdeg: &mut [f64],
+        vdeg: &[f64],
         seed: &[f64],
         view: &View,
         p: &PprParams,
         deadline_hit: &mut bool,
-    ) -> Vec<f64> {
+        solve: &mut Solve,
+    ) {
+        let Solve {
+            hub_slot,
+            small_off,
+            small,
+            from_hubs,
+            off,
+            to,
+            prob,
+            x,
+            next,
+        } = solve;
         let n = nodes.len();
-        for (li, &u) in nodes.iter().enumerate() {
-            if vdeg[li].is_nan() {
-                vdeg[li] = self.visible_degree(u, view);
-            }
-        }
         // Local CSR of transition probabilities u -> v, sources in local
         // order, each source's entries in the order of its row. Hub rows
         // (longer than 4n) are never scanned: every edge is stored in both
         // directions, so a hub's edges to other nodes come from those
         // nodes' scans (a twin has the same weight, gate and position among
         // parallel edges); hub-to-hub edges are looked up in the hub's row.
-        let hub_slot: Vec<u32> = {
-            let mut h = 0u32;
-            nodes
-                .iter()
-                .map(|&u| {
-                    if self.edges(u).len() > 4 * n {
-                        h += 1;
-                        h - 1
-                    } else {
-                        u32::MAX
-                    }
-                })
-                .collect()
-        };
-        let mut small_off = vec![0usize; n + 1];
-        let mut small: Vec<(u32, f64)> = Vec::new();
+        hub_slot.clear();
+        let mut hubs = 0u32;
+        hub_slot.extend(nodes.iter().map(|&u| {
+            if self.edges(u).len() > 4 * n {
+                hubs += 1;
+                hubs - 1
+            } else {
+                u32::MAX
+            }
+        }));
+        small_off.clear();
+        small_off.resize(n + 1, 0);
+        small.clear();
         // (hub slot, target, probability), in scan order.
-        let mut from_hubs: Vec<(u32, u32, f64)> = Vec::new();
+        from_hubs.clear();
         for (li, &u) in nodes.iter().enumerate() {
             if hub_slot[li] == u32::MAX {
                 let deg = vdeg[li];
@@ -1201,9 +1268,9 @@ impl Graph {
         }
         // Stable: parallel edges keep their row order.
         from_hubs.sort_by_key(|h| (h.0, h.1));
-        let mut off = Vec::with_capacity(n + 1);
-        let mut to: Vec<u32> = Vec::with_capacity(small.len() + from_hubs.len());
-        let mut prob: Vec<f64> = Vec::with_capacity(small.len() + from_hubs.len());
+        off.clear();
+        to.clear();
+        prob.clear();
         off.push(0usize);
         let mut h = 0usize;
         for li in 0..n {
@@ -1222,8 +1289,10 @@ impl Graph {
             off.push(to.len());
         }
         let d = p.damping;
-        let mut x = seed.to_vec();
-        let mut next = vec![0f64; n];
+        x.clear();
+        x.extend_from_slice(seed);
+        next.clear();
+        next.resize(n, 0.0);
         for _ in 0..p.max_iter.max(1) {
             for (v, s) in next.iter_mut().zip(seed) {
                 *v = (1.0 - d) * s;
@@ -1237,8 +1306,8 @@ impl Graph {
                     next[to[e] as usize] += d * xu * prob[e];
                 }
             }
-            let delta: f64 = x.iter().zip(&next).map(|(a, b)| (a - b).abs()).sum();
-            std::mem::swap(&mut x, &mut next);
+            let delta: f64 = x.iter().zip(next.iter()).map(|(a, b)| (a - b).abs()).sum();
+            std::mem::swap(x, next);
             if delta < p.tol {
                 break;
             }
@@ -1247,7 +1316,6 @@ impl Graph {
                 break;
             }
         }
-        x
     }
 
     /// Breadth-first memories around `starts` over typed edges and shared

@@ -90,7 +90,9 @@ impl Graph {
         while let Some((_, li)) = heap.pop() {
             let u = nodes[li as usize];
             let r = resid[li as usize];
-            let full = f64::from(self.wdeg[u as usize]).max(1e-12);
+            // Thresholds on the degree the caller sees: the full degree
+            // would let hidden edges decide which nodes a walk touches.
+            let full = self.visible_degree(u, view).max(1e-12);
             // Seeds always spread once, whatever their degree.
             if r <= eps * full && !(hop[li as usize] == 0 && vdeg[li as usize].is_nan()) || r <= 0.0
             {
@@ -171,7 +173,7 @@ impl Graph {
                 }
                 let share = spread * f64::from(self.weights[e]) / deg;
                 resid[lv as usize] += share;
-                let vfull = f64::from(self.wdeg[v as usize]).max(1e-12);
+                let vfull = self.visible_degree(v, view).max(1e-12);
                 if resid[lv as usize] > eps * vfull {
                     heap.push((Pri(resid[lv as usize] / vfull), lv));
                 }
