@@ -85,6 +85,9 @@ pub struct TenantLimitSettings {
     /// 0: one per core (raise it when runs mostly wait on I/O, e.g. a
     /// remote Postgres).
     pub work_slots: u32,
+    /// Pipelines a tenant alone may run at once (0: no cap); more wait
+    /// in line for a slot (retrieval-svc/src/fair.rs).
+    pub alone_work_slots: u32,
     /// How long after its last request a tenant still counts as active,
     /// keeping its share of the work slots free for it.
     pub active_window_ms: u64,
@@ -100,6 +103,7 @@ impl Default for TenantLimitSettings {
             burst: 400,
             max_concurrent: 32,
             work_slots: 0,
+            alone_work_slots: 0,
             active_window_ms: 1000,
             slot_wait_ms: 2000,
         }

@@ -43,6 +43,8 @@ const BUSY_RETRY_MS: u64 = 200;
 #[derive(Debug, Clone, Copy)]
 pub struct FairConfig {
     pub slots: u32,
+    /// Runs a tenant alone may have at once (`u32::MAX`: no cap).
+    pub alone: u32,
     pub active_window: Duration,
     pub max_wait: Duration,
 }
@@ -56,6 +58,10 @@ impl FairConfig {
                 auto
             } else {
                 s.work_slots
+            },
+            alone: match s.alone_work_slots {
+                0 => u32::MAX,
+                n => n,
             },
             active_window: Duration::from_millis(s.active_window_ms),
             max_wait: Duration::from_millis(s.slot_wait_ms),
@@ -158,12 +164,18 @@ impl FairGate {
 }
 
 /// The most slots one tenant may hold while `active` tenants share them.
-/// A tenant alone is held only by its in-flight cap (admission.rs): there
-/// is nobody to protect, and a tight cap would cost it throughput whenever
-/// its runs wait on I/O (a remote Postgres, a slow downstream).
-fn share(slots: u32, active: usize) -> u32 {
+/// A tenant alone is held only by its in-flight cap (admission.rs) unless
+/// `tenant.alone_work_slots` is set: there is nobody to protect, and a
+/// tight cap would cost it throughput whenever its runs wait on I/O (a
+/// remote Postgres, a slow downstream, the cross-encoder). The cap trades
+/// throughput for tail: on the 100K bench, 4 gave p95 58.9 ms at 182 QPS
+/// against 60.4 at 206 uncapped, but held runs that waited on the
+/// cross-encoder too (28.6 QPS with it instead of 52), so it is off by
+/// default (docs/benchmarks.md, "Half-precision HNSW").
+fn share(cfg: &FairConfig, active: usize) -> u32 {
+    let slots = cfg.slots;
     match u32::try_from(active) {
-        Ok(0 | 1) => u32::MAX,
+        Ok(0 | 1) => cfg.alone,
         Ok(n) => (slots / n).max(1),
         Err(_) => 1,
     }
@@ -181,7 +193,7 @@ fn forget_idle(st: &mut State, now: Instant, window: Duration) {
 /// holding the fewest first, its oldest waiter first.
 fn dispatch(state: &Arc<Mutex<State>>, st: &mut State, cfg: &FairConfig) {
     loop {
-        let cap = share(cfg.slots, st.tenants.len());
+        let cap = share(cfg, st.tenants.len());
         let next_opt = (st.tenants.iter_mut())
             .filter(|(_, t)| t.running < cap)
             .filter_map(|(name, t)| {
@@ -225,6 +237,7 @@ mod tests {
     fn gate(slots: u32) -> FairGate {
         FairGate::new(FairConfig {
             slots,
+            alone: u32::MAX,
             active_window: Duration::from_secs(1),
             max_wait: Duration::from_secs(1),
         })
@@ -263,6 +276,34 @@ mod tests {
         let g = gate(2);
         let _held = hold(&g, "a", 6).await;
         assert_eq!(running(&g, "a"), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_tenant_over_its_alone_cap_waits_for_a_run_to_end() {
+        let g = FairGate::new(FairConfig {
+            alone: 2,
+            ..gate(8).cfg
+        });
+        let mut held = hold(&g, "a", 2).await;
+        let third = g.acquire("a", soon());
+        tokio::pin!(third);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), &mut third)
+                .await
+                .is_err(),
+            "the third run waits"
+        );
+        held.pop();
+        let slot = third.await.expect("a run ended, so the waiter starts");
+        assert_eq!(running(&g, "a"), 2);
+        drop(slot);
+        let set = FairConfig::from_settings(&TenantLimitSettings {
+            alone_work_slots: 3,
+            ..TenantLimitSettings::default()
+        });
+        assert_eq!(set.alone, 3);
+        let unset = FairConfig::from_settings(&TenantLimitSettings::default());
+        assert_eq!(unset.alone, u32::MAX, "0 is no cap");
     }
 
     #[tokio::test(start_paused = true)]
