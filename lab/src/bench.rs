@@ -288,10 +288,11 @@ async fn ann_recall(
     const K: i64 = 30;
     // The index's order (half precision, `dense::HALF`) against the exact
     // full-precision one: what the pipeline's candidates lose to both.
-    let indexed = "SELECT id FROM memories WHERE tenant_id = $1 \
-                   ORDER BY embedding::halfvec(384) <=> $2::halfvec(384) LIMIT $3";
-    let exact_sql =
-        "SELECT id FROM memories WHERE tenant_id = $1 ORDER BY embedding <=> $2 LIMIT $3";
+    let (indexed, exact_order) = (
+        nearest_ids_sql(search_svc::dense::HALF, "$3"),
+        nearest_ids_sql("", "$3"),
+    );
+    let (indexed_sql, exact_sql) = (indexed.as_str(), exact_order.as_str());
     let n = qvecs.len().min(100);
     let (mut all, mut top5) = (0.0f64, 0.0f64);
     for q in &qvecs[..n] {
@@ -303,8 +304,8 @@ async fn ann_recall(
                     .await?;
             }
             // Unprepared: a cached plan would not see enable_indexscan change.
-            let sql = if exact { exact_sql } else { indexed };
-            let ids: Vec<uuid::Uuid> = sqlx::query_scalar(sql)
+            let sql = if exact { exact_sql } else { indexed_sql };
+            let ids: Vec<uuid::Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
                 .persistent(false)
                 .bind(tenant)
                 .bind(pgvector::Vector::from(q.clone()))
@@ -327,6 +328,15 @@ async fn ann_recall(
         "exact_top30_found_pct": share(all),
         "exact_top5_in_top30_pct": share(top5),
     }))
+}
+
+/// The ids of a tenant's nearest memories to `$2`, ordered through
+/// `cast` (`dense::HALF` walks the index; "" sorts the stored vectors).
+fn nearest_ids_sql(cast: &str, limit: &str) -> String {
+    format!(
+        "SELECT id FROM memories WHERE tenant_id = $1 \
+         ORDER BY embedding{cast} <=> $2{cast} LIMIT {limit}"
+    )
 }
 
 fn round1(x: f64) -> f64 {
@@ -1148,17 +1158,15 @@ pub async fn run(
     let pool =
         engram_common::db::connect_with(url, 4, stack.settings().search.hnsw_ef_search).await?;
     let mut floor = Vec::new();
+    let floor_sql = nearest_ids_sql(search_svc::dense::HALF, "10");
     for i in 0..args.queries.min(500) {
         let v = pgvector::Vector::from(qvecs[i % qvecs.len()].clone());
         let t = Instant::now();
-        let _rows: Vec<(uuid::Uuid,)> = sqlx::query_as(
-            "SELECT id FROM memories WHERE tenant_id = $1 \
-             ORDER BY embedding::halfvec(384) <=> $2::halfvec(384) LIMIT 10",
-        )
-        .bind(tenant)
-        .bind(v)
-        .fetch_all(&pool)
-        .await?;
+        let _rows: Vec<(uuid::Uuid,)> = sqlx::query_as(sqlx::AssertSqlSafe(floor_sql.as_str()))
+            .bind(tenant)
+            .bind(v)
+            .fetch_all(&pool)
+            .await?;
         floor.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     let ann = ann_recall(

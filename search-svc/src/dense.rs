@@ -45,12 +45,20 @@ pub async fn search(
     Ok(rows)
 }
 
+/// [`HALF`] as a literal, for statements written with `concat!`.
+macro_rules! half_cast {
+    () => {
+        "::halfvec(384)"
+    };
+}
+pub(crate) use half_cast;
+
 /// The cast the HNSW indexes of memories and sentences are built on
 /// (migration 0010): the index holds half-precision copies, so a reader
 /// orders by `<column>::halfvec(384) <=> q::halfvec(384)` or Postgres
 /// cannot use it and scans the tenant. Scores still come from the stored
 /// full-precision vectors.
-pub const HALF: &str = "::halfvec(384)";
+pub const HALF: &str = half_cast!();
 
 /// One nearest-neighbour statement over a vector column, with dense
 /// search's whole access predicate on the memory row `m` inside it:
@@ -97,5 +105,14 @@ impl Nearest {
             .push(" LIMIT ")
             .push_bind(i64::from(k));
         qb
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_cast_has_the_embedding_dimension() {
+        let dim = crate::validate::EMBEDDING_DIM;
+        assert_eq!(super::HALF, format!("::halfvec({dim})"));
     }
 }

@@ -38,6 +38,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::bounds;
+use crate::dense::half_cast;
 use crate::error::Result;
 use crate::values;
 
@@ -622,7 +623,8 @@ struct Candidate {
 
 /// The nearest older memories each new one may update (ordered by the
 /// index's half-precision expression, `dense::HALF`).
-const CANDIDATES_SQL: &str = r#"
+const CANDIDATES_SQL: &str = concat!(
+    r#"
 SELECT n.id AS new_id, o.id AS old_id,
        n.title || ' ' || n.content AS new_text, o.title || ' ' || o.content AS old_text,
        (1 - (n.embedding <=> o.embedding))::real AS cosine
@@ -638,12 +640,17 @@ CROSS JOIN LATERAL (
       AND o.memory_type = n.memory_type
       AND (n.supersedes IS NULL OR n.supersedes <> o.id)
       AND NOT EXISTS (SELECT 1 FROM rejected_updates r WHERE r.new_id = n.id AND r.old_id = o.id)
-    ORDER BY o.embedding::halfvec(384) <=> n.embedding::halfvec(384)
+    ORDER BY o.embedding"#,
+    half_cast!(),
+    " <=> n.embedding",
+    half_cast!(),
+    r#"
     LIMIT 5
 ) o
 WHERE n.tenant_id = $1 AND n.id = ANY($2) AND n.embedding IS NOT NULL
   AND n.memory_type = ANY($4)
-"#;
+"#
+);
 
 /// How the candidate query is planned, for this transaction only. The
 /// tenant is a constant ($1, not the new row's column) and every run is

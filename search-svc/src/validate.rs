@@ -132,8 +132,32 @@ pub fn check_embedding(field: &str, v: &[f32]) -> Result<()> {
     if v.iter().all(|x| *x == 0.0) {
         return Err(Error::invalid(field, "must not be all zeros"));
     }
+    // The dense indexes hold half-precision copies (migration 0010): a
+    // larger value fails the index expression in Postgres, and a vector
+    // whose values all round to zero there drops out of the index.
+    let largest = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    if largest > HALF_MAX {
+        return Err(Error::invalid(
+            field,
+            format!("values must be within ±{HALF_MAX} (half precision)"),
+        ));
+    }
+    if largest < HALF_MIN_LARGEST {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "its largest value must be at least {HALF_MIN_LARGEST} in magnitude (half precision)"
+            ),
+        ));
+    }
     Ok(())
 }
+
+/// The largest finite half-precision value.
+const HALF_MAX: f32 = 65504.0;
+/// Below ~3e-8 a value rounds to zero in half precision; a vector needs
+/// one value well above that to keep its direction in the index.
+const HALF_MIN_LARGEST: f32 = 1e-6;
 
 fn check_unit(field: &str, v: f32) -> Result<()> {
     if (0.0..=1.0).contains(&v) {
@@ -840,6 +864,25 @@ mod tests {
             content: content.into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn embeddings_outside_half_precision_are_refused_by_name() {
+        let mut v = vec![0.05f32; EMBEDDING_DIM];
+        assert!(check_embedding("embedding", &v).is_ok());
+        v[7] = 70_000.0;
+        let big = check_embedding("embedding", &v).expect_err("too large");
+        assert_eq!(
+            big.to_string(),
+            "embedding: values must be within ±65504 (half precision)"
+        );
+        let tiny = vec![1e-9f32; EMBEDDING_DIM];
+        let small = check_embedding("query_embedding", &tiny).expect_err("rounds to zero");
+        assert!(
+            small
+                .to_string()
+                .starts_with("query_embedding: its largest value")
+        );
     }
 
     #[test]
