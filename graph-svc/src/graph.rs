@@ -534,8 +534,29 @@ struct Solve {
     next: Vec<f64>,
 }
 
+/// Entries a kept walk buffer may hold on to: one walk over a hub can
+/// grow the heap to millions, and 16 kept scratches must not keep that.
+const KEEP_CAPACITY: usize = 1 << 16;
+
 impl Walk {
+    /// Empties every buffer for the next walk; one grown past
+    /// [`KEEP_CAPACITY`] by an unusual walk is given back.
     fn clear(&mut self) {
+        if self.heap.capacity() > KEEP_CAPACITY {
+            self.heap = BinaryHeap::new();
+        }
+        let s = &mut self.solve;
+        if [
+            s.small.capacity(),
+            s.from_hubs.capacity(),
+            s.to.capacity(),
+            s.prob.capacity(),
+        ]
+        .iter()
+        .any(|&c| c > KEEP_CAPACITY)
+        {
+            self.solve = Solve::default();
+        }
         self.nodes.clear();
         self.hop.clear();
         self.resid.clear();
@@ -892,11 +913,11 @@ impl Graph {
         walk.clear();
         let mut local = LocalIndex::new(scratch, self.wdeg.len());
         let out = self.ppr_in(&mut local, &mut walk, seeds, view, p);
-        let mut scratch = local.finish();
-        scratch.walk = walk;
+        let mut returned = local.finish();
+        returned.walk = walk;
         let mut pool = self.scratch.lock();
         if pool.len() < MAX_SCRATCH {
-            pool.push(scratch);
+            pool.push(returned);
         }
         out
     }
@@ -1015,6 +1036,7 @@ impl Graph {
             }
             let spread = d * r;
             let range = self.edges(u);
+            // Hidden edges count too: this bounds the work, not the walk.
             scans += range.len();
             let can_grow = hop[li as usize] < p.max_hops;
             // One pass: neighbours already touched take their share now;
@@ -1051,7 +1073,8 @@ impl Graph {
             if can_grow && !admit && hop[li as usize] == 0 {
                 // A seed hub: its heaviest neighbours still deserve a look,
                 // within half of what the budget has left; ties by node, the
-                // first edge to a neighbour carrying its weight.
+                // first visible edge to a neighbour carrying its weight (a
+                // hidden parallel edge must not rank it).
                 let left = match p.budget {
                     NodeBudget::AllNodes => p.max_nodes.saturating_sub(mem_count + ent_count),
                     NodeBudget::MemoryNodes => mem_cap
@@ -1059,7 +1082,11 @@ impl Graph {
                         .min(ent_cap.saturating_sub(ent_count)),
                 };
                 let keep = (left / 2).min(new_runs.len());
-                let w = |r: &(u32, u32, u32)| self.weights[r.1 as usize];
+                let w = |r: &(u32, u32, u32)| {
+                    (r.1 as usize..r.2 as usize)
+                        .find(|&e| self.edge_visible(e, view))
+                        .map_or(0.0, |e| self.weights[e])
+                };
                 let order = |a: &(u32, u32, u32), b: &(u32, u32, u32)| {
                     w(b).total_cmp(&w(a)).then(a.0.cmp(&b.0))
                 };

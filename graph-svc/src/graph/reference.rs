@@ -141,10 +141,14 @@ impl Graph {
                         .saturating_sub(mem_count)
                         .min(ent_cap.saturating_sub(ent_count)),
                 };
+                // The first visible edge to the neighbour carries its weight.
                 let weight_of = |v: u32| {
                     let row = &self.targets[range.clone()];
                     let at = range.start + row.partition_point(|&t| t < v);
-                    self.weights[at]
+                    (at..range.end)
+                        .take_while(|&e| self.targets[e] == v)
+                        .find(|&e| self.edge_visible(e, view))
+                        .map_or(0.0, |e| self.weights[e])
                 };
                 new_nbrs.sort_by(|&a, &b| weight_of(b).total_cmp(&weight_of(a)).then(a.cmp(&b)));
                 new_nbrs.truncate(left / 2);
