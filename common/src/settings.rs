@@ -81,12 +81,13 @@ pub struct TenantLimitSettings {
     /// Work slots of the gateway (retrieval pipelines running at once)
     /// that the tenants active in the last `active_window_ms` share: each
     /// may run at most slots / active tenants (at least one); a tenant
-    /// alone is held only by `max_concurrent` (retrieval-svc/src/fair.rs).
+    /// alone, `alone_work_slots` (retrieval-svc/src/fair.rs).
     /// 0: one per core (raise it when runs mostly wait on I/O, e.g. a
     /// remote Postgres).
     pub work_slots: u32,
-    /// Pipelines a tenant alone may run at once (0: no cap); more wait
-    /// in line for a slot (retrieval-svc/src/fair.rs).
+    /// Pipelines a tenant alone may run at once; more wait in line for a
+    /// slot (retrieval-svc/src/fair.rs). 0: twice the work slots (four on
+    /// two cores). Runs waiting on the cross-encoder hold none.
     pub alone_work_slots: u32,
     /// How long after its last request a tenant still counts as active,
     /// keeping its share of the work slots free for it.

@@ -17,8 +17,8 @@
 //! tenants wait on the network. The share is *not*
 //! work-conserving on purpose: a slot left idle for a quiet tenant is what
 //! lets its next request start at once instead of waiting for a hostile
-//! tenant's slow one to finish. A tenant alone is not held by slots at all
-//! (see [`share`]). When a slot frees, it goes to a waiting tenant under its
+//! tenant's slow one to finish. A tenant alone may run twice the slots at
+//! once (see [`share`]). When a slot frees, it goes to a waiting tenant under its
 //! share, the one holding the fewest first, oldest waiter first.
 //!
 //! No crate offers this (tower's concurrency limit and tokio's semaphore
@@ -43,7 +43,7 @@ const BUSY_RETRY_MS: u64 = 200;
 #[derive(Debug, Clone, Copy)]
 pub struct FairConfig {
     pub slots: u32,
-    /// Runs a tenant alone may have at once (`u32::MAX`: no cap).
+    /// Runs a tenant alone may have at once.
     pub alone: u32,
     pub active_window: Duration,
     pub max_wait: Duration,
@@ -53,14 +53,14 @@ impl FairConfig {
     pub fn from_settings(s: &TenantLimitSettings) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let auto = u32::try_from(cores).unwrap_or(u32::MAX);
+        let slots = match s.work_slots {
+            0 => auto,
+            n => n,
+        };
         Self {
-            slots: if s.work_slots == 0 {
-                auto
-            } else {
-                s.work_slots
-            },
+            slots,
             alone: match s.alone_work_slots {
-                0 => u32::MAX,
+                0 => slots.saturating_mul(2),
                 n => n,
             },
             active_window: Duration::from_millis(s.active_window_ms),
@@ -123,9 +123,12 @@ impl Drop for Slot {
 
 impl FairGate {
     pub fn new(cfg: FairConfig) -> Self {
-        let slots = cfg.slots.max(1);
         Self {
-            cfg: FairConfig { slots, ..cfg },
+            cfg: FairConfig {
+                slots: cfg.slots.max(1),
+                alone: cfg.alone.max(1),
+                ..cfg
+            },
             state: Arc::default(),
         }
     }
@@ -156,7 +159,7 @@ impl FairGate {
             // Timed out (or the gate is gone): the waiter's sender is
             // dropped with it, and `dispatch` skips closed senders.
             _ => Err(Error::TenantLimit {
-                what: "work slots (the gateway is busy with other tenants)",
+                what: "work slots (the gateway is busy)",
                 retry_after_ms: BUSY_RETRY_MS,
             }),
         }
@@ -164,19 +167,17 @@ impl FairGate {
 }
 
 /// The most slots one tenant may hold while `active` tenants share them.
-/// A tenant alone is held only by its in-flight cap (admission.rs) unless
-/// `tenant.alone_work_slots` is set: there is nobody to protect, and a
-/// tight cap would cost it throughput whenever its runs wait on I/O (a
-/// remote Postgres, a slow downstream, the cross-encoder). The cap trades
-/// throughput for tail: on the 100K bench, 4 gave p95 58.9 ms at 182 QPS
-/// against 60.4 at 206 uncapped, but held runs that waited on the
-/// cross-encoder too (28.6 QPS with it instead of 52), so it is off by
-/// default (docs/benchmarks.md, "Half-precision HNSW").
+/// A tenant alone has nobody to protect, but more runs than the cores can
+/// serve only make each one slower and the slowest slower still: alone it
+/// may run `alone` at once (`tenant.alone_work_slots`, by default twice
+/// the slots, so runs that wait on Postgres or graph-svc still leave no
+/// core idle), and the rest wait their turn in order. Runs waiting on the
+/// cross-encoder hold no work slot (pipeline/ctx.rs, `Gates`). Measured in
+/// docs/benchmarks.md ("Half-precision HNSW").
 fn share(cfg: &FairConfig, active: usize) -> u32 {
-    let slots = cfg.slots;
     match u32::try_from(active) {
         Ok(0 | 1) => cfg.alone,
-        Ok(n) => (slots / n).max(1),
+        Ok(n) => (cfg.slots / n).max(1).min(cfg.alone),
         Err(_) => 1,
     }
 }
@@ -235,6 +236,7 @@ mod tests {
     use super::*;
 
     fn gate(slots: u32) -> FairGate {
+        // Alone unheld, so each test shows the shares it is about.
         FairGate::new(FairConfig {
             slots,
             alone: u32::MAX,
@@ -272,7 +274,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_lone_tenant_is_not_held_by_slots() {
+    async fn a_lone_tenant_is_held_only_by_its_own_cap() {
         let g = gate(2);
         let _held = hold(&g, "a", 6).await;
         assert_eq!(running(&g, "a"), 6);
@@ -297,13 +299,35 @@ mod tests {
         let slot = third.await.expect("a run ended, so the waiter starts");
         assert_eq!(running(&g, "a"), 2);
         drop(slot);
-        let set = FairConfig::from_settings(&TenantLimitSettings {
-            alone_work_slots: 3,
+    }
+
+    #[test]
+    fn a_lone_tenant_may_run_twice_the_slots_unless_set() {
+        let auto = FairConfig::from_settings(&TenantLimitSettings {
+            work_slots: 3,
             ..TenantLimitSettings::default()
         });
-        assert_eq!(set.alone, 3);
-        let unset = FairConfig::from_settings(&TenantLimitSettings::default());
-        assert_eq!(unset.alone, u32::MAX, "0 is no cap");
+        assert_eq!(auto.alone, 6);
+        let set = FairConfig::from_settings(&TenantLimitSettings {
+            alone_work_slots: 5,
+            ..TenantLimitSettings::default()
+        });
+        assert_eq!(set.alone, 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_share_never_exceeds_what_a_tenant_alone_may_run() {
+        let g = FairGate::new(FairConfig {
+            alone: 2,
+            ..gate(8).cfg
+        });
+        drop(hold(&g, "b", 1).await);
+        let _a_held = hold(&g, "a", 2).await;
+        let a_third = g.acquire("a", soon()).await;
+        assert!(
+            matches!(a_third, Err(Error::TenantLimit { .. })),
+            "half of 8 slots is 4, but a is never given more than alone"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -286,6 +286,28 @@ impl RerankService for HeadOnlyRerank {
     }
 }
 
+/// A slow cross-encoder that counts the calls it serves at once.
+#[derive(Default)]
+struct SlowRerank {
+    now: AtomicU32,
+    most: AtomicU32,
+}
+
+#[tonic::async_trait]
+impl RerankService for SlowRerank {
+    async fn score(&self, r: Request<ScoreRequest>) -> Result<Response<ScoreResponse>, Status> {
+        check(&r)?;
+        let n = r.into_inner().candidates.len();
+        let at_once = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(at_once, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        Ok(Response::new(ScoreResponse {
+            scores: (0..n).map(|i| 0.9 - i as f32 * 0.01).collect(),
+        }))
+    }
+}
+
 async fn serve<S>(svc: S) -> String
 where
     S: tonic::codegen::Service<
@@ -323,6 +345,15 @@ struct Env {
 }
 
 async fn gateway(search: String, graph: String, rerank: String) -> Env {
+    gateway_with(search, graph, rerank, |_| {}).await
+}
+
+async fn gateway_with(
+    search: String,
+    graph: String,
+    rerank: String,
+    tweak: impl FnOnce(&mut Settings),
+) -> Env {
     let mut s = Settings::default();
     // The faults below include the cross-encoder's.
     s.pipeline.cross_encoder = true;
@@ -336,6 +367,7 @@ async fn gateway(search: String, graph: String, rerank: String) -> Env {
         agent_id: "agent".into(),
         trust: "internal".into(),
     }];
+    tweak(&mut s);
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = format!("http://{}", l.local_addr().expect("addr"));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -626,6 +658,41 @@ async fn dead_reranker_is_skipped_and_marked() {
 /// A head scored is a partial rerank: marked as such, never a failure, and
 /// the candidates past the head stay in the answer unchecked (a missing
 /// score is not a relevance of 0, which the floor would drop).
+#[tokio::test]
+async fn a_run_waiting_on_the_cross_encoder_holds_no_work_slot() {
+    // A tenant alone may run one pipeline at once here; four queries that
+    // each wait 300 ms on the model still reach it together, because a run
+    // gives its slot to the next while it waits (pipeline/ctx.rs, `Gates`).
+    let rerank = Arc::new(SlowRerank::default());
+    let env = gateway_with(
+        serve(SearchServiceServer::new(FakeSearch::default())).await,
+        serve(GraphServiceServer::new(FakeGraph::default())).await,
+        serve(RerankServiceServer::from_arc(rerank.clone())).await,
+        |s| s.tenant.alone_work_slots = 1,
+    )
+    .await;
+    let c = client(&env).await;
+    let answers = futures::future::join_all((0..4).map(|i| {
+        let mut c = c.clone();
+        async move {
+            let req = RetrieveRequest {
+                no_cache: true,
+                ..q(&format!("deploy procedure {i}"))
+            };
+            c.retrieve(authed(req)).await
+        }
+    }))
+    .await;
+    for a in answers {
+        let a = a.expect("answered").into_inner();
+        assert!(a.degraded_stages.is_empty(), "{:?}", a.degraded_stages);
+    }
+    assert!(
+        rerank.most.load(Ordering::SeqCst) >= 2,
+        "runs waited on the model one at a time: the work slot was held through the rerank"
+    );
+}
+
 #[tokio::test]
 async fn a_reranked_head_is_marked_partial_and_drops_nothing() {
     let full = env_with_reranker(serve(RerankServiceServer::new(FakeRerank)).await).await;

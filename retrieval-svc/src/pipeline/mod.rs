@@ -38,7 +38,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use self::cache::{CacheKey, CacheLimits, Caches};
-use self::ctx::{Ctx, StageTrace, ms_since, stage_span};
+use self::ctx::{Ctx, Gates, StageTrace, ms_since, stage_span};
 use self::feedback::{Feedback, FeedbackQueue, QUEUE_CAPACITY};
 use self::retry::LOW_CONFIDENCE;
 use self::route::Step;
@@ -58,8 +58,9 @@ pub struct Pipeline {
     feedback: FeedbackQueue,
     answers: Answers,
     ranker: Arc<ranker::Slot>,
-    /// Each tenant's fair share of the runs at once (fair.rs).
-    work: FairGate,
+    /// Each tenant's fair share of the runs and of the cross-encoder's
+    /// queue at once (fair.rs, ctx.rs).
+    gates: Gates,
 }
 
 /// What each recent answer returned, by query id, so feedback can be read
@@ -156,7 +157,18 @@ impl Pipeline {
         let feedback = FeedbackQueue::spawn(ds.clone(), QUEUE_CAPACITY);
         let ranker = Arc::new(ranker::Slot::from_settings(&p.ranker));
         ranker::spawn_reload(Arc::downgrade(&ranker), &p.ranker);
-        let work = FairGate::new(FairConfig::from_settings(&settings.tenant));
+        let work = FairConfig::from_settings(&settings.tenant);
+        // The cross-encoder's queue is shared as the cores are; a tenant
+        // alone is never held there (rerank-svc's own queue target bounds
+        // its wait).
+        let rerank = FairConfig {
+            alone: u32::MAX,
+            ..work
+        };
+        let gates = Gates {
+            work: FairGate::new(work),
+            rerank: FairGate::new(rerank),
+        };
         Self {
             settings,
             ds,
@@ -165,7 +177,7 @@ impl Pipeline {
             feedback,
             answers: answers(),
             ranker,
-            work,
+            gates,
         }
     }
 
@@ -304,8 +316,9 @@ impl Pipeline {
         // A cache hit costs nothing; a run takes one of the tenant's fair
         // share of the work slots, so no tenant's flood can take the cores
         // another tenant's next query needs.
-        let _slot = self.work.acquire(&identity.tenant, deadline).await?;
+        let slot = self.gates.work.acquire(&identity.tenant, deadline).await?;
         let mut ctx = self.ctx(identity, q, start, deadline);
+        ctx.work_slot_opt = Some(slot);
         let outer = deadline + Duration::from_millis(50);
         let (mut best, retries) =
             match tokio::time::timeout_at(outer, self.attempts(&mut ctx)).await {
@@ -406,6 +419,8 @@ impl Pipeline {
             timings: Vec::new(),
             memo: Default::default(),
             ranker_opt,
+            gates: &self.gates,
+            work_slot_opt: None,
         }
     }
 
@@ -479,6 +494,11 @@ impl Pipeline {
         step: &Step,
         filters: &Filters,
     ) -> Result<Attempt, Error> {
+        if ctx.work_slot_opt.is_none() {
+            // A retry after a rerank: the search ahead needs the cores again.
+            let slot = ctx.gates.work.acquire(&ctx.identity.tenant, ctx.deadline);
+            ctx.work_slot_opt = Some(slot.await?);
+        }
         let t = Instant::now();
         let plan = step.plan(&ctx.query, &ctx.settings.pipeline);
         let found = search::run(ctx, &plan, filters, step.hypotheses(&ctx.query))

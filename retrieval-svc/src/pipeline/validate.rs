@@ -317,6 +317,15 @@ async fn score_fresh(ctx: &mut Ctx<'_>, top: &[Checked]) -> Scored {
         .deadline
         .checked_sub(Duration::from_millis(50))
         .unwrap_or(ctx.deadline);
+    // Waiting on the model needs no cores: the work slot goes to the next
+    // run, and the tenant's share of the model's queue is a rerank slot
+    // (ctx.rs, `Gates`).
+    ctx.work_slot_opt = None;
+    let tenant = &ctx.identity.tenant;
+    let Ok(_rerank_slot) = ctx.gates.rerank.acquire(tenant, deadline).await else {
+        tracing::warn!("rerank degraded: the tenant's share of the cross-encoder is in use");
+        return Scored::Failed;
+    };
     match call_until(&ctx.ds.score, &ctx.identity, deadline, req).await {
         Ok(r) if r.scores.len() == want => {
             ctx.memo.0.extend(keys.into_iter().zip(r.scores));
