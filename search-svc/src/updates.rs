@@ -788,6 +788,35 @@ async fn close_replaced(
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn the_candidate_query_can_walk_the_half_precision_index() {
+        // With scans and sorts off, Postgres orders the nearest older
+        // memories by the HNSW index, which it can only when the ORDER BY
+        // is the index's expression (`dense::HALF`).
+        let pool = engram_common::db::test_database()
+            .await
+            .expect("test database");
+        let mut tx = pool.begin().await.expect("begin");
+        sqlx::raw_sql("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
+            .execute(&mut *tx)
+            .await
+            .expect("set");
+        let explain = format!("EXPLAIN {CANDIDATES_SQL}");
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+            .persistent(false)
+            .bind("tenant")
+            .bind(vec![Uuid::nil()])
+            .bind(4i16)
+            .bind(vec!["semantic".to_string()])
+            .fetch_all(&mut *tx)
+            .await
+            .expect("explain");
+        assert!(
+            plan.iter().any(|l| l.contains("memories_embedding_hnsw")),
+            "{plan:#?}"
+        );
+    }
+
     /// `search.update_threshold`'s default.
     const T: f32 = 0.65;
 
