@@ -65,6 +65,19 @@ pub fn normalize(name: &str) -> String {
     out
 }
 
+/// `name` without its diacritics (canonical decomposition, combining marks
+/// dropped: "akinoshū" → "akinoshu", "tekezé" → "tekeze"): people type names
+/// without them, and memories keep them. Letters that do not decompose
+/// (ø, ß, ł) stay. Borrowed when there is nothing to fold.
+pub fn fold_diacritics(name: &str) -> std::borrow::Cow<'_, str> {
+    use unicode_normalization::UnicodeNormalization;
+    use unicode_normalization::char::is_combining_mark;
+    if name.is_ascii() {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    std::borrow::Cow::Owned(name.nfd().filter(|c| !is_combining_mark(*c)).collect())
+}
+
 // English function words plus the relation words of encyclopedic questions
 // ("director", "mother", ...): as names they only create hub nodes that link
 // every question to everything.
@@ -608,6 +621,20 @@ pub fn contains_words(hay: &str, needle: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn diacritics_fold_and_other_letters_stay() {
+        assert_eq!(fold_diacritics("akinoshū kenji"), "akinoshu kenji");
+        assert_eq!(
+            fold_diacritics("tekezé zürich ñandú"),
+            "tekeze zurich nandu"
+        );
+        assert_eq!(fold_diacritics("søren straße"), "søren straße");
+        assert!(matches!(
+            fold_diacritics("plain"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 
     fn names(v: &[ExtractedEntity]) -> Vec<&str> {
         v.iter().map(|e| e.name.as_str()).collect()

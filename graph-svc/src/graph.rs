@@ -57,6 +57,11 @@ pub struct Dictionary {
     /// Hashed with foldhash (seeded per map): a load looks up every word
     /// n-gram of every memory here, ~4 s of SipHash at 100K memories.
     pub index: HashMap<String, u32, foldhash::fast::RandomState>,
+    /// Names with diacritics by their folded form
+    /// (`entities::fold_diacritics`), the first such name winning: a query
+    /// typed without them ("Tekeze River") still links the entity
+    /// ("Tekezé River"). Only names that fold to something else are here.
+    pub folded: HashMap<String, u32, foldhash::fast::RandomState>,
     /// Per entity, its synonym key (`entities::synonym_key` of its display)
     /// where that is not its name, `Some("")` where it has none (empty or
     /// stopwords only). Kept because every build groups synonyms over all
@@ -90,6 +95,9 @@ impl Dictionary {
             } else {
                 Some(key.into_boxed_str())
             });
+        if let std::borrow::Cow::Owned(plain) = entities::fold_diacritics(&name) {
+            self.folded.entry(plain).or_insert(i);
+        }
         self.index.insert(name.clone(), i);
         self.names.push(name);
         self.displays.push(display.to_string());
@@ -102,6 +110,18 @@ impl Dictionary {
 
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
+    }
+
+    /// The entity a query's normalised n-gram names: as written, else
+    /// with diacritics folded on either side (the query's, the names').
+    pub fn lookup(&self, gram: &str) -> Option<u32> {
+        if let Some(&e) = self.index.get(gram) {
+            return Some(e);
+        }
+        let plain = entities::fold_diacritics(gram);
+        (self.index.get(plain.as_ref()))
+            .or_else(|| self.folded.get(plain.as_ref()))
+            .copied()
     }
 
     /// Entity `e`'s synonym key; None when it has none.
@@ -844,9 +864,7 @@ impl Graph {
     /// memories the caller sees; entities only restricted memories mention
     /// are not linked (their existence would leak).
     pub fn link(&self, text: &str, view: &View) -> Vec<LinkedEntity> {
-        let found = entities::link(text, entities::QUERY_MAX_NGRAM, |g| {
-            self.dict.index.get(g).copied()
-        });
+        let found = entities::link(text, entities::QUERY_MAX_NGRAM, |g| self.dict.lookup(g));
         let mut out = Vec::new();
         for (name, e) in found {
             let (df, has_home) = if view.sees_all {

@@ -339,6 +339,29 @@ fn linking_counts_only_visible_mentions() {
     assert!(all.iter().any(|l| l.name == "project falcon" && l.has_home));
 }
 
+#[test]
+fn names_link_with_or_without_their_diacritics() {
+    let mut dict = Dictionary::default();
+    let tekeze = dict.add("Tekezé River").expect("a name");
+    let zurich = dict.add("Zurich").expect("a name");
+    let mut b = GraphBuilder::new(Arc::new(dict), 5.0);
+    let m = b.add_memory(Uuid::from_u128(1), "default", 1, None, false);
+    b.add_mention(m, tekeze, true);
+    b.add_mention(m, zurich, false);
+    let g = b.build();
+    let view = g.view(4, None, false);
+    let linked = |q: &str| {
+        g.link(q, &view)
+            .iter()
+            .map(|l| l.entity)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(linked("Where does the Tekeze River flow?"), vec![tekeze]);
+    assert_eq!(linked("Where does the Tekezé River flow?"), vec![tekeze]);
+    assert_eq!(linked("Is it far from Zürich?"), vec![zurich]);
+    assert!(linked("Where does the Tekezo River flow?").is_empty());
+}
+
 fn arb_spec() -> impl Strategy<Value = Spec> {
     (2usize..14, 1usize..6).prop_flat_map(|(m, e)| {
         (
