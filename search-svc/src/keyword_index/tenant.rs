@@ -53,7 +53,9 @@ const MAX_TERMS: usize = 64;
 const STOP_WORDS: &str = include_str!("english.stop");
 
 /// English words as Postgres' `english` configuration sees them, near
-/// enough: split on anything but letters and digits, lower-cased, the
+/// enough: split on anything but letters and digits, lower-cased,
+/// diacritics folded ("Tekezé" and "Tekeze" are one word: people type
+/// names without them; Postgres would keep them apart), the
 /// Snowball English stop words dropped, the Snowball English stem kept.
 /// Tokens over 40 bytes (hashes, URLs run together) are dropped. Built
 /// once; indexes, builders and queries take clones.
@@ -451,6 +453,22 @@ mod tests {
         assert_eq!(order, vec![ids[0], ids[2]], "banana matches no word");
         assert!(found.exhausted);
         assert!(found.hits[0].1 > found.hits[1].1);
+    }
+
+    #[test]
+    fn names_match_with_or_without_their_diacritics() {
+        let (index, ids) = build(&[
+            (
+                1,
+                "Tekezé River",
+                "The Tekezé River rises in the Ethiopian Highlands.",
+            ),
+            (1, "Other", "Nothing about rivers of Ethiopia."),
+        ]);
+        for q in ["Where does the Tekeze flow?", "Where does the Tekezé flow?"] {
+            let found = index.search(4, q, 10).expect("search");
+            assert_eq!(found.hits.first().map(|h| h.0), Some(ids[0]), "{q}");
+        }
     }
 
     #[test]
