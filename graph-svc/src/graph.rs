@@ -1032,10 +1032,10 @@ impl Graph {
             // Thresholds on the degree the caller sees: the full degree
             // would let hidden edges decide which nodes a walk touches, and
             // so move visible scores.
-            let full = vdeg[li as usize].max(1e-12);
+            let seen_deg = vdeg[li as usize].max(1e-12);
             // Seeds always spread once, whatever their degree.
             let unspread_seed = hop[li as usize] == 0 && !pushed[li as usize];
-            if r <= eps * full && !unspread_seed || r <= 0.0 {
+            if r <= eps * seen_deg && !unspread_seed || r <= 0.0 {
                 continue;
             }
             if pushes >= max_pushes || scans >= max_scans {
@@ -1214,9 +1214,9 @@ impl Graph {
                 continue;
             }
             resid[lv as usize] += spread * f64::from(self.weights[e]) / deg;
-            let vfull = vdeg[lv as usize].max(1e-12);
-            if resid[lv as usize] > eps * vfull {
-                heap.push((Pri(resid[lv as usize] / vfull), lv));
+            let v_seen_deg = vdeg[lv as usize].max(1e-12);
+            if resid[lv as usize] > eps * v_seen_deg {
+                heap.push((Pri(resid[lv as usize] / v_seen_deg), lv));
             }
         }
     }

@@ -63,7 +63,6 @@ pub struct Deployment {
     pg_opt: Option<PrivatePostgres>,
 }
 
-/// A free loopback port: bind port 0 and release it.
 /// Whether `e` is a bind that found its port taken.
 fn addr_in_use(e: &anyhow::Error) -> bool {
     e.chain().any(|cause| {
@@ -73,6 +72,7 @@ fn addr_in_use(e: &anyhow::Error) -> bool {
     })
 }
 
+/// A free loopback port: bind port 0 and release it.
 fn free_addr() -> anyhow::Result<SocketAddr> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?)

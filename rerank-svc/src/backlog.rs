@@ -42,11 +42,11 @@
 //!
 //! Tenants: the queue is one FIFO for all of them, so one tenant's queued
 //! pairs shorten another's head. How much one tenant can queue while
-//! others are active is the gateway's work-slot share (retrieval-svc
-//! fair.rs): at the default one slot per core, two active tenants hold one
-//! pipeline each, about ten pairs, which cuts the other's head only when a
-//! pair costs more than the target over twenty pairs (7.5 ms at 150 ms;
-//! 3.7 ms measured at one query at a time).
+//! others are active is the gateway's rerank-slot share (retrieval-svc
+//! pipeline/ctx.rs `Gates`, fair.rs): at the default one slot per core,
+//! two active tenants hold one rerank request each, about ten pairs, which
+//! cuts the other's head only when a pair costs more than the target over
+//! twenty pairs (7.5 ms at 150 ms; 3.7 ms measured at one query at a time).
 //!
 //! Plain arithmetic on a mutex-guarded pair of numbers: no crate needed.
 

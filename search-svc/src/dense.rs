@@ -27,7 +27,6 @@ pub async fn search(
     let nearest = Nearest {
         select: MEMORY_COLUMNS,
         column: "m.embedding",
-        index_cast: HALF,
         from: "memories m WHERE m.embedding IS NOT NULL AND ",
     };
     let qb = nearest.query(embedding, identity, filters, default_decay_floor, k);
@@ -63,16 +62,14 @@ pub const HALF: &str = half_cast!();
 /// One nearest-neighbour statement over a vector column, with dense
 /// search's whole access predicate on the memory row `m` inside it:
 /// `SELECT <select>, (<column> <=> q)::float8 AS score FROM <from> <predicate>
-/// ORDER BY <column><cast> <=> q<cast> LIMIT k`. Dense search and the fact
-/// index (facts.rs) both read through it, so their access rules cannot
-/// drift.
+/// ORDER BY <column>::halfvec(384) <=> q::halfvec(384) LIMIT k` ([`HALF`]:
+/// both indexes it reads are built on that expression). Dense search and
+/// the fact index (facts.rs) both read through it, so their access rules
+/// cannot drift.
 pub(crate) struct Nearest {
     pub select: &'static str,
     /// The full-precision vector column the score is computed from.
     pub column: &'static str,
-    /// The cast of the column's index expression ([`HALF`]), applied to
-    /// both sides of the ORDER BY so the index serves it.
-    pub index_cast: &'static str,
     /// The FROM clause up to the predicate (ends in `WHERE ` or `AND `).
     pub from: &'static str,
 }
@@ -98,10 +95,10 @@ impl Nearest {
         push_where(&mut qb, identity, filters, default_decay_floor);
         qb.push(" ORDER BY ")
             .push(self.column)
-            .push(self.index_cast)
+            .push(HALF)
             .push(" <=> ")
             .push_bind(q)
-            .push(self.index_cast)
+            .push(HALF)
             .push(" LIMIT ")
             .push_bind(i64::from(k));
         qb

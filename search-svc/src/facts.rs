@@ -21,7 +21,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::bounds;
-use crate::dense::{HALF, Nearest};
+use crate::dense::Nearest;
 use crate::embed::Embeddings;
 use crate::error::Result;
 use crate::validate::{NewMemory, SearchFilters, embedding_text};
@@ -164,7 +164,6 @@ pub async fn search(
     let nearest = Nearest {
         select: "s.memory_id, s.text",
         column: "s.embedding",
-        index_cast: HALF,
         from: "memory_sentences s JOIN memories m ON m.id = s.memory_id WHERE ",
     };
     let mut qb = nearest.query(embedding, identity, filters, default_decay_floor, k);

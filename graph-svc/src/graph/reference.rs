@@ -92,9 +92,10 @@ impl Graph {
             let r = resid[li as usize];
             // Thresholds on the degree the caller sees: the full degree
             // would let hidden edges decide which nodes a walk touches.
-            let full = self.visible_degree(u, view).max(1e-12);
+            let seen_deg = self.visible_degree(u, view).max(1e-12);
             // Seeds always spread once, whatever their degree.
-            if r <= eps * full && !(hop[li as usize] == 0 && vdeg[li as usize].is_nan()) || r <= 0.0
+            if r <= eps * seen_deg && !(hop[li as usize] == 0 && vdeg[li as usize].is_nan())
+                || r <= 0.0
             {
                 continue;
             }
@@ -177,9 +178,9 @@ impl Graph {
                 }
                 let share = spread * f64::from(self.weights[e]) / deg;
                 resid[lv as usize] += share;
-                let vfull = self.visible_degree(v, view).max(1e-12);
-                if resid[lv as usize] > eps * vfull {
-                    heap.push((Pri(resid[lv as usize] / vfull), lv));
+                let v_seen_deg = self.visible_degree(v, view).max(1e-12);
+                if resid[lv as usize] > eps * v_seen_deg {
+                    heap.push((Pri(resid[lv as usize] / v_seen_deg), lv));
                 }
             }
         }

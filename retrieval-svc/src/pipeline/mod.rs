@@ -313,12 +313,9 @@ impl Pipeline {
         {
             return Ok(Ran::cached(cache::answer(hit, query_id, start)));
         }
-        // A cache hit costs nothing; a run takes one of the tenant's fair
-        // share of the work slots, so no tenant's flood can take the cores
-        // another tenant's next query needs.
-        let slot = self.gates.work.acquire(&identity.tenant, deadline).await?;
+        // A cache hit costs nothing; a run's attempts take work slots
+        // (`attempt`).
         let mut ctx = self.ctx(identity, q, start, deadline);
-        ctx.work_slot_opt = Some(slot);
         let outer = deadline + Duration::from_millis(50);
         let (mut best, retries) =
             match tokio::time::timeout_at(outer, self.attempts(&mut ctx)).await {
@@ -495,7 +492,10 @@ impl Pipeline {
         filters: &Filters,
     ) -> Result<Attempt, Error> {
         if ctx.work_slot_opt.is_none() {
-            // A retry after a rerank: the search ahead needs the cores again.
+            // One of the tenant's fair share of the work slots, so no
+            // tenant's flood can take the cores another tenant's next query
+            // needs; a retry after a rerank takes one again (it gave its
+            // slot up while it waited for the model).
             let slot = ctx.gates.work.acquire(&ctx.identity.tenant, ctx.deadline);
             ctx.work_slot_opt = Some(slot.await?);
         }
