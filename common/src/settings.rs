@@ -697,6 +697,25 @@ pub struct ComplementSettings {
     /// relative to the best-bridging candidate. Not applied to comparison
     /// questions, which name both ends themselves. 0 = off.
     pub bridge_weight: f32,
+    /// On a multi-hop answer, the memory the *simple* route's fusion would
+    /// have put first takes the place after the slots when the answer holds
+    /// it lower (or not at all): a hedge against a graph-led reading that
+    /// lost the question's own page (a name the graph does not link, a page
+    /// only the dense and keyword lists find), which the multi-hop weights
+    /// (keyword 0) leave out of the top 10. One place, below the slots, so
+    /// the head the slots chose stands (docs/benchmarks.md, "The simple
+    /// reading's first").
+    pub hedge: bool,
+    /// Names of the first memory of an answer the slots reorder (the ones
+    /// the question does not say, in the order the memory says them) added
+    /// to the question for a second keyword search, the next hop's; 0 = no
+    /// second search. At most 32.
+    pub hop_names: usize,
+    /// How deep that search's list is read for a memory the slots do not
+    /// already hold; the first such takes the place after the slots. Its
+    /// own #1 is mostly the first memory again (the query holds its names),
+    /// so 2 reads one page beyond it. In 1..=10.
+    pub hop_depth: usize,
 }
 
 impl Default for ComplementSettings {
@@ -706,6 +725,9 @@ impl Default for ComplementSettings {
             slots: 3,
             score_weight: 0.5,
             bridge_weight: 0.2,
+            hedge: true,
+            hop_names: 4,
+            hop_depth: 2,
         }
     }
 }
@@ -1083,6 +1105,11 @@ impl Settings {
         if c.pool > 50 || (c.pool > 0 && !(2..=c.pool).contains(&c.slots)) {
             return Err(SettingsError::Invalid(
                 "pipeline.complement: pool must be in 0..=50 and slots in 2..=pool".into(),
+            ));
+        }
+        if c.hop_names > 32 || !(1..=10).contains(&c.hop_depth) {
+            return Err(SettingsError::Invalid(
+                "pipeline.complement: hop_names must be in 0..=32 and hop_depth in 1..=10".into(),
             ));
         }
         for (name, v) in [

@@ -529,6 +529,7 @@ pub fn strategy_label(s: &str) -> &'static str {
         "keyword" => "keyword",
         "graph" => "graph",
         "hyde" => "hyde",
+        "hop" => "hop",
         _ => "other",
     }
 }

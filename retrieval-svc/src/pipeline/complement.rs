@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::ctx::{Ctx, StageTrace};
 use super::route::comparative;
 use super::search::{Vectors, read_vectors};
+use super::text::{self, lower_words};
 use super::validate::Checked;
 
 /// The degraded-stage name when the memories' vectors could not be read.
@@ -82,6 +83,46 @@ pub async fn run(
     apply(head, &order);
     keep_scores_descending(head);
     ctx.timed(COMPLEMENT, t);
+}
+
+/// The hedge: the simple reading's #1 (`id_opt`, Stage 2's
+/// `Candidates::hedge_opt`) takes index `at` (the place after the slots)
+/// when the answer holds it lower. A multi-hop answer is graph-led, and the
+/// graph can miss the page a question names (a name it does not link:
+/// "the Tikhaya Sosna" against the page "Tikhaya Sosna River"); the dense
+/// and keyword lists then agree on a page the multi-hop weights leave out
+/// of the top 10. One place, after the slots, so the chain they chose
+/// stands.
+pub fn hedge(ranked: &mut [(Checked, f32)], id_opt: Option<&str>, at: usize) {
+    let Some(id) = id_opt else { return };
+    if let Some(pos) = ranked.iter().position(|(k, _)| k.cand.memory.id == id) {
+        lift_to(ranked, pos, at);
+    }
+}
+
+/// The next hop: the first memory of the second search's list
+/// (`Candidates::hop`, best first) that the first `at` places lack takes
+/// place `at`.
+pub fn next_hop(ranked: &mut [(Checked, f32)], hop: &[String], at: usize) {
+    let head = &ranked[..at.min(ranked.len())];
+    let Some(id) = (hop.iter()).find(|id| !head.iter().any(|(k, _)| &k.cand.memory.id == *id))
+    else {
+        return;
+    };
+    if let Some(pos) = ranked.iter().position(|(k, _)| &k.cand.memory.id == id) {
+        lift_to(ranked, pos, at);
+    }
+}
+
+/// Moves `ranked[pos]` up to `at` (nothing when it is there or higher, or
+/// `at` is past the end); it takes the score of the one it lands on, so
+/// scores still fall with rank.
+fn lift_to<T>(ranked: &mut [(T, f32)], pos: usize, at: usize) {
+    if pos <= at || pos >= ranked.len() {
+        return;
+    }
+    ranked[at..=pos].rotate_right(1);
+    ranked[at].1 = ranked[at + 1].1;
 }
 
 /// A memory moved up takes the score of the best one it passed, so scores
@@ -197,47 +238,10 @@ fn bridges(head: &[Slot<'_>], chosen: &[usize], open: &[(usize, &[f32])]) -> Vec
         .collect()
 }
 
-/// Words that say nothing about which thing a text is about, even when
-/// capitalised at a sentence's start.
-const FILLER: &[&str] = &[
-    "the", "a", "an", "of", "in", "on", "at", "to", "for", "and", "or", "with", "by", "from", "as",
-    "is", "was", "were", "be", "been", "are", "that", "this", "which", "who", "whom", "whose",
-    "what", "when", "where", "why", "how", "it", "its", "his", "her", "their", "they", "he", "she",
-    "them", "also", "into", "than", "then", "there", "these", "those", "not", "but", "after",
-    "before", "about", "over", "under", "during", "between", "first", "one", "two", "three", "new",
-];
-
-/// Runs of letters, digits, `_`, `'` and `-`, without a leading `'` or `-`,
-/// of three or more characters.
-fn tokens(text: &str) -> impl Iterator<Item = &str> {
-    text.split(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '\'' | '-')))
-        .map(|w| w.trim_start_matches(['\'', '-']))
-        .filter(|w| w.chars().count() >= 3)
-}
-
-/// The question's content words, lowercased.
-fn lower_words(text: &str) -> HashSet<String> {
-    tokens(text)
-        .map(str::to_lowercase)
-        .filter(|w| !FILLER.contains(&w.as_str()))
-        .collect()
-}
-
-/// Words of a memory read for its names: a 64 KiB memory would otherwise
-/// cost its tenant's multi-hop queries milliseconds of tokenizing, and a
-/// bridge is named early in a passage.
-const NAME_TOKENS_MAX: usize = 2_000;
-
 /// A memory's names (its title's and content's capitalised words,
 /// lowercased) that the question does not say.
 fn names_beyond(m: &Memory, asked: &HashSet<String>) -> HashSet<String> {
-    tokens(&m.title)
-        .chain(tokens(&m.content))
-        .take(NAME_TOKENS_MAX)
-        .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
-        .map(str::to_lowercase)
-        .filter(|w| !FILLER.contains(&w.as_str()) && !asked.contains(w))
-        .collect()
+    text::names(m, asked).collect()
 }
 
 fn norm(v: &[f32]) -> f32 {
@@ -278,12 +282,79 @@ fn apply<T>(head: &mut [T], order: &[usize]) {
 mod tests {
     use super::*;
 
+    fn ranked(ids: &[&str]) -> Vec<(Checked, f32)> {
+        (ids.iter().enumerate())
+            .map(|(i, id)| {
+                let c = Checked {
+                    cand: super::super::search::Candidate {
+                        memory: Memory {
+                            id: id.to_string(),
+                            ..Default::default()
+                        },
+                        fused: super::super::fusion::Fused {
+                            id: id.to_string(),
+                            rrf: 0.0,
+                            hits: vec![],
+                        },
+                        via_entities: vec![],
+                    },
+                    temporal: 1.0,
+                    confidence: 1.0,
+                    relevance_opt: None,
+                    checks: vec![],
+                };
+                (c, 10.0 - i as f32)
+            })
+            .collect()
+    }
+
+    fn order(r: &[(Checked, f32)]) -> Vec<&str> {
+        r.iter().map(|(c, _)| c.cand.memory.id.as_str()).collect()
+    }
+
+    #[test]
+    fn the_next_hop_is_the_first_find_the_slots_lack_and_the_hedge_follows_it() {
+        let mut r = ranked(&["a", "b", "c", "d", "e", "f"]);
+        hedge(&mut r, Some("f"), 3);
+        assert_eq!(order(&r), ["a", "b", "c", "f", "d", "e"]);
+        // The search's own #1 is the first memory: the next find goes up.
+        next_hop(&mut r, &["a".into(), "e".into()], 3);
+        assert_eq!(order(&r), ["a", "b", "c", "e", "f", "d"]);
+        // Finds the slots hold already, or none in the answer: no move.
+        next_hop(&mut r, &["b".into(), "zz".into()], 3);
+        assert_eq!(order(&r), ["a", "b", "c", "e", "f", "d"]);
+        hedge(&mut r, None, 3);
+        assert_eq!(order(&r), ["a", "b", "c", "e", "f", "d"]);
+        let scores: Vec<f32> = r.iter().map(|(_, s)| *s).collect();
+        assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    }
+
+    #[test]
+    fn the_hedge_takes_the_place_after_the_slots_and_scores_still_fall() {
+        let mut ranked: Vec<(char, f32)> =
+            ('a'..='f').zip([6.0, 5.0, 4.0, 3.0, 2.0, 1.0]).collect();
+        lift_to(&mut ranked, 5, 3);
+        let order: String = ranked.iter().map(|(c, _)| *c).collect();
+        assert_eq!(order, "abcfde");
+        let scores: Vec<f32> = ranked.iter().map(|(_, s)| *s).collect();
+        assert_eq!(scores, [6.0, 5.0, 4.0, 3.0, 3.0, 2.0]);
+        // Already at the place or above it, or a place past the end: no move.
+        for (pos, at) in [(3, 3), (1, 3), (5, 9)] {
+            let before = ranked.clone();
+            lift_to(&mut ranked, pos, at);
+            assert_eq!(ranked, before);
+        }
+    }
+
     fn settings(slots: usize, score_weight: f32) -> ComplementSettings {
         ComplementSettings {
             pool: 10,
             slots,
             score_weight,
             bridge_weight: 0.0,
+            hedge: true,
+            hop_names: 4,
+            hop_depth: 2,
         }
     }
 
@@ -330,9 +401,9 @@ mod tests {
             vec!["finnish", "marko", "vuoriheimo", "warner-music"]
         );
         // A huge memory is read only so far.
-        let late = format!("{}Finland", "word ".repeat(NAME_TOKENS_MAX));
+        let late = format!("{}Finland", "word ".repeat(text::NAME_TOKENS_MAX));
         assert!(names_beyond(&memory("", &late), &asked).is_empty());
-        let early = format!("Finland {}", "word ".repeat(NAME_TOKENS_MAX));
+        let early = format!("Finland {}", "word ".repeat(text::NAME_TOKENS_MAX));
         assert_eq!(names_beyond(&memory("", &early), &asked).len(), 1);
     }
 

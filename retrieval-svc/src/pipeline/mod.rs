@@ -16,6 +16,7 @@ pub mod distill;
 pub mod evidence;
 pub mod feedback;
 pub mod fusion;
+pub mod hop;
 pub mod ranker;
 pub mod retry;
 pub mod route;
@@ -32,7 +33,7 @@ use std::time::Duration;
 use engram_common::{Identity, Settings};
 use engram_proto::{
     ConflictPair, EmbedRequest, Filters, QueryRoute, RankExample, RetrieveResponse, ScoredMemory,
-    SkipReason,
+    SkipReason, StageLatency,
 };
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -504,6 +505,12 @@ impl Pipeline {
         let found = search::run(ctx, &plan, filters, step.hypotheses(&ctx.query))
             .instrument(stage_span("search"))
             .await?;
+        if let Some(ms) = found.hop_ms_opt {
+            ctx.timings.push(StageLatency {
+                stage: "hop".into(),
+                ms,
+            });
+        }
         ctx.timed("search", t);
         let mut trace = StageTrace {
             counts: search::counts(ctx.metrics, &found),
@@ -531,6 +538,9 @@ impl Pipeline {
             complement::run(ctx, &mut trace, &mut ranked, query_opt, found.vectors)
                 .instrument(stage_span("complement"))
                 .await;
+            let at = ctx.settings.pipeline.complement.slots;
+            complement::hedge(&mut ranked, found.hedge_opt.as_deref(), at);
+            complement::next_hop(&mut ranked, &found.hop, at);
         }
         let ask_conflicts = !step.is_raw() && !found.no_contradictions;
         let (records, conflicts) = assemble::run(ctx, &mut trace, ranked, ask_conflicts)

@@ -13,13 +13,14 @@ use std::time::Duration;
 use engram_common::settings::{FusionWeights, PipelineSettings, StrategyWeights};
 use engram_proto::{
     FactSeed, Filters, GetRequest, KeywordSearchRequest, Memory, PprRequest, PprResponse,
-    SearchResponse, Seed, VectorSearchRequest,
+    SearchResponse, Seed, StrategyHit, VectorSearchRequest,
 };
 use tokio::time::Instant;
 
 use super::ctx::Ctx;
 use super::evidence::{self, Evidence};
-use super::fusion::{Fused, StrategyList, max_score, rrf, weights_for};
+use super::fusion::{Fused, StrategyList, max_score, rank_fusion, rrf, weights_for};
+use super::hop::{self, HOP, HopPlan};
 use super::session::{self, Lift};
 use super::when;
 use crate::downstream::{DownstreamError, call_until};
@@ -94,6 +95,12 @@ pub struct Plan {
     /// The question is a chain of relations (`route::chained`), so Stage 4b
     /// reorders it on the simple route too. Set by `route::Step::plan`.
     pub chained: bool,
+    /// The simple route's weights, when Stage 4b's hedge is on: a
+    /// multi-hop answer then keeps the simple reading's #1 in its pool
+    /// (`Candidates::hedge_opt`).
+    pub hedge_opt: Option<Weights>,
+    /// The second keyword search of a multi-hop answer (hop.rs), when on.
+    pub hop_opt: Option<HopPlan>,
 }
 
 impl Plan {
@@ -116,6 +123,11 @@ impl Plan {
             speaker: p.speaker_lift,
             time: p.time_lift,
         }
+    }
+
+    fn hedge(p: &PipelineSettings) -> Option<Weights> {
+        (p.complement.pool > 0 && p.complement.hedge)
+            .then(|| Weights::of(&p.weights.simple, p.rrf_k))
     }
 
     fn pool(p: &PipelineSettings, limit: u32) -> usize {
@@ -145,6 +157,8 @@ impl Plan {
             route_opt: Some(route),
             complement: p.complement.pool > 0,
             chained: false,
+            hedge_opt: Self::hedge(p),
+            hop_opt: HopPlan::of(&p.complement),
         }
     }
 
@@ -167,6 +181,8 @@ impl Plan {
             route_opt: None,
             complement: p.complement.pool > 0,
             chained: false,
+            hedge_opt: Self::hedge(p),
+            hop_opt: HopPlan::of(&p.complement),
         }
     }
 
@@ -197,6 +213,8 @@ impl Plan {
             route_opt: None,
             complement: false,
             chained: false,
+            hedge_opt: None,
+            hop_opt: None,
         }
     }
 }
@@ -227,6 +245,17 @@ pub struct Candidates {
     pub no_contradictions: bool,
     /// The fused candidates' stored vectors, for Stage 4b.
     pub vectors: Vectors,
+    /// On a multi-hop answer (with the hedge on), the memory the simple
+    /// route's weights put first; kept in the candidates, where Stage 4b
+    /// gives it the place after its slots.
+    pub hedge_opt: Option<String>,
+    /// On an answer Stage 4b reorders, what the second keyword search
+    /// found, best first (hop.rs); Stage 4b gives the first the slots lack the place
+    /// after them.
+    pub hop: Vec<String>,
+    /// How long the second search took (reported as stage `hop`, inside
+    /// `search`).
+    pub hop_ms_opt: Option<f64>,
 }
 
 /// Whether Stage 2 read the fused candidates' vectors (multi-hop plans
@@ -282,7 +311,7 @@ pub async fn run(
         .as_of_event
         .as_ref()
         .and_then(|t| DateTime::from_timestamp(t.seconds, 0));
-    let fused = pool.fuse(plan, &ctx.query.text, reference_opt);
+    let mut fused = pool.fuse(plan, &ctx.query.text, reference_opt);
     let complements =
         (pool.out.route_opt.or(plan.route_opt)).is_some_and(|chosen| plan.complements(chosen));
     if complements {
@@ -298,7 +327,42 @@ pub async fn run(
     } else {
         pool.fetch_missing(ctx, &fused, deadline).await;
     }
+    if let Some((hop_plan, text)) = pool.hop_text(plan, &fused, &ctx.query.text) {
+        let t = Instant::now();
+        let req = KeywordSearchRequest {
+            text,
+            filters: Some(filters.clone()),
+            k: hop_plan.depth,
+        };
+        let r = call_until(&ctx.ds.keyword, &ctx.identity, deadline, req).await;
+        pool.hop_list(r, &mut fused);
+        pool.out.hop_ms_opt = Some(super::ctx::ms_since(t));
+    }
     Ok(pool.into_candidates(fused))
+}
+
+/// A list's weight under `w`.
+fn weight_of(strategy: &str, w: &Weights) -> f32 {
+    match strategy {
+        VECTOR | HYDE => w.vector,
+        KEYWORD => w.keyword,
+        _ => w.graph,
+    }
+}
+
+/// Where `id` stands in each list (provenance for a memory the route's own
+/// fusion left out).
+fn hits_of(id: &str, lists: &[StrategyList]) -> Vec<StrategyHit> {
+    (lists.iter())
+        .filter_map(|l| {
+            let i = l.hits.iter().position(|(hit, _)| hit == id)?;
+            Some(StrategyHit {
+                strategy: l.strategy.to_string(),
+                rank: i as u32 + 1,
+                score: l.hits[i].1,
+            })
+        })
+        .collect()
 }
 
 /// The stored vectors of `ids` (id and vector only, under the caller's
@@ -649,11 +713,7 @@ impl Pool {
             }
         };
         for list in &mut self.lists {
-            list.weight = match list.strategy {
-                VECTOR | HYDE => w.vector,
-                KEYWORD => w.keyword,
-                _ => w.graph,
-            };
+            list.weight = weight_of(list.strategy, &w);
         }
         let mut fused = rrf(&self.lists, w.k);
         self.out.total = fused.len();
@@ -666,8 +726,90 @@ impl Pool {
         {
             when::lift(&mut fused, &self.memories, span, plan.lift.time);
         }
+        let route_opt = self.out.route_opt.or(plan.route_opt);
+        let hedge_opt = match (route_opt, plan.hedge_opt) {
+            (Some(Route::MultiHop), Some(simple)) if plan.complement => self.first_by(&simple),
+            _ => None,
+        };
+        let kept_opt = hedge_opt.as_deref().and_then(|id| {
+            match fused.iter().position(|f| f.id == id) {
+                Some(i) if i < plan.pool => None,
+                Some(i) => Some(fused.remove(i)),
+                // Only lists the route weighs 0 (keyword on multi-hop) hold it.
+                None => Some(Fused {
+                    id: id.to_string(),
+                    rrf: 0.0,
+                    hits: hits_of(id, &self.lists),
+                }),
+            }
+        });
+        tracing::debug!(hedge = ?hedge_opt, moved = kept_opt.is_some(), "simple reading's first");
         fused.truncate(plan.pool);
+        fused.extend(kept_opt);
+        self.out.hedge_opt = hedge_opt;
         fused
+    }
+
+    /// The second search's plan and text on an answer Stage 4b reorders
+    /// whose first memory's row is here; None otherwise, and when the
+    /// keyword list already failed this attempt (its breaker may be open).
+    fn hop_text(&self, plan: &Plan, fused: &[Fused], question: &str) -> Option<(HopPlan, String)> {
+        let hop_plan = plan.hop_opt.filter(|_| plan.complement)?;
+        let route_opt = self.out.route_opt.or(plan.route_opt);
+        let chain = route_opt.is_some_and(|route| plan.complements(route));
+        if !chain || self.out.degraded.contains(&KEYWORD) {
+            return None;
+        }
+        let first = self.memories.get(&fused.first()?.id)?;
+        let text = hop::query_text(question, first, hop_plan.names)?;
+        Some((hop_plan, text))
+    }
+
+    /// The second search's finds: their rows kept, their ids in `hop`, and
+    /// the ones the pool lacks added to it. A failed search leaves the
+    /// answer as the first fan-out made it, degraded `hop`.
+    fn hop_list(&mut self, r: Result<SearchResponse, DownstreamError>, fused: &mut Vec<Fused>) {
+        let resp = match r {
+            Ok(resp) => resp,
+            Err(e) => {
+                tracing::warn!(error = %e, "the second hop's search failed");
+                self.out.degraded.push(HOP);
+                return;
+            }
+        };
+        let found = resp
+            .hits
+            .into_iter()
+            .filter_map(|h| Some((h.score, h.memory?)));
+        for (i, (score, memory)) in found.enumerate() {
+            let id = memory.id.clone();
+            self.memories.entry(id.clone()).or_insert(memory);
+            if !fused.iter().any(|f| f.id == id) {
+                fused.push(Fused {
+                    id: id.clone(),
+                    rrf: 0.0,
+                    hits: vec![StrategyHit {
+                        strategy: HOP.to_string(),
+                        rank: i as u32 + 1,
+                        score,
+                    }],
+                });
+            }
+            self.out.hop.push(id);
+        }
+    }
+
+    /// The memory `w` would fuse first from these lists (no lifts: they are
+    /// for conversation turns, which multi-hop answers rarely are).
+    fn first_by(&self, w: &Weights) -> Option<String> {
+        let lists = (self.lists.iter()).map(|l| {
+            (
+                weight_of(l.strategy, w),
+                l.hits.iter().map(|(id, _)| id.as_str()),
+            )
+        });
+        let first_opt = rank_fusion(lists, w.k).into_iter().next();
+        first_opt.map(|(id, _, _)| id.to_string())
     }
 
     /// Fetches the fused memories no list carried (graph hits are ids).
@@ -751,6 +893,136 @@ mod tests {
         };
         assert!(!raw.complements(Route::MultiHop));
         assert!(!raw.complements(Route::Simple));
+    }
+
+    fn response(ids: &[&str]) -> SearchResponse {
+        SearchResponse {
+            hits: (ids.iter())
+                .map(|id| engram_proto::SearchHit {
+                    memory: Some(Memory {
+                        id: id.to_string(),
+                        ..Default::default()
+                    }),
+                    score: 1.0,
+                    rank: 0,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A multi-hop plan that ran the keyword list too (as AUTO does).
+    fn multi_hop_plan(pool: usize) -> Plan {
+        let p = PipelineSettings::default();
+        Plan {
+            keyword: true,
+            pool,
+            ..Plan::for_route(Route::MultiHop, &p, 10)
+        }
+    }
+
+    #[test]
+    fn a_multi_hop_pool_keeps_the_simple_readings_first_even_from_a_list_it_weighs_0() {
+        // The multi-hop weights give keyword 0, so "k" (the keyword list's
+        // #1, the dense list's #3) has no fused score; the simple weights
+        // put it first.
+        let o = outcomes(
+            Some(Ok(response(&["a", "b", "k", "c"]))),
+            Some(Ok(response(&["k", "x"]))),
+        );
+        let plan = multi_hop_plan(2);
+        let mut pool = Pool::gather(o, &plan).expect("lists");
+        let fused = pool.fuse(&plan, "q", None);
+        let ids: Vec<&str> = fused.iter().map(|f| f.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "k"]);
+        assert_eq!(pool.out.hedge_opt.as_deref(), Some("k"));
+        assert_eq!(fused[2].hits[0].strategy, VECTOR);
+        // Found by the keyword list alone, it has no fused entry at all: its
+        // provenance names the list that found it.
+        let o = outcomes(
+            Some(Ok(response(&["a", "b", "c"]))),
+            Some(Ok(response(&["k"]))),
+        );
+        let mut pool = Pool::gather(o, &plan).expect("lists");
+        let fused = pool.fuse(&plan, "q", None);
+        let ids: Vec<&str> = fused.iter().map(|f| f.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "k"]);
+        let strategies: Vec<(&str, u32)> = (fused[2].hits.iter())
+            .map(|h| (h.strategy.as_str(), h.rank))
+            .collect();
+        assert_eq!(strategies, [(KEYWORD, 1)]);
+        assert_eq!(fused[2].rrf, 0.0);
+
+        // The simple route, or the hedge off: nothing kept.
+        let simple = Plan {
+            keyword: true,
+            ..Plan::for_route(Route::Simple, &PipelineSettings::default(), 10)
+        };
+        let o = outcomes(Some(Ok(response(&["a"]))), Some(Ok(response(&["k"]))));
+        let mut pool = Pool::gather(o, &simple).expect("lists");
+        pool.fuse(&simple, "q", None);
+        assert_eq!(pool.out.hedge_opt, None);
+        let off = Plan {
+            hedge_opt: None,
+            ..multi_hop_plan(2)
+        };
+        let o = outcomes(Some(Ok(response(&["a"]))), Some(Ok(response(&["k"]))));
+        let mut pool = Pool::gather(o, &off).expect("lists");
+        let fused = pool.fuse(&off, "q", None);
+        assert_eq!(pool.out.hedge_opt, None);
+        assert_eq!(fused.len(), 1);
+    }
+
+    #[test]
+    fn the_second_search_adds_what_the_pool_lacks_and_degrades_when_it_fails() {
+        let o = outcomes(Some(Ok(response(&["a", "b"]))), None);
+        let plan = multi_hop_plan(10);
+        let mut pool = Pool::gather(o, &plan).expect("lists");
+        let mut fused = pool.fuse(&plan, "q", None);
+        pool.hop_list(Ok(response(&["a", "n"])), &mut fused);
+        assert_eq!(pool.out.hop, ["a", "n"]);
+        let ids: Vec<&str> = fused.iter().map(|f| f.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "n"]);
+        assert_eq!(fused[2].hits[0].strategy, HOP);
+        assert!(pool.memories.contains_key("n"), "its row comes with it");
+
+        pool.hop_list(Err(DownstreamError::Timeout), &mut fused);
+        assert_eq!(pool.out.degraded, [HOP]);
+        assert_eq!(fused.len(), 3);
+    }
+
+    #[test]
+    fn the_second_search_runs_on_multi_hop_answers_with_a_first_row_only() {
+        let first = Memory {
+            id: "a".into(),
+            content: "Brand is a play by Henrik Ibsen.".into(),
+            ..Default::default()
+        };
+        let o = outcomes(
+            Some(Ok(SearchResponse {
+                hits: vec![engram_proto::SearchHit {
+                    memory: Some(first),
+                    score: 1.0,
+                    rank: 1,
+                }],
+                ..Default::default()
+            })),
+            None,
+        );
+        let plan = multi_hop_plan(10);
+        let mut pool = Pool::gather(o, &plan).expect("lists");
+        let fused = pool.fuse(&plan, "Who wrote Brand?", None);
+        let (hop_plan, text) = pool
+            .hop_text(&plan, &fused, "Who wrote Brand?")
+            .expect("hop");
+        assert_eq!(hop_plan.depth, 2);
+        assert_eq!(text, "Who wrote Brand? henrik ibsen");
+        // Not on the simple route, not when the keyword list failed.
+        let simple = Plan::for_route(Route::Simple, &PipelineSettings::default(), 10);
+        pool.out.route_opt = None;
+        assert!(pool.hop_text(&simple, &fused, "Who wrote Brand?").is_none());
+        pool.out.degraded.push(KEYWORD);
+        assert!(pool.hop_text(&plan, &fused, "Who wrote Brand?").is_none());
     }
 
     #[test]

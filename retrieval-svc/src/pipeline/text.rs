@@ -72,6 +72,51 @@ pub fn coverage(wanted: &HashSet<String>, have: &HashSet<String>) -> f32 {
     found as f32 / wanted.len() as f32
 }
 
+/// Words that say nothing about which thing a text is about, even when
+/// capitalised at a sentence's start.
+const FILLER: &[&str] = &[
+    "the", "a", "an", "of", "in", "on", "at", "to", "for", "and", "or", "with", "by", "from", "as",
+    "is", "was", "were", "be", "been", "are", "that", "this", "which", "who", "whom", "whose",
+    "what", "when", "where", "why", "how", "it", "its", "his", "her", "their", "they", "he", "she",
+    "them", "also", "into", "than", "then", "there", "these", "those", "not", "but", "after",
+    "before", "about", "over", "under", "during", "between", "first", "one", "two", "three", "new",
+];
+
+/// Runs of letters, digits, `_`, `'` and `-`, without a leading `'` or `-`,
+/// of three or more characters.
+fn name_tokens(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '\'' | '-')))
+        .map(|w| w.trim_start_matches(['\'', '-']))
+        .filter(|w| w.chars().count() >= 3)
+}
+
+/// The question's content words, lowercased (what [`names`] leaves out).
+pub fn lower_words(text: &str) -> HashSet<String> {
+    name_tokens(text)
+        .map(str::to_lowercase)
+        .filter(|w| !FILLER.contains(&w.as_str()))
+        .collect()
+}
+
+/// Words of a memory read for its names: a 64 KiB memory would otherwise
+/// cost its tenant's multi-hop queries milliseconds of tokenizing, and a
+/// bridge is named early in a passage.
+pub const NAME_TOKENS_MAX: usize = 2_000;
+
+/// A memory's names in the order it says them (its title's, then its
+/// content's capitalised words, lowercased), each once, leaving out what
+/// `asked` holds (the question's words, [`lower_words`]).
+pub fn names<'m>(m: &'m Memory, asked: &'m HashSet<String>) -> impl Iterator<Item = String> + 'm {
+    let mut seen = HashSet::new();
+    name_tokens(&m.title)
+        .chain(name_tokens(&m.content))
+        .take(NAME_TOKENS_MAX)
+        .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
+        .map(str::to_lowercase)
+        .filter(|w| !FILLER.contains(&w.as_str()) && !asked.contains(w))
+        .filter(move |w| seen.insert(w.clone()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,146 @@
+//! The next hop by name (issue 19): a multi-hop answer searches the keyword
+//! index once more, for the question and the names its first memory adds
+//! (retrieval-svc pipeline/hop.rs), and what that finds takes the place
+//! after Stage 4b's slots. Its recall is measured by `engram eval`
+//! (docs/benchmarks.md, "The next hop by name"); these tests keep the
+//! wiring and its access rule: the second search runs as the caller, so it
+//! finds nothing the caller may not read.
+
+use engram_proto::memory_service_client::MemoryServiceClient;
+use engram_proto::retrieval_service_client::RetrievalServiceClient;
+use engram_proto::{
+    AccessLevel, Memory, RetrievalMode, RetrieveRequest, RetrieveResponse, UpsertRequest,
+};
+use engram_tests::{authed, stack_with_keys};
+
+const QUESTION: &str = "What country was the author of Brand a citizen of?";
+
+fn page(title: &str, content: &str, level: AccessLevel) -> Memory {
+    Memory {
+        id: uuid::Uuid::new_v4().to_string(),
+        title: title.into(),
+        content: content.into(),
+        memory_type: "semantic".into(),
+        access_level: level as i32,
+        ..Default::default()
+    }
+}
+
+/// The pages: the first hop, the second (at `ibsen_level`), and others
+/// about countries, citizens and authors (titled so the question names
+/// only the first hop's page: the answer opens with it).
+fn pages(ibsen_level: AccessLevel) -> Vec<Memory> {
+    let public = AccessLevel::Public;
+    vec![
+        page(
+            "Brand (play)",
+            "Brand is a verse tragedy by the Norwegian playwright Henrik Ibsen, \
+             first staged in Stockholm.",
+            public,
+        ),
+        page(
+            "Henrik Ibsen",
+            "Henrik Ibsen lived for decades in Italy and Germany, and wrote most \
+             of his plays abroad.",
+            ibsen_level,
+        ),
+        page(
+            "Nationality law",
+            "Citizenship is the status of a person recognised by a country's law \
+             as one of its citizens.",
+            public,
+        ),
+        page(
+            "Writers",
+            "An author is the creator of a written work such as a book or a play.",
+            public,
+        ),
+        page(
+            "Nation states",
+            "A country is a distinct part of the world, such as a state or nation.",
+            public,
+        ),
+    ]
+}
+
+async fn ask(
+    client: &mut RetrievalServiceClient<tonic::transport::Channel>,
+    key: &str,
+    mode: RetrievalMode,
+) -> anyhow::Result<RetrieveResponse> {
+    let req = RetrieveRequest {
+        text: QUESTION.into(),
+        mode: mode as i32,
+        limit: Some(5),
+        no_cache: true,
+        skip_rerank: true,
+        ..Default::default()
+    };
+    Ok(client.retrieve(authed(key, req)).await?.into_inner())
+}
+
+fn titles(r: &RetrieveResponse) -> Vec<String> {
+    (r.records.iter())
+        .filter_map(|s| s.memory.as_ref())
+        .map(|m| m.title.clone())
+        .collect()
+}
+
+fn searched_again(r: &RetrieveResponse) -> bool {
+    r.stage_latencies.iter().any(|s| s.stage == "hop")
+}
+
+#[tokio::test]
+async fn a_multi_hop_answer_holds_the_page_its_first_memory_names() -> anyhow::Result<()> {
+    let settings = engram_tests::settings().await?;
+    let (_stack, uri, keys) = stack_with_keys(settings, &[("a", "sensitive")]).await?;
+    let key = &keys[0];
+    let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
+    let memories = pages(AccessLevel::Public);
+    mem.upsert(authed(key, UpsertRequest { memories })).await?;
+    let mut client = RetrievalServiceClient::connect(uri).await?;
+
+    let multi = ask(&mut client, key, RetrievalMode::MultiHop).await?;
+    assert!(
+        searched_again(&multi),
+        "{:?} {:?}",
+        multi.stage_latencies,
+        titles(&multi)
+    );
+    assert!(
+        multi.degraded_stages.is_empty(),
+        "{:?}",
+        multi.degraded_stages
+    );
+    let found = titles(&multi);
+    let at = found.iter().position(|t| t == "Henrik Ibsen");
+    assert!(at.is_some_and(|i| i < 4), "{found:?}");
+
+    // A simple answer is not a chain: no second search.
+    let simple = ask(&mut client, key, RetrievalMode::Simple).await?;
+    assert!(!searched_again(&simple), "{:?}", simple.stage_latencies);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_second_search_finds_nothing_above_the_callers_trust() -> anyhow::Result<()> {
+    let settings = engram_tests::settings().await?;
+    let (_stack, uri, keys) =
+        stack_with_keys(settings, &[("a", "sensitive"), ("a", "public")]).await?;
+    let (high, low) = (&keys[0], &keys[1]);
+    let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
+    let memories = pages(AccessLevel::Sensitive);
+    mem.upsert(authed(high, UpsertRequest { memories })).await?;
+    let mut client = RetrievalServiceClient::connect(uri).await?;
+
+    let seen_low = ask(&mut client, low, RetrievalMode::MultiHop).await?;
+    assert!(searched_again(&seen_low), "{:?}", seen_low.stage_latencies);
+    let found = titles(&seen_low);
+    assert!(!found.iter().any(|t| t == "Henrik Ibsen"), "{found:?}");
+    assert!(found.iter().any(|t| t == "Brand (play)"), "{found:?}");
+
+    let seen_high = ask(&mut client, high, RetrievalMode::MultiHop).await?;
+    let found = titles(&seen_high);
+    assert!(found.iter().any(|t| t == "Henrik Ibsen"), "{found:?}");
+    Ok(())
+}
