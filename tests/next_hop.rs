@@ -74,6 +74,7 @@ async fn ask(
         limit: Some(5),
         no_cache: true,
         skip_rerank: true,
+        explain: true,
         ..Default::default()
     };
     Ok(client.retrieve(authed(key, req)).await?.into_inner())
@@ -115,6 +116,15 @@ async fn a_multi_hop_answer_holds_the_page_its_first_memory_names() -> anyhow::R
     let found = titles(&multi);
     let at = found.iter().position(|t| t == "Henrik Ibsen");
     assert!(at.is_some_and(|i| i < 4), "{found:?}");
+    // The second search found it: its provenance says so.
+    let ibsen = multi
+        .records
+        .iter()
+        .find(|r| r.memory.as_ref().is_some_and(|m| m.title == "Henrik Ibsen"));
+    let strategies: Vec<&str> = (ibsen.and_then(|r| r.provenance.as_ref()))
+        .map(|p| p.strategies.iter().map(|h| h.strategy.as_str()).collect())
+        .unwrap_or_default();
+    assert!(strategies.contains(&"hop"), "{strategies:?}");
 
     // A simple answer is not a chain: no second search.
     let simple = ask(&mut client, key, RetrievalMode::Simple).await?;
@@ -138,9 +148,46 @@ async fn the_second_search_finds_nothing_above_the_callers_trust() -> anyhow::Re
     let found = titles(&seen_low);
     assert!(!found.iter().any(|t| t == "Henrik Ibsen"), "{found:?}");
     assert!(found.iter().any(|t| t == "Brand (play)"), "{found:?}");
+    // Not even as a candidate the gateway dropped: search-svc never
+    // returned it to this caller.
+    assert!(
+        seen_low.dropped.iter().all(|d| d.stage != "access"),
+        "{:?}",
+        seen_low.dropped
+    );
 
     let seen_high = ask(&mut client, high, RetrievalMode::MultiHop).await?;
     let found = titles(&seen_high);
     assert!(found.iter().any(|t| t == "Henrik Ibsen"), "{found:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_second_search_never_reaches_another_tenant() -> anyhow::Result<()> {
+    let settings = engram_tests::settings().await?;
+    let (_stack, uri, keys) =
+        stack_with_keys(settings, &[("a", "sensitive"), ("b", "sensitive")]).await?;
+    let (a, b) = (&keys[0], &keys[1]);
+    let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
+    // Tenant a holds the first hop and the others; only tenant b holds the
+    // page the first hop names.
+    let (ibsen, rest): (Vec<Memory>, Vec<Memory>) = pages(AccessLevel::Public)
+        .into_iter()
+        .partition(|m| m.title == "Henrik Ibsen");
+    mem.upsert(authed(a, UpsertRequest { memories: rest }))
+        .await?;
+    mem.upsert(authed(b, UpsertRequest { memories: ibsen }))
+        .await?;
+    let mut client = RetrievalServiceClient::connect(uri).await?;
+
+    let r = ask(&mut client, a, RetrievalMode::MultiHop).await?;
+    assert!(searched_again(&r), "{:?}", r.stage_latencies);
+    let found = titles(&r);
+    assert!(!found.iter().any(|t| t == "Henrik Ibsen"), "{found:?}");
+    assert!(
+        r.dropped.iter().all(|d| d.stage != "access"),
+        "{:?}",
+        r.dropped
+    );
     Ok(())
 }

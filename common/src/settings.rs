@@ -702,9 +702,9 @@ pub struct ComplementSettings {
     /// it lower (or not at all): a hedge against a graph-led reading that
     /// lost the question's own page (a name the graph does not link, a page
     /// only the dense and keyword lists find), which the multi-hop weights
-    /// (keyword 0) leave out of the top 10. One place, below the slots, so
-    /// the head the slots chose stands (docs/benchmarks.md, "The simple
-    /// reading's first").
+    /// (keyword 0) leave out of the top 10. One place, below the slots (one
+    /// lower when the next hop's find takes it), so the head the slots
+    /// chose stands (docs/benchmarks.md, "The next hop by name").
     pub hedge: bool,
     /// Names of the first memory of an answer the slots reorder (the ones
     /// the question does not say, in the order the memory says them) added
@@ -1349,6 +1349,24 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn the_second_hop_is_bounded_by_its_settings() {
+        for (key, bad) in [
+            ("ENGRAM__PIPELINE__COMPLEMENT__HOP_NAMES", "33"),
+            ("ENGRAM__PIPELINE__COMPLEMENT__HOP_DEPTH", "0"),
+            ("ENGRAM__PIPELINE__COMPLEMENT__HOP_DEPTH", "11"),
+        ] {
+            let err = Settings::from_sources(None, &env(&[(key, bad)])).expect_err("out of range");
+            assert!(err.to_string().contains("hop_depth"), "{key}={bad}: {err}");
+        }
+        let off = Settings::from_sources(
+            None,
+            &env(&[("ENGRAM__PIPELINE__COMPLEMENT__HOP_NAMES", "0")]),
+        )
+        .expect("0 names turns it off");
+        assert_eq!(off.pipeline.complement.hop_names, 0);
     }
 
     #[test]

@@ -372,11 +372,18 @@ impl Target {
     /// searches and fetches and the graph graph-svc rebuilds from.
     fn stages(self) -> &'static [&'static str] {
         match self {
-            Target::Svc(Service::Search) => &["vector", "keyword", "memory_fetch"],
+            Target::Svc(Service::Search) => &["vector", "keyword", "memory_fetch", "hop"],
             Target::Svc(Service::Graph) => &["graph", "conflicts"],
             Target::Svc(Service::Rerank) => &["rerank"],
             Target::Svc(Service::Retrieval) => &[],
-            Target::Postgres => &["vector", "keyword", "memory_fetch", "graph", "conflicts"],
+            Target::Postgres => &[
+                "vector",
+                "keyword",
+                "memory_fetch",
+                "hop",
+                "graph",
+                "conflicts",
+            ],
         }
     }
 }

@@ -515,6 +515,7 @@ fn stage_label(stage: &str) -> &'static str {
         "search" => "search",
         "validate" => "validate",
         "rerank" => "rerank",
+        "hop" => "hop",
         "conflicts" => "conflicts",
         "assemble" => "assemble",
         "cache" => "cache",

@@ -28,11 +28,36 @@ use super::validate::Checked;
 /// The degraded-stage name when the memories' vectors could not be read.
 pub const COMPLEMENT: &str = "complement";
 
+/// What takes the place after the slots, beside the slots' own choice.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct After<'a> {
+    /// The simple reading's first (Stage 2's `Candidates::hedge_opt`).
+    pub hedge_opt: Option<&'a str>,
+    /// The second search's finds, best first (hop.rs).
+    pub hop: &'a [String],
+}
+
+/// Stage 4b: the slots, then the place after them: the hedge, then the
+/// next hop's find, which pushes the hedge one down.
+pub async fn run(
+    ctx: &mut Ctx<'_>,
+    trace: &mut StageTrace,
+    ranked: &mut [(Checked, f32)],
+    query_opt: Option<&[f32]>,
+    prefetched: Vectors,
+    after: After<'_>,
+) {
+    slots(ctx, trace, ranked, query_opt, prefetched).await;
+    let at = ctx.settings.pipeline.complement.slots;
+    hedge(ranked, after.hedge_opt, at);
+    next_hop(ranked, after.hop, at);
+}
+
 /// Reorders the head of `ranked` (best first, each with its Stage 4
 /// score) when the settings ask for it, with the vectors Stage 2 read (or,
 /// when it did not, read here); on a failed read the order stands and the
 /// stage is reported degraded.
-pub async fn run(
+async fn slots(
     ctx: &mut Ctx<'_>,
     trace: &mut StageTrace,
     ranked: &mut [(Checked, f32)],
@@ -86,8 +111,9 @@ pub async fn run(
 }
 
 /// The hedge: the simple reading's #1 (`id_opt`, Stage 2's
-/// `Candidates::hedge_opt`) takes index `at` (the place after the slots)
-/// when the answer holds it lower. A multi-hop answer is graph-led, and the
+/// `Candidates::hedge_opt`) takes index `at` (the place after the slots;
+/// the next hop's find then pushes it one down) when the answer holds it
+/// lower. A multi-hop answer is graph-led, and the
 /// graph can miss the page a question names (a name it does not link:
 /// "the Tikhaya Sosna" against the page "Tikhaya Sosna River"); the dense
 /// and keyword lists then agree on a page the multi-hop weights leave out
@@ -100,16 +126,13 @@ pub fn hedge(ranked: &mut [(Checked, f32)], id_opt: Option<&str>, at: usize) {
     }
 }
 
-/// The next hop: the first memory of the second search's list
-/// (`Candidates::hop`, best first) that the first `at` places lack takes
+/// The next hop: the first of the second search's finds (best first,
+/// hop.rs) that is in the answer but not in its first `at` places takes
 /// place `at`.
 pub fn next_hop(ranked: &mut [(Checked, f32)], hop: &[String], at: usize) {
-    let head = &ranked[..at.min(ranked.len())];
-    let Some(id) = (hop.iter()).find(|id| !head.iter().any(|(k, _)| &k.cand.memory.id == *id))
-    else {
-        return;
-    };
-    if let Some(pos) = ranked.iter().position(|(k, _)| &k.cand.memory.id == id) {
+    let pos_of = |id: &String| ranked.iter().position(|(k, _)| &k.cand.memory.id == id);
+    // A find Stage 3 dropped is in no place: the next one is tried.
+    if let Some(pos) = hop.iter().filter_map(pos_of).find(|&pos| pos >= at) {
         lift_to(ranked, pos, at);
     }
 }

@@ -1,43 +1,145 @@
-//! Stage 2's second hop, on the answers Stage 4b reorders (multi-hop, and
-//! a chain of relations on the simple route): one more keyword search, for
-//! the question and the names its first memory adds. A chain's next
-//! memory is named by the one before it ("Brand is a play by the Norwegian
+//! Stage 3b, on the answers Stage 4b reorders (multi-hop, and a chain of
+//! relations on the simple route): one more keyword search, for the
+//! question and the names its first memory adds. A chain's next memory is
+//! named by the one before it ("Brand is a play by the Norwegian
 //! playwright Henrik Ibsen"), not by the question ("What country was the
 //! author of Brand a citizen of?"), so no list of the first fan-out needs
 //! to rank it; with the first memory's names beside the question's words,
-//! the keyword index does. No model runs: the keyword index is in memory,
-//! and the names are read from the row Stage 2 already holds. What it
-//! finds takes the place after Stage 4b's slots (complement.rs).
+//! the keyword index does. It runs after Stage 3, so the first memory is
+//! one the request may return, and its finds pass the same checks. No
+//! model runs: the keyword index is in memory and the names come from the
+//! row already held. The first find the slots lack takes the place after
+//! them (complement.rs `next_hop`).
 //!
-//! Chosen leave-one-dataset-out on the dev sets (docs/benchmarks.md,
-//! "The next hop by name"): MuSiQue R@5 +3.5, HotpotQA +0.5, 2Wiki +0.2.
+//! Cross-fitted on the dev sets, R@5: MuSiQue 77.2 → 78.8, 2Wiki 95.5 →
+//! 95.7, HotpotQA and LoCoMo unchanged (docs/benchmarks.md, "The next hop
+//! by name").
 
-use engram_common::settings::ComplementSettings;
-use engram_proto::Memory;
+use engram_proto::{Filters, KeywordSearchRequest, Memory, StrategyHit};
+use tokio::time::Instant;
 
+use super::ctx::{Ctx, StageTrace};
+use super::fusion::Fused;
+use super::search::{Candidate, HopPlan, KEYWORD, Plan, stage_deadline, time_for_another};
 use super::text::{lower_words, names};
-use crate::query::MAX_TEXT_CHARS;
+use super::validate::{Checked, static_checks};
+use crate::downstream::call_until;
+use crate::query::{MAX_TEXT_CHARS, Route};
 
 /// The strategy a second-hop find is credited to in its provenance.
 pub const HOP: &str = "hop";
 
-/// How a plan searches for the next hop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HopPlan {
-    /// Names of the first memory added to the question.
-    pub names: usize,
-    /// Memories asked of the keyword index.
-    pub depth: u32,
+/// What the second search found, best first (ids), for Stage 4b; `added`
+/// of them were not candidates yet.
+#[derive(Debug, Default)]
+pub struct Found {
+    pub ids: Vec<String>,
+    pub added: usize,
 }
 
-impl HopPlan {
-    /// None when the settings turn Stage 4b or the second search off.
-    pub fn of(c: &ComplementSettings) -> Option<Self> {
-        (c.pool > 0 && c.hop_names > 0).then(|| Self {
-            names: c.hop_names,
-            depth: u32::try_from(c.hop_depth).unwrap_or(1).max(1),
-        })
+/// Stage 3b for one attempt: the second search, when the plan and the
+/// route ask for it and there is time, its finds checked like every
+/// candidate and appended to `checked`. A failed search reports `hop`
+/// degraded and leaves the candidates as they were; it is skipped when the
+/// keyword list already failed this attempt (its breaker may be open).
+pub async fn run(
+    ctx: &mut Ctx<'_>,
+    trace: &mut StageTrace,
+    checked: &mut Vec<Checked>,
+    plan: &Plan,
+    route: Route,
+    filters: &Filters,
+) -> Found {
+    let Some(hop_plan) = plan
+        .hop_opt
+        .filter(|h| plan.complements(route) && room(ctx, h))
+    else {
+        return Found::default();
+    };
+    if trace.is_degraded(KEYWORD) || !time_for_another(ctx.deadline) {
+        return Found::default();
     }
+    let Some(text) = first(checked).and_then(|m| query_text(&ctx.query.text, m, hop_plan.names))
+    else {
+        return Found::default();
+    };
+    let t = Instant::now();
+    let req = KeywordSearchRequest {
+        text,
+        filters: Some(filters.clone()),
+        k: hop_plan.depth,
+    };
+    let deadline = stage_deadline(ctx.deadline);
+    let resp = match call_until(&ctx.ds.keyword, &ctx.identity, deadline, req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::warn!(error = %e, "the second hop's search failed");
+            trace.degraded.push(HOP.into());
+            return Found::default();
+        }
+    };
+    let hits = (resp.hits.into_iter()).filter_map(|h| Some((h.memory?, h.score)));
+    let (ids, new) = credit(checked, hits);
+    let added = static_checks(
+        new,
+        &ctx.identity,
+        filters,
+        filters.decay_floor,
+        &mut trace.dropped,
+    );
+    let found = Found {
+        ids,
+        added: added.len(),
+    };
+    checked.extend(added);
+    ctx.timed(HOP, t);
+    found
+}
+
+/// Whether the answer asked for reaches past the place a find takes.
+fn room(ctx: &Ctx<'_>, h: &HopPlan) -> bool {
+    ctx.query.limit as usize > h.at
+}
+
+/// The memory the answer opens with: the best fused (Stage 4b's
+/// `fused_first`), the earliest on a tie.
+fn first(checked: &[Checked]) -> Option<&Memory> {
+    let best = (checked.iter()).reduce(|best, c| match c.cand.fused.rrf > best.cand.fused.rrf {
+        true => c,
+        false => best,
+    });
+    best.map(|c| &c.cand.memory)
+}
+
+/// Credits the finds already among the candidates with a `hop` hit, and
+/// makes candidates of the others; returns every find's id, best first.
+fn credit(
+    checked: &mut [Checked],
+    hits: impl Iterator<Item = (Memory, f32)>,
+) -> (Vec<String>, Vec<Candidate>) {
+    let mut ids = Vec::new();
+    let mut new = Vec::new();
+    for (i, (memory, score)) in hits.enumerate() {
+        let hit = StrategyHit {
+            strategy: HOP.to_string(),
+            rank: i as u32 + 1,
+            score,
+        };
+        ids.push(memory.id.clone());
+        match checked.iter_mut().find(|c| c.cand.memory.id == memory.id) {
+            Some(c) => c.cand.fused.hits.push(hit),
+            None => new.push(Candidate {
+                fused: Fused {
+                    id: memory.id.clone(),
+                    rrf: 0.0,
+                    hits: vec![hit],
+                },
+                memory,
+                via_entities: Vec::new(),
+            }),
+        }
+    }
+    (ids, new)
 }
 
 /// The second search's text: the question, then up to `max_names` of
@@ -57,6 +159,7 @@ pub fn query_text(question: &str, first: &Memory, max_names: usize) -> Option<St
 #[cfg(test)]
 mod tests {
     use super::*;
+    use engram_common::settings::ComplementSettings;
 
     fn memory(title: &str, content: &str) -> Memory {
         Memory {
@@ -92,10 +195,67 @@ mod tests {
         assert_eq!(query_text(&long, &memory("Ibsen", ""), 4), None);
     }
 
+    fn checked(id: &str, rrf: f32) -> Checked {
+        Checked {
+            cand: Candidate {
+                memory: Memory {
+                    id: id.into(),
+                    ..Default::default()
+                },
+                fused: Fused {
+                    id: id.into(),
+                    rrf,
+                    hits: vec![],
+                },
+                via_entities: vec![],
+            },
+            temporal: 1.0,
+            confidence: 1.0,
+            relevance_opt: None,
+            checks: vec![],
+        }
+    }
+
+    #[test]
+    fn the_first_memory_is_the_best_fused_and_the_earliest_on_a_tie() {
+        let c = [checked("a", 0.2), checked("b", 0.5), checked("c", 0.5)];
+        assert_eq!(first(&c).map(|m| m.id.as_str()), Some("b"));
+        assert!(first(&[]).is_none());
+    }
+
+    #[test]
+    fn finds_among_the_candidates_are_credited_and_the_rest_become_candidates() {
+        let mut c = vec![checked("a", 0.5), checked("b", 0.2)];
+        let hits = ["a", "n"].map(|id| {
+            let m = Memory {
+                id: id.into(),
+                ..Default::default()
+            };
+            (m, 3.0)
+        });
+        let (ids, new) = credit(&mut c, hits.into_iter());
+        assert_eq!(ids, ["a", "n"]);
+        let credited: Vec<(&str, u32)> = (c[0].cand.fused.hits.iter())
+            .map(|h| (h.strategy.as_str(), h.rank))
+            .collect();
+        assert_eq!(credited, [(HOP, 1)]);
+        assert!(c[1].cand.fused.hits.is_empty());
+        assert_eq!(new.len(), 1);
+        assert_eq!(new[0].memory.id, "n");
+        assert_eq!((new[0].fused.rrf, new[0].fused.hits[0].rank), (0.0, 2));
+    }
+
     #[test]
     fn off_when_stage_4b_or_the_names_are_off() {
         let c = ComplementSettings::default();
-        assert_eq!(HopPlan::of(&c), Some(HopPlan { names: 4, depth: 2 }));
+        assert_eq!(
+            HopPlan::of(&c),
+            Some(HopPlan {
+                names: 4,
+                depth: 2,
+                at: 3
+            })
+        );
         let no_pool = ComplementSettings {
             pool: 0,
             ..c.clone()

@@ -33,7 +33,7 @@ use std::time::Duration;
 use engram_common::{Identity, Settings};
 use engram_proto::{
     ConflictPair, EmbedRequest, Filters, QueryRoute, RankExample, RetrieveResponse, ScoredMemory,
-    SkipReason, StageLatency,
+    SkipReason,
 };
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -505,12 +505,6 @@ impl Pipeline {
         let found = search::run(ctx, &plan, filters, step.hypotheses(&ctx.query))
             .instrument(stage_span("search"))
             .await?;
-        if let Some(ms) = found.hop_ms_opt {
-            ctx.timings.push(StageLatency {
-                stage: "hop".into(),
-                ms,
-            });
-        }
         ctx.timed("search", t);
         let mut trace = StageTrace {
             counts: search::counts(ctx.metrics, &found),
@@ -518,8 +512,12 @@ impl Pipeline {
             dropped: Vec::new(),
         };
         let rerank = step.reranks(&ctx.query) && ctx.settings.pipeline.cross_encoder;
-        let checked = validate::run(ctx, &mut trace, found.candidates, filters, rerank)
+        let mut checked = validate::run(ctx, &mut trace, found.candidates, filters, rerank)
             .instrument(stage_span("validate"))
+            .await;
+        let route = found.route_opt.unwrap_or(step.route);
+        let hop = hop::run(ctx, &mut trace, &mut checked, &plan, route, filters)
+            .instrument(stage_span("hop"))
             .await;
         let learned = distill::Learned {
             ranker_opt: ctx.ranker_opt.as_deref(),
@@ -531,16 +529,23 @@ impl Pipeline {
         ctx.timed("distill", t);
         let rows = distilled.rows;
         let mut ranked = distilled.ranked;
-        let route = found.route_opt.unwrap_or(step.route);
         // Raw plans never reorder: their `complement` is false.
         if plan.complements(route) {
             let query_opt = found.query_embedding_opt.as_deref();
-            complement::run(ctx, &mut trace, &mut ranked, query_opt, found.vectors)
-                .instrument(stage_span("complement"))
-                .await;
-            let at = ctx.settings.pipeline.complement.slots;
-            complement::hedge(&mut ranked, found.hedge_opt.as_deref(), at);
-            complement::next_hop(&mut ranked, &found.hop, at);
+            let after = complement::After {
+                hedge_opt: found.hedge_opt.as_deref(),
+                hop: &hop.ids,
+            };
+            complement::run(
+                ctx,
+                &mut trace,
+                &mut ranked,
+                query_opt,
+                found.vectors,
+                after,
+            )
+            .instrument(stage_span("complement"))
+            .await;
         }
         let ask_conflicts = !step.is_raw() && !found.no_contradictions;
         let (records, conflicts) = assemble::run(ctx, &mut trace, ranked, ask_conflicts)
@@ -551,7 +556,7 @@ impl Pipeline {
             confidence: assemble::confidence_of(&records, found.max_rrf),
             records,
             conflicts,
-            total: found.total as u32,
+            total: (found.total + hop.added) as u32,
             trace,
             query_embedding_opt: found.query_embedding_opt,
             stale: found.stale,

@@ -10,7 +10,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use engram_common::settings::{FusionWeights, PipelineSettings, StrategyWeights};
+use engram_common::settings::{
+    ComplementSettings, FusionWeights, PipelineSettings, StrategyWeights,
+};
 use engram_proto::{
     FactSeed, Filters, GetRequest, KeywordSearchRequest, Memory, PprRequest, PprResponse,
     SearchResponse, Seed, StrategyHit, VectorSearchRequest,
@@ -20,7 +22,6 @@ use tokio::time::Instant;
 use super::ctx::Ctx;
 use super::evidence::{self, Evidence};
 use super::fusion::{Fused, StrategyList, max_score, rank_fusion, rrf, weights_for};
-use super::hop::{self, HOP, HopPlan};
 use super::session::{self, Lift};
 use super::when;
 use crate::downstream::{DownstreamError, call_until};
@@ -68,6 +69,29 @@ pub enum Fusion {
     },
 }
 
+/// How a plan searches for the next hop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HopPlan {
+    /// Names of the first memory added to the question.
+    pub names: usize,
+    /// Memories asked of the keyword index.
+    pub depth: u32,
+    /// The place a find takes (Stage 4b's slots): an answer no longer than
+    /// that has no room for one.
+    pub at: usize,
+}
+
+impl HopPlan {
+    /// None when the settings turn Stage 4b or the second search off.
+    pub fn of(c: &ComplementSettings) -> Option<Self> {
+        (c.pool > 0 && c.hop_names > 0).then(|| Self {
+            names: c.hop_names,
+            depth: u32::try_from(c.hop_depth).unwrap_or(1).max(1),
+            at: c.slots,
+        })
+    }
+}
+
 /// Which strategies to run and how to fuse them.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -99,7 +123,8 @@ pub struct Plan {
     /// multi-hop answer then keeps the simple reading's #1 in its pool
     /// (`Candidates::hedge_opt`).
     pub hedge_opt: Option<Weights>,
-    /// The second keyword search of a multi-hop answer (hop.rs), when on.
+    /// The second keyword search of an answer Stage 4b reorders (hop.rs,
+    /// after Stage 3), when on.
     pub hop_opt: Option<HopPlan>,
 }
 
@@ -249,13 +274,6 @@ pub struct Candidates {
     /// route's weights put first; kept in the candidates, where Stage 4b
     /// gives it the place after its slots.
     pub hedge_opt: Option<String>,
-    /// On an answer Stage 4b reorders, what the second keyword search
-    /// found, best first (hop.rs); Stage 4b gives the first the slots lack the place
-    /// after them.
-    pub hop: Vec<String>,
-    /// How long the second search took (reported as stage `hop`, inside
-    /// `search`).
-    pub hop_ms_opt: Option<f64>,
 }
 
 /// Whether Stage 2 read the fused candidates' vectors (multi-hop plans
@@ -311,7 +329,7 @@ pub async fn run(
         .as_of_event
         .as_ref()
         .and_then(|t| DateTime::from_timestamp(t.seconds, 0));
-    let mut fused = pool.fuse(plan, &ctx.query.text, reference_opt);
+    let fused = pool.fuse(plan, &ctx.query.text, reference_opt);
     let complements =
         (pool.out.route_opt.or(plan.route_opt)).is_some_and(|chosen| plan.complements(chosen));
     if complements {
@@ -326,17 +344,6 @@ pub async fn run(
         pool.out.vectors = vectors;
     } else {
         pool.fetch_missing(ctx, &fused, deadline).await;
-    }
-    if let Some((hop_plan, text)) = pool.hop_text(plan, &fused, &ctx.query.text) {
-        let t = Instant::now();
-        let req = KeywordSearchRequest {
-            text,
-            filters: Some(filters.clone()),
-            k: hop_plan.depth,
-        };
-        let r = call_until(&ctx.ds.keyword, &ctx.identity, deadline, req).await;
-        pool.hop_list(r, &mut fused);
-        pool.out.hop_ms_opt = Some(super::ctx::ms_since(t));
     }
     Ok(pool.into_candidates(fused))
 }
@@ -692,7 +699,8 @@ impl Pool {
     }
 
     /// Weighted RRF over the lists, conversation turns lifted by their
-    /// session and speaker, cut to the plan's pool size.
+    /// session and speaker, cut to the plan's pool size (plus the hedge of
+    /// a multi-hop answer, [`Pool::hedge`]).
     fn fuse(
         &mut self,
         plan: &Plan,
@@ -726,77 +734,38 @@ impl Pool {
         {
             when::lift(&mut fused, &self.memories, span, plan.lift.time);
         }
-        let route_opt = self.out.route_opt.or(plan.route_opt);
-        let hedge_opt = match (route_opt, plan.hedge_opt) {
-            (Some(Route::MultiHop), Some(simple)) if plan.complement => self.first_by(&simple),
-            _ => None,
-        };
-        let kept_opt = hedge_opt.as_deref().and_then(|id| {
-            match fused.iter().position(|f| f.id == id) {
-                Some(i) if i < plan.pool => None,
-                Some(i) => Some(fused.remove(i)),
-                // Only lists the route weighs 0 (keyword on multi-hop) hold it.
-                None => Some(Fused {
-                    id: id.to_string(),
-                    rrf: 0.0,
-                    hits: hits_of(id, &self.lists),
-                }),
-            }
-        });
-        tracing::debug!(hedge = ?hedge_opt, moved = kept_opt.is_some(), "simple reading's first");
+        let kept_opt = self.hedge(plan, &mut fused);
         fused.truncate(plan.pool);
         fused.extend(kept_opt);
-        self.out.hedge_opt = hedge_opt;
         fused
     }
 
-    /// The second search's plan and text on an answer Stage 4b reorders
-    /// whose first memory's row is here; None otherwise, and when the
-    /// keyword list already failed this attempt (its breaker may be open).
-    fn hop_text(&self, plan: &Plan, fused: &[Fused], question: &str) -> Option<(HopPlan, String)> {
-        let hop_plan = plan.hop_opt.filter(|_| plan.complement)?;
+    /// The hedge of a multi-hop answer (`Plan::hedge_opt`): the memory the
+    /// simple route's weights fuse first, noted in `hedge_opt` and handed
+    /// back when the pool would lose it (fused beyond the pool's size, or
+    /// not fused at all because only a list this route weighs 0 found it:
+    /// keyword on multi-hop); the caller appends it after the cut.
+    fn hedge(&mut self, plan: &Plan, fused: &mut Vec<Fused>) -> Option<Fused> {
         let route_opt = self.out.route_opt.or(plan.route_opt);
-        let chain = route_opt.is_some_and(|route| plan.complements(route));
-        if !chain || self.out.degraded.contains(&KEYWORD) {
-            return None;
-        }
-        let first = self.memories.get(&fused.first()?.id)?;
-        let text = hop::query_text(question, first, hop_plan.names)?;
-        Some((hop_plan, text))
-    }
-
-    /// The second search's finds: their rows kept, their ids in `hop`, and
-    /// the ones the pool lacks added to it. A failed search leaves the
-    /// answer as the first fan-out made it, degraded `hop`.
-    fn hop_list(&mut self, r: Result<SearchResponse, DownstreamError>, fused: &mut Vec<Fused>) {
-        let resp = match r {
-            Ok(resp) => resp,
-            Err(e) => {
-                tracing::warn!(error = %e, "the second hop's search failed");
-                self.out.degraded.push(HOP);
-                return;
-            }
+        let simple = match (route_opt, plan.hedge_opt) {
+            (Some(Route::MultiHop), Some(simple)) if plan.complement => simple,
+            _ => return None,
         };
-        let found = resp
-            .hits
-            .into_iter()
-            .filter_map(|h| Some((h.score, h.memory?)));
-        for (i, (score, memory)) in found.enumerate() {
-            let id = memory.id.clone();
-            self.memories.entry(id.clone()).or_insert(memory);
-            if !fused.iter().any(|f| f.id == id) {
-                fused.push(Fused {
+        let id = self.first_by(&simple)?;
+        let kept_opt = match fused.iter().position(|f| f.id == id) {
+            Some(i) if i < plan.pool => None,
+            Some(i) => Some(fused.remove(i)),
+            None => {
+                self.out.total += 1;
+                Some(Fused {
                     id: id.clone(),
                     rrf: 0.0,
-                    hits: vec![StrategyHit {
-                        strategy: HOP.to_string(),
-                        rank: i as u32 + 1,
-                        score,
-                    }],
-                });
+                    hits: hits_of(&id, &self.lists),
+                })
             }
-            self.out.hop.push(id);
-        }
+        };
+        self.out.hedge_opt = Some(id);
+        kept_opt
     }
 
     /// The memory `w` would fuse first from these lists (no lifts: they are
@@ -971,58 +940,6 @@ mod tests {
         let fused = pool.fuse(&off, "q", None);
         assert_eq!(pool.out.hedge_opt, None);
         assert_eq!(fused.len(), 1);
-    }
-
-    #[test]
-    fn the_second_search_adds_what_the_pool_lacks_and_degrades_when_it_fails() {
-        let o = outcomes(Some(Ok(response(&["a", "b"]))), None);
-        let plan = multi_hop_plan(10);
-        let mut pool = Pool::gather(o, &plan).expect("lists");
-        let mut fused = pool.fuse(&plan, "q", None);
-        pool.hop_list(Ok(response(&["a", "n"])), &mut fused);
-        assert_eq!(pool.out.hop, ["a", "n"]);
-        let ids: Vec<&str> = fused.iter().map(|f| f.id.as_str()).collect();
-        assert_eq!(ids, ["a", "b", "n"]);
-        assert_eq!(fused[2].hits[0].strategy, HOP);
-        assert!(pool.memories.contains_key("n"), "its row comes with it");
-
-        pool.hop_list(Err(DownstreamError::Timeout), &mut fused);
-        assert_eq!(pool.out.degraded, [HOP]);
-        assert_eq!(fused.len(), 3);
-    }
-
-    #[test]
-    fn the_second_search_runs_on_multi_hop_answers_with_a_first_row_only() {
-        let first = Memory {
-            id: "a".into(),
-            content: "Brand is a play by Henrik Ibsen.".into(),
-            ..Default::default()
-        };
-        let o = outcomes(
-            Some(Ok(SearchResponse {
-                hits: vec![engram_proto::SearchHit {
-                    memory: Some(first),
-                    score: 1.0,
-                    rank: 1,
-                }],
-                ..Default::default()
-            })),
-            None,
-        );
-        let plan = multi_hop_plan(10);
-        let mut pool = Pool::gather(o, &plan).expect("lists");
-        let fused = pool.fuse(&plan, "Who wrote Brand?", None);
-        let (hop_plan, text) = pool
-            .hop_text(&plan, &fused, "Who wrote Brand?")
-            .expect("hop");
-        assert_eq!(hop_plan.depth, 2);
-        assert_eq!(text, "Who wrote Brand? henrik ibsen");
-        // Not on the simple route, not when the keyword list failed.
-        let simple = Plan::for_route(Route::Simple, &PipelineSettings::default(), 10);
-        pool.out.route_opt = None;
-        assert!(pool.hop_text(&simple, &fused, "Who wrote Brand?").is_none());
-        pool.out.degraded.push(KEYWORD);
-        assert!(pool.hop_text(&plan, &fused, "Who wrote Brand?").is_none());
     }
 
     #[test]
