@@ -308,25 +308,11 @@ mod tests {
     fn ranked(ids: &[&str]) -> Vec<(Checked, f32)> {
         (ids.iter().enumerate())
             .map(|(i, id)| {
-                let c = Checked {
-                    cand: super::super::search::Candidate {
-                        memory: Memory {
-                            id: id.to_string(),
-                            ..Default::default()
-                        },
-                        fused: super::super::fusion::Fused {
-                            id: id.to_string(),
-                            rrf: 0.0,
-                            hits: vec![],
-                        },
-                        via_entities: vec![],
-                    },
-                    temporal: 1.0,
-                    confidence: 1.0,
-                    relevance_opt: None,
-                    checks: vec![],
+                let m = Memory {
+                    id: id.to_string(),
+                    ..Default::default()
                 };
-                (c, 10.0 - i as f32)
+                (Checked::passed(m, 0.0), 10.0 - i as f32)
             })
             .collect()
     }
@@ -399,13 +385,7 @@ mod tests {
         choose(query, &head, first, c)
     }
 
-    fn memory(title: &str, content: &str) -> Memory {
-        Memory {
-            title: title.into(),
-            content: content.into(),
-            ..Default::default()
-        }
-    }
+    use super::super::text::page as memory;
 
     #[test]
     fn names_are_capitalised_words_the_question_does_not_say() {

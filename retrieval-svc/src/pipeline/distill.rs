@@ -215,25 +215,12 @@ mod tests {
     }
 
     fn page(id: &str, title: &str, content: &str, rrf: f32) -> Checked {
-        Checked {
-            cand: Candidate {
-                memory: Memory {
-                    title: title.into(),
-                    content: content.into(),
-                    ..mem(id, 0, 1.0)
-                },
-                fused: Fused {
-                    id: id.into(),
-                    rrf,
-                    hits: vec![],
-                },
-                via_entities: vec![],
-            },
-            temporal: 1.0,
-            confidence: 1.0,
-            relevance_opt: None,
-            checks: vec![],
-        }
+        let m = Memory {
+            title: title.into(),
+            content: content.into(),
+            ..mem(id, 0, 1.0)
+        };
+        Checked::passed(m, rrf)
     }
 
     fn pages() -> Vec<Checked> {

@@ -161,13 +161,7 @@ mod tests {
     use super::*;
     use engram_common::settings::ComplementSettings;
 
-    fn memory(title: &str, content: &str) -> Memory {
-        Memory {
-            title: title.into(),
-            content: content.into(),
-            ..Default::default()
-        }
-    }
+    use super::super::text::page as memory;
 
     #[test]
     fn the_question_gains_the_names_its_first_memory_adds_in_order() {
@@ -196,24 +190,11 @@ mod tests {
     }
 
     fn checked(id: &str, rrf: f32) -> Checked {
-        Checked {
-            cand: Candidate {
-                memory: Memory {
-                    id: id.into(),
-                    ..Default::default()
-                },
-                fused: Fused {
-                    id: id.into(),
-                    rrf,
-                    hits: vec![],
-                },
-                via_entities: vec![],
-            },
-            temporal: 1.0,
-            confidence: 1.0,
-            relevance_opt: None,
-            checks: vec![],
-        }
+        let m = Memory {
+            id: id.into(),
+            ..Default::default()
+        };
+        Checked::passed(m, rrf)
     }
 
     #[test]

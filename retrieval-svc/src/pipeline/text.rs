@@ -117,6 +117,16 @@ pub fn names<'m>(m: &'m Memory, asked: &'m HashSet<String>) -> impl Iterator<Ite
         .filter(move |w| seen.insert(w.clone()))
 }
 
+/// A memory with a title and content only, for unit tests.
+#[cfg(test)]
+pub fn page(title: &str, content: &str) -> Memory {
+    Memory {
+        title: title.into(),
+        content: content.into(),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

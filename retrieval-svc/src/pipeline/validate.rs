@@ -69,6 +69,29 @@ pub struct Checked {
     pub checks: Vec<&'static str>,
 }
 
+impl Checked {
+    /// A candidate that passed every check, for unit tests of the stages
+    /// after Stage 3.
+    #[cfg(test)]
+    pub fn passed(memory: Memory, rrf: f32) -> Self {
+        Self {
+            cand: Candidate {
+                fused: super::fusion::Fused {
+                    id: memory.id.clone(),
+                    rrf,
+                    hits: vec![],
+                },
+                memory,
+                via_entities: vec![],
+            },
+            temporal: 1.0,
+            confidence: 1.0,
+            relevance_opt: None,
+            checks: vec![],
+        }
+    }
+}
+
 /// Whether `m` is the version the caller asked for, by the same rule as
 /// search-svc's SQL (filters.rs): as of an event time, valid then; as of
 /// an ingestion time, recorded and not yet retracted then; with neither
