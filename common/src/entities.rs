@@ -66,16 +66,55 @@ pub fn normalize(name: &str) -> String {
 }
 
 /// `name` without its diacritics (canonical decomposition, combining marks
-/// dropped: "akinoshū" → "akinoshu", "tekezé" → "tekeze"): people type names
-/// without them, and memories keep them. Letters that do not decompose
-/// (ø, ß, ł) stay. Borrowed when there is nothing to fold.
+/// dropped: "akinoshū" → "akinoshu", "tekezé" → "tekeze"), and the Latin
+/// letters that do not decompose written as the keyword index's ASCII
+/// folding writes them ("søren" → "soren", "straße" → "strasse"): people
+/// type names without them, memories keep them, and a name that matches
+/// the keyword index should link the graph too. Borrowed when there is
+/// nothing to fold.
 pub fn fold_diacritics(name: &str) -> std::borrow::Cow<'_, str> {
     use unicode_normalization::UnicodeNormalization;
     use unicode_normalization::char::is_combining_mark;
     if name.is_ascii() {
         return std::borrow::Cow::Borrowed(name);
     }
-    std::borrow::Cow::Owned(name.nfd().filter(|c| !is_combining_mark(*c)).collect())
+    let mut plain = String::with_capacity(name.len());
+    for c in name.nfd().filter(|c| !is_combining_mark(*c)) {
+        match plain_letters(c) {
+            Some(letters) => plain.push_str(letters),
+            None => plain.push(c),
+        }
+    }
+    match plain == name {
+        true => std::borrow::Cow::Borrowed(name),
+        false => std::borrow::Cow::Owned(plain),
+    }
+}
+
+/// Latin letters without a decomposition, as tantivy's `AsciiFoldingFilter`
+/// (Lucene's table; search-svc's keyword analyzer) writes them.
+fn plain_letters(c: char) -> Option<&'static str> {
+    Some(match c {
+        'ø' => "o",
+        'Ø' => "O",
+        'ß' => "ss",
+        'æ' => "ae",
+        'Æ' => "AE",
+        'œ' => "oe",
+        'Œ' => "OE",
+        'đ' | 'ð' => "d",
+        'Đ' | 'Ð' => "D",
+        'ł' => "l",
+        'Ł' => "L",
+        'þ' => "th",
+        'Þ' => "TH",
+        'ı' => "i",
+        'ħ' => "h",
+        'Ħ' => "H",
+        'ŧ' => "t",
+        'Ŧ' => "T",
+        _ => return None,
+    })
 }
 
 // English function words plus the relation words of encyclopedic questions
@@ -623,13 +662,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn diacritics_fold_and_other_letters_stay() {
+    fn diacritics_and_undecomposed_latin_letters_fold_and_other_scripts_stay() {
         assert_eq!(fold_diacritics("akinoshū kenji"), "akinoshu kenji");
         assert_eq!(
             fold_diacritics("tekezé zürich ñandú"),
             "tekeze zurich nandu"
         );
-        assert_eq!(fold_diacritics("søren straße"), "søren straße");
+        assert_eq!(fold_diacritics("søren straße łódź"), "soren strasse lodz");
+        assert_eq!(fold_diacritics("æsir þór"), "aesir thor");
+        // Other scripts stay as they are, borrowed.
+        assert!(matches!(
+            fold_diacritics("東京"),
+            std::borrow::Cow::Borrowed("東京")
+        ));
         assert!(matches!(
             fold_diacritics("plain"),
             std::borrow::Cow::Borrowed(_)

@@ -344,10 +344,12 @@ fn names_link_with_or_without_their_diacritics() {
     let mut dict = Dictionary::default();
     let tekeze = dict.add("Tekezé River").expect("a name");
     let zurich = dict.add("Zurich").expect("a name");
+    let soren = dict.add("Søren Kierkegaard").expect("a name");
     let mut b = GraphBuilder::new(Arc::new(dict), 5.0);
     let m = b.add_memory(Uuid::from_u128(1), "default", 1, None, false);
     b.add_mention(m, tekeze, true);
     b.add_mention(m, zurich, false);
+    b.add_mention(m, soren, false);
     let g = b.build();
     let view = g.view(4, None, false);
     let linked = |q: &str| {
@@ -360,6 +362,8 @@ fn names_link_with_or_without_their_diacritics() {
     assert_eq!(linked("Where does the Tekezé River flow?"), vec![tekeze]);
     assert_eq!(linked("Is it far from Zürich?"), vec![zurich]);
     assert!(linked("Where does the Tekezo River flow?").is_empty());
+    // A letter without a decomposition, folded as the keyword index does.
+    assert_eq!(linked("What did Soren Kierkegaard write?"), vec![soren]);
 }
 
 fn arb_spec() -> impl Strategy<Value = Spec> {
