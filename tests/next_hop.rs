@@ -63,6 +63,37 @@ fn pages(ibsen_level: AccessLevel) -> Vec<Memory> {
     ]
 }
 
+/// The whole stack with one key per (tenant tag, trust), and its clients.
+struct Env {
+    _stack: engram::stack::Stack,
+    keys: Vec<String>,
+    mem: MemoryServiceClient<tonic::transport::Channel>,
+    client: RetrievalServiceClient<tonic::transport::Channel>,
+}
+
+async fn start(keys: &[(&str, &str)]) -> anyhow::Result<Env> {
+    let settings = engram_tests::settings().await?;
+    let (stack, uri, keys) = stack_with_keys(settings, keys).await?;
+    Ok(Env {
+        _stack: stack,
+        keys,
+        mem: MemoryServiceClient::connect(uri.clone()).await?,
+        client: RetrievalServiceClient::connect(uri).await?,
+    })
+}
+
+/// `title` is neither in the answer nor among the candidates the gateway
+/// dropped for access: search-svc never returned it to this caller.
+fn never_offered(r: &RetrieveResponse, title: &str) {
+    let found = titles(r);
+    assert!(!found.iter().any(|t| t == title), "{found:?}");
+    assert!(
+        r.dropped.iter().all(|d| d.stage != "access"),
+        "{:?}",
+        r.dropped
+    );
+}
+
 async fn ask(
     client: &mut RetrievalServiceClient<tonic::transport::Channel>,
     key: &str,
@@ -93,15 +124,15 @@ fn searched_again(r: &RetrieveResponse) -> bool {
 
 #[tokio::test]
 async fn a_multi_hop_answer_holds_the_page_its_first_memory_names() -> anyhow::Result<()> {
-    let settings = engram_tests::settings().await?;
-    let (_stack, uri, keys) = stack_with_keys(settings, &[("a", "sensitive")]).await?;
-    let key = &keys[0];
-    let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
+    let mut env = start(&[("a", "sensitive")]).await?;
+    let key = &env.keys[0];
     let memories = pages(AccessLevel::Public);
-    mem.upsert(authed(key, UpsertRequest { memories })).await?;
-    let mut client = RetrievalServiceClient::connect(uri).await?;
+    env.mem
+        .upsert(authed(key, UpsertRequest { memories }))
+        .await?;
+    let client = &mut env.client;
 
-    let multi = ask(&mut client, key, RetrievalMode::MultiHop).await?;
+    let multi = ask(client, key, RetrievalMode::MultiHop).await?;
     assert!(
         searched_again(&multi),
         "{:?} {:?}",
@@ -127,36 +158,28 @@ async fn a_multi_hop_answer_holds_the_page_its_first_memory_names() -> anyhow::R
     assert!(strategies.contains(&"hop"), "{strategies:?}");
 
     // A simple answer is not a chain: no second search.
-    let simple = ask(&mut client, key, RetrievalMode::Simple).await?;
+    let simple = ask(client, key, RetrievalMode::Simple).await?;
     assert!(!searched_again(&simple), "{:?}", simple.stage_latencies);
     Ok(())
 }
 
 #[tokio::test]
 async fn the_second_search_finds_nothing_above_the_callers_trust() -> anyhow::Result<()> {
-    let settings = engram_tests::settings().await?;
-    let (_stack, uri, keys) =
-        stack_with_keys(settings, &[("a", "sensitive"), ("a", "public")]).await?;
-    let (high, low) = (&keys[0], &keys[1]);
-    let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
+    let mut env = start(&[("a", "sensitive"), ("a", "public")]).await?;
+    let (high, low) = (&env.keys[0], &env.keys[1]);
     let memories = pages(AccessLevel::Sensitive);
-    mem.upsert(authed(high, UpsertRequest { memories })).await?;
-    let mut client = RetrievalServiceClient::connect(uri).await?;
+    env.mem
+        .upsert(authed(high, UpsertRequest { memories }))
+        .await?;
+    let client = &mut env.client;
 
-    let seen_low = ask(&mut client, low, RetrievalMode::MultiHop).await?;
+    let seen_low = ask(client, low, RetrievalMode::MultiHop).await?;
     assert!(searched_again(&seen_low), "{:?}", seen_low.stage_latencies);
+    never_offered(&seen_low, "Henrik Ibsen");
     let found = titles(&seen_low);
-    assert!(!found.iter().any(|t| t == "Henrik Ibsen"), "{found:?}");
     assert!(found.iter().any(|t| t == "Brand (play)"), "{found:?}");
-    // Not even as a candidate the gateway dropped: search-svc never
-    // returned it to this caller.
-    assert!(
-        seen_low.dropped.iter().all(|d| d.stage != "access"),
-        "{:?}",
-        seen_low.dropped
-    );
 
-    let seen_high = ask(&mut client, high, RetrievalMode::MultiHop).await?;
+    let seen_high = ask(client, high, RetrievalMode::MultiHop).await?;
     let found = titles(&seen_high);
     assert!(found.iter().any(|t| t == "Henrik Ibsen"), "{found:?}");
     Ok(())
@@ -164,30 +187,21 @@ async fn the_second_search_finds_nothing_above_the_callers_trust() -> anyhow::Re
 
 #[tokio::test]
 async fn the_second_search_never_reaches_another_tenant() -> anyhow::Result<()> {
-    let settings = engram_tests::settings().await?;
-    let (_stack, uri, keys) =
-        stack_with_keys(settings, &[("a", "sensitive"), ("b", "sensitive")]).await?;
-    let (a, b) = (&keys[0], &keys[1]);
-    let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
+    let mut env = start(&[("a", "sensitive"), ("b", "sensitive")]).await?;
+    let (a, b) = (&env.keys[0], &env.keys[1]);
     // Tenant a holds the first hop and the others; only tenant b holds the
     // page the first hop names.
     let (ibsen, rest): (Vec<Memory>, Vec<Memory>) = pages(AccessLevel::Public)
         .into_iter()
         .partition(|m| m.title == "Henrik Ibsen");
+    let mem = &mut env.mem;
     mem.upsert(authed(a, UpsertRequest { memories: rest }))
         .await?;
     mem.upsert(authed(b, UpsertRequest { memories: ibsen }))
         .await?;
-    let mut client = RetrievalServiceClient::connect(uri).await?;
 
-    let r = ask(&mut client, a, RetrievalMode::MultiHop).await?;
+    let r = ask(&mut env.client, a, RetrievalMode::MultiHop).await?;
     assert!(searched_again(&r), "{:?}", r.stage_latencies);
-    let found = titles(&r);
-    assert!(!found.iter().any(|t| t == "Henrik Ibsen"), "{found:?}");
-    assert!(
-        r.dropped.iter().all(|d| d.stage != "access"),
-        "{:?}",
-        r.dropped
-    );
+    never_offered(&r, "Henrik Ibsen");
     Ok(())
 }

@@ -119,9 +119,13 @@ impl Dictionary {
             return Some(e);
         }
         let plain = entities::fold_diacritics(gram);
-        (self.index.get(plain.as_ref()))
-            .or_else(|| self.folded.get(plain.as_ref()))
-            .copied()
+        // A gram that folds to itself (any plain ASCII one) missed `index`
+        // already; only the names' folded forms are left to try.
+        let folded_hit = match &plain {
+            std::borrow::Cow::Owned(p) => self.index.get(p.as_str()),
+            std::borrow::Cow::Borrowed(_) => None,
+        };
+        (folded_hit.or_else(|| self.folded.get(plain.as_ref()))).copied()
     }
 
     /// Entity `e`'s synonym key; None when it has none.

@@ -247,7 +247,7 @@ impl RerankService for FakeRerank {
         check(&r)?;
         let n = r.into_inner().candidates.len();
         Ok(Response::new(ScoreResponse {
-            scores: (0..n).map(|i| 0.9 - i as f32 * 0.01).collect(),
+            scores: descending(n),
         }))
     }
 }
@@ -281,9 +281,15 @@ impl RerankService for HeadOnlyRerank {
         check(&r)?;
         let n = r.into_inner().candidates.len().min(self.0);
         Ok(Response::new(ScoreResponse {
-            scores: (0..n).map(|i| 0.9 - i as f32 * 0.01).collect(),
+            scores: descending(n),
         }))
     }
+}
+
+/// Relevance falling from 0.9 by 0.01 a candidate, as a healthy
+/// cross-encoder's scores for an already ordered list.
+fn descending(n: usize) -> Vec<f32> {
+    (0..n).map(|i| 0.9 - i as f32 * 0.01).collect()
 }
 
 /// A slow cross-encoder that counts the calls it serves at once.
@@ -303,7 +309,7 @@ impl RerankService for SlowRerank {
         tokio::time::sleep(Duration::from_millis(300)).await;
         self.now.fetch_sub(1, Ordering::SeqCst);
         Ok(Response::new(ScoreResponse {
-            scores: (0..n).map(|i| 0.9 - i as f32 * 0.01).collect(),
+            scores: descending(n),
         }))
     }
 }
@@ -655,9 +661,6 @@ async fn dead_reranker_is_skipped_and_marked() {
     assert!(!r.records.is_empty());
 }
 
-/// A head scored is a partial rerank: marked as such, never a failure, and
-/// the candidates past the head stay in the answer unchecked (a missing
-/// score is not a relevance of 0, which the floor would drop).
 #[tokio::test]
 async fn a_run_waiting_on_the_cross_encoder_holds_no_work_slot() {
     // A tenant alone may run one pipeline at once here; four queries that
@@ -693,6 +696,9 @@ async fn a_run_waiting_on_the_cross_encoder_holds_no_work_slot() {
     );
 }
 
+/// A head scored is a partial rerank: marked as such, never a failure, and
+/// the candidates past the head stay in the answer unchecked (a missing
+/// score is not a relevance of 0, which the floor would drop).
 #[tokio::test]
 async fn a_reranked_head_is_marked_partial_and_drops_nothing() {
     let full = env_with_reranker(serve(RerankServiceServer::new(FakeRerank)).await).await;

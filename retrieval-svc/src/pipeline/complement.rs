@@ -23,7 +23,7 @@ use super::ctx::{Ctx, StageTrace};
 use super::route::comparative;
 use super::search::{Vectors, read_vectors};
 use super::text::{self, lower_words};
-use super::validate::Checked;
+use super::validate::{Checked, best_fused};
 
 /// The degraded-stage name when the memories' vectors could not be read.
 pub const COMPLEMENT: &str = "complement";
@@ -168,12 +168,7 @@ fn keep_scores_descending<T>(head: &mut [(T, f32)]) {
 /// on 2Wiki, HotpotQA and MuSiQue; with the fused #1 first it is the
 /// fusion's (docs/benchmarks.md, "Complementary slots").
 fn fused_first(head: &[(Checked, f32)]) -> usize {
-    (0..head.len())
-        .max_by(|&a, &b| {
-            let (ra, rb) = (head[a].0.cand.fused.rrf, head[b].0.cand.fused.rrf);
-            ra.total_cmp(&rb).then(b.cmp(&a))
-        })
-        .unwrap_or(0)
+    best_fused(head.iter().map(|(k, _)| k)).unwrap_or(0)
 }
 
 /// One candidate of the head, as the choice sees it.

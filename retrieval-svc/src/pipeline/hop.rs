@@ -22,7 +22,7 @@ use super::ctx::{Ctx, StageTrace};
 use super::fusion::Fused;
 use super::search::{Candidate, HopPlan, KEYWORD, Plan, stage_deadline, time_for_another};
 use super::text::{lower_words, names};
-use super::validate::{Checked, static_checks};
+use super::validate::{Checked, best_fused, static_checks};
 use crate::downstream::call_until;
 use crate::query::{MAX_TEXT_CHARS, Route};
 
@@ -101,14 +101,9 @@ fn room(ctx: &Ctx<'_>, h: &HopPlan) -> bool {
     ctx.query.limit as usize > h.at
 }
 
-/// The memory the answer opens with: the best fused (Stage 4b's
-/// `fused_first`), the earliest on a tie.
+/// The memory the answer opens with (`validate::best_fused`).
 fn first(checked: &[Checked]) -> Option<&Memory> {
-    let best = (checked.iter()).reduce(|best, c| match c.cand.fused.rrf > best.cand.fused.rrf {
-        true => c,
-        false => best,
-    });
-    best.map(|c| &c.cand.memory)
+    best_fused(checked.iter()).map(|i| &checked[i].cand.memory)
 }
 
 /// Credits the finds already among the candidates with a `hop` hit, and

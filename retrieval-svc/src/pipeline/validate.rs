@@ -69,6 +69,19 @@ pub struct Checked {
     pub checks: Vec<&'static str>,
 }
 
+/// Index of the best-fused candidate (highest fused score, the earliest on
+/// a tie): the memory an answer opens with (complement.rs) and whose names
+/// the next hop searches for (hop.rs).
+pub fn best_fused<'c>(checked: impl Iterator<Item = &'c Checked>) -> Option<usize> {
+    (checked.enumerate())
+        .max_by(|(a, x), (b, y)| {
+            (x.cand.fused.rrf)
+                .total_cmp(&y.cand.fused.rrf)
+                .then(b.cmp(a))
+        })
+        .map(|(i, _)| i)
+}
+
 impl Checked {
     /// A candidate that passed every check, for unit tests of the stages
     /// after Stage 3.
