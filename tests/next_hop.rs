@@ -205,3 +205,49 @@ async fn the_second_search_never_reaches_another_tenant() -> anyhow::Result<()> 
     never_offered(&r, "Henrik Ibsen");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_hostile_memory_or_deadline_never_breaks_the_second_search() -> anyhow::Result<()> {
+    let mut env = start(&[("a", "sensitive")]).await?;
+    let key = &env.keys[0];
+    // The first hop's page names a 4,200-letter word first: the second
+    // search's text would pass search-svc's 4,096 characters, so it is not
+    // sent (search-svc would refuse it, and the answer would be degraded).
+    let mut memories = pages(AccessLevel::Public);
+    let huge = format!("Z{}", "z".repeat(4_200));
+    memories[0].content = format!("Brand is a play by {huge}, who was Norwegian.");
+    env.mem
+        .upsert(authed(key, UpsertRequest { memories }))
+        .await?;
+    let client = &mut env.client;
+    let r = ask(client, key, RetrievalMode::MultiHop).await?;
+    assert_eq!(titles(&r).first().map(String::as_str), Some("Brand (play)"));
+    assert!(!searched_again(&r), "{:?}", r.stage_latencies);
+    assert!(r.degraded_stages.is_empty(), "{:?}", r.degraded_stages);
+
+    // Deadlines gone on arrival: an answer or the deadline's error, nothing
+    // else, and the next answer is whole (no breaker opened).
+    for _ in 0..8 {
+        let req = RetrieveRequest {
+            text: QUESTION.into(),
+            mode: RetrievalMode::MultiHop as i32,
+            no_cache: true,
+            ..Default::default()
+        };
+        let mut req = authed(key, req);
+        req.set_timeout(std::time::Duration::from_millis(1));
+        // Cancelled: the client's own timer fired first.
+        if let Err(status) = client.retrieve(req).await {
+            let code = status.code();
+            let gone = [tonic::Code::DeadlineExceeded, tonic::Code::Cancelled];
+            assert!(gone.contains(&code), "{status:?}");
+        }
+    }
+    let after = ask(client, key, RetrievalMode::MultiHop).await?;
+    assert!(
+        after.degraded_stages.is_empty(),
+        "{:?}",
+        after.degraded_stages
+    );
+    Ok(())
+}
