@@ -1,7 +1,9 @@
 //! Decay does something (issue 17, item 5): `decay_score` was 1.0 forever.
 //! Now search-svc's job (and `engram decay --once`, the same pass) lowers
-//! it by age since a memory was learned or last used, and default reads
-//! hide what fell below the floor. Real stack, shared test Postgres.
+//! it by age since a memory was learned or last used. By default decay only
+//! ranks: time alone never hides a live fact (issue 46, item 5); an
+//! operator's `search.decay_floor` hides what fell below it. Real stack,
+//! shared test Postgres.
 
 use std::time::Duration;
 
@@ -60,7 +62,7 @@ fn ids(r: &engram_proto::RetrieveResponse) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn an_unused_old_memory_fades_below_the_floor_and_a_fresh_or_used_one_stays()
+async fn an_unused_old_memory_fades_ranks_below_fresh_ones_and_only_a_floor_hides_it()
 -> anyhow::Result<()> {
     let ts = TestStack::start("internal").await?;
     let pool = engram_common::db::test_database().await?;
@@ -93,15 +95,39 @@ async fn an_unused_old_memory_fades_below_the_floor_and_a_fresh_or_used_one_stay
     assert!(score(&pool, &recent).await? > 0.99);
     assert!(score(&pool, &used).await? > 0.99, "use did not refresh it");
 
+    // Default settings: the faded memory is still read, below the fresh.
     let shown = ids(&c.retrieval.retrieve(ask(false)).await?.into_inner());
-    assert!(!shown.contains(&old), "a faded memory in a default read");
+    let at = |id: &str| shown.iter().position(|s| s == id);
+    assert!(at(&old).is_some(), "time alone hid a memory: {shown:?}");
     assert!(
-        shown.contains(&recent) && shown.contains(&used),
-        "{shown:?}"
+        at(&recent) < at(&old) && at(&used) < at(&old),
+        "a faded memory above fresh ones: {shown:?}"
     );
+    ts.shutdown().await;
+
+    // An operator's floor hides it from default reads, not from history.
+    let mut settings = engram_tests::settings().await?;
+    settings.search.decay_floor = 0.1;
+    let services = engram::stack::Service::ALL.into_iter().collect();
+    let floored = TestStack::start_with(settings, services, "internal").await?;
+    let mut c = floored.client().await?;
+    let [old, recent] = [(); 2].map(|_| Uuid::new_v4().to_string());
+    let memories = vec![
+        kayak(&old, "was left at the north pier"),
+        kayak(&recent, "now sits in the boathouse"),
+    ];
+    c.memories.upsert(UpsertRequest { memories }).await?;
+    age(&pool, &old, 400).await?;
+    engram::commands::decay_once(&floored.stack.settings).await?;
+    let shown = ids(&c.retrieval.retrieve(ask(false)).await?.into_inner());
+    assert!(
+        !shown.contains(&old),
+        "a faded memory above the floor: {shown:?}"
+    );
+    assert!(shown.contains(&recent), "{shown:?}");
     let all = ids(&c.retrieval.retrieve(ask(true)).await?.into_inner());
     assert!(all.contains(&old), "include_historical lost it: {all:?}");
-    ts.shutdown().await;
+    floored.shutdown().await;
     Ok(())
 }
 
@@ -127,6 +153,58 @@ async fn the_job_in_search_svc_runs_on_its_interval() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert!(faded, "no decay pass ran within 30 s at a 1 s interval");
+    ts.shutdown().await;
+    Ok(())
+}
+
+/// A year with no feedback, per memory type (issue 46, item 5): each type
+/// fades by its half-life (episodic 30 days: ~0.0002; conversation 14:
+/// ~0; semantic 180: ~0.25; procedural 365: 0.5; documents never), and
+/// every one of them is still in a default read.
+#[tokio::test]
+async fn a_year_unused_fades_every_type_but_hides_none() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let pool = engram_common::db::test_database().await?;
+    let mut c = ts.client().await?;
+    let types = [
+        "episodic",
+        "semantic",
+        "procedural",
+        "conversation",
+        "document",
+    ];
+    let ids_by_type: Vec<(&str, String)> = (types.iter())
+        .map(|t| (*t, Uuid::new_v4().to_string()))
+        .collect();
+    let memories = (ids_by_type.iter())
+        .map(|(t, id)| Memory {
+            memory_type: (*t).into(),
+            ..kayak(id, &format!("is kept by the {t} club"))
+        })
+        .collect();
+    c.memories.upsert(UpsertRequest { memories }).await?;
+    for (_, id) in &ids_by_type {
+        age(&pool, id, 365).await?;
+    }
+    engram::commands::decay_once(&ts.stack.settings).await?;
+    let mut req = ask(false);
+    req.limit = Some(10);
+    let shown = ids(&c.retrieval.retrieve(req).await?.into_inner());
+    for (t, id) in &ids_by_type {
+        let s = score(&pool, id).await?;
+        assert!(
+            shown.contains(id),
+            "a {t} memory (decay {s:.4}) hidden after a year"
+        );
+    }
+    assert!(
+        score(&pool, &ids_by_type[0].1).await? < 0.01,
+        "episodic did not fade"
+    );
+    assert!(
+        score(&pool, &ids_by_type[4].1).await? > 0.99,
+        "a document faded"
+    );
     ts.shutdown().await;
     Ok(())
 }

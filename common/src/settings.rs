@@ -316,6 +316,9 @@ pub struct SearchSettings {
     pub keyword_scoring: String,
     pub embed_batch_size: usize,
     /// Memories below this decay score are hidden unless include_historical.
+    /// 0 (the default): time alone never hides a memory; decay only ranks
+    /// (a faded memory's temporal score is at least 0.05). An operator who
+    /// wants forgetting sets a floor, e.g. 0.1: about 3.3 half-lives unused.
     pub decay_floor: f32,
     /// Most rows BM25 scores per keyword query: the GIN index is asked only
     /// for the rarest query terms, while their summed document frequency fits
@@ -425,7 +428,7 @@ impl Default for SearchSettings {
             // ts_rank_cd (which has no idf: frequent terms like "ii" win).
             keyword_scoring: "bm25".into(),
             embed_batch_size: 32,
-            decay_floor: 0.1,
+            decay_floor: 0.0,
             // 1,000 (was 2,000): at 100K memories direct keyword p50 / p95
             // 16 / 30 ms -> 10 / 21 ms; 2Wiki dev at the same share of its
             // corpus: pipeline and hybrid recall unchanged, keyword-only R@5
@@ -617,6 +620,10 @@ pub struct PipelineSettings {
     /// also most of a query's latency (docs/decisions.md). Chat-heavy
     /// deployments may turn it on.
     pub cross_encoder: bool,
+    /// Whether the current version of a fact comes first: versions of one
+    /// slot among a query's candidates (the same words but for the value)
+    /// are ordered newest first (retrieval-svc pipeline/current.rs).
+    pub current_first: bool,
     /// Candidates sent to the cross-encoder.
     pub rerank_top_n: usize,
     /// Stage 4 blend: RRF k of fused rank + cross-encoder rank, and the
@@ -801,6 +808,7 @@ impl Default for PipelineSettings {
             rrf_k: 60.0,
             relevance_threshold: 0.0,
             cross_encoder: false,
+            current_first: true,
             rerank_top_n: 10,
             rerank_blend_k: 10.0,
             rerank_weight: 2.0,
