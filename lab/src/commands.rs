@@ -266,6 +266,24 @@ pub enum EvalDataset {
         #[arg(long, default_value_t = 150)]
         limit: usize,
     },
+    /// What is true now: ordered fact streams and assistants' notes
+    /// (lab/data/current/*.jsonl unless --data is given), each in a tenant
+    /// of its own: current fact at #1, stale at #1, past, many-valued,
+    /// chains and abstention per set (current_eval.rs).
+    Current {
+        /// Set files or folders of them.
+        #[arg(long)]
+        data: Vec<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Print every question whose #1 is not gold, with its top 3.
+        #[arg(long)]
+        verbose: bool,
+        /// Write each answer as a JSON line here (records with their
+        /// event time, fused score, query cosine and embedding).
+        #[arg(long)]
+        dump: Option<PathBuf>,
+    },
     /// Write-time update detection: precision / recall per domain on the
     /// labelled pairs of lab/data/updates_dev.jsonl (the committed copy
     /// unless --data is given), at `search.update_threshold` and a sweep.
@@ -383,6 +401,14 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
     use crate::eval as ev;
     let (name, parts, common) = match dataset {
         EvalDataset::Abstain { limit } => return abstain(settings, limit).await,
+        EvalDataset::Current {
+            data,
+            json,
+            verbose,
+            dump,
+        } => {
+            return crate::current_eval::run(settings, data, json, verbose, dump).await;
+        }
         EvalDataset::Updates {
             data,
             json,

@@ -12,6 +12,7 @@
 mod abstain;
 mod bench;
 mod commands;
+mod current_eval;
 mod eval;
 mod longmemeval;
 mod mixed;

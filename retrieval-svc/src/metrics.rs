@@ -516,6 +516,7 @@ fn stage_label(stage: &str) -> &'static str {
         "validate" => "validate",
         "rerank" => "rerank",
         "hop" => "hop",
+        "current" => "current",
         "conflicts" => "conflicts",
         "assemble" => "assemble",
         "cache" => "cache",

@@ -197,6 +197,8 @@ pub fn resolve_conflicts(
             resolution: resolution as i32,
             winner_id: winner_opt.unwrap_or_default(),
             edge_type: CONTRADICTS.into(),
+            reason: "a contradicts edge in the graph".into(),
+            score: 0.0,
         });
     }
     (out, losers)

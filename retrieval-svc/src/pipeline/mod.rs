@@ -12,6 +12,7 @@ pub mod assemble;
 pub mod cache;
 pub mod complement;
 pub mod ctx;
+pub mod current;
 pub mod distill;
 pub mod evidence;
 pub mod feedback;
@@ -22,6 +23,7 @@ pub mod retry;
 pub mod route;
 pub mod search;
 pub mod session;
+pub mod slots;
 pub mod text;
 pub mod validate;
 pub mod when;
@@ -547,10 +549,22 @@ impl Pipeline {
             .instrument(stage_span("complement"))
             .await;
         }
+        // Raw plans keep the strategy's order here too.
+        let versions = if step.is_raw() || !ctx.settings.pipeline.current_first {
+            Vec::new()
+        } else {
+            let t = Instant::now();
+            let pairs =
+                stage_span("current").in_scope(|| current::run(&ctx.query.text, &mut ranked));
+            ctx.timed("current", t);
+            trace.counts.push(("versions", pairs.len()));
+            pairs
+        };
         let ask_conflicts = !step.is_raw() && !found.no_contradictions;
-        let (records, conflicts) = assemble::run(ctx, &mut trace, ranked, ask_conflicts)
+        let (records, mut conflicts) = assemble::run(ctx, &mut trace, ranked, ask_conflicts)
             .instrument(stage_span("assemble"))
             .await;
+        conflicts.extend(versions);
         Ok(Attempt {
             route,
             confidence: assemble::confidence_of(&records, found.max_rrf),

@@ -509,7 +509,12 @@ class ConflictPair:
     resolution: ConflictResolution
     #: empty when unresolved
     winner_id: str
+    #: "contradicts" (a graph edge) or "same_slot" (two versions of one fact)
     edge_type: str
+    #: why the two conflict: for "same_slot", the values that differ
+    reason: str = ""
+    #: how sure it is that the newer replaces the older (0..1; 0 unscored)
+    score: float = 0.0
 
     @classmethod
     def from_proto(cls, c: retrieval_pb2.ConflictPair) -> "ConflictPair":

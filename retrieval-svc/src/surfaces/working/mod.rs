@@ -385,6 +385,8 @@ impl Expansion<'_> {
                     resolution: ConflictResolution::Unresolved as i32,
                     winner_id: String::new(),
                     edge_type: CONTRADICTS.into(),
+                    reason: "a contradicts edge in the graph".into(),
+                    score: 0.0,
                 })
                 .collect(),
             Err(e) => {

@@ -1,0 +1,281 @@
+//! Stage 4c, what is true now: among the candidates one query retrieved,
+//! versions of one slot (slots.rs: the same words but for the value) are
+//! ordered newest first, so the agent sees the current fact before an
+//! outdated one even when the writer linked nothing and no write-time
+//! detection ran. Errors cost rank, never visibility: an older version is
+//! kept right below the newer one, or — when the slot surely holds one
+//! value — moved below the rest of the window as history; nothing is
+//! removed. Every pair is reported in `conflicts` with its reason and score.
+//!
+//! A question about the past ("before", "used to", "originally", …) gets
+//! the previous version first and the current one right after it.
+//!
+//! Trust: a version never outranks one of a higher access level (a
+//! low-trust writer cannot bury what it cannot see), and only the caller's
+//! own candidates are compared, so another tenant's words never count.
+
+use std::collections::HashSet;
+
+use engram_common::convert::ts_to_chrono;
+use engram_proto::{ConflictPair, ConflictResolution, Memory};
+
+use super::slots::{self, MANY_VALUES, ONE_VALUE, Versions};
+use super::text::said;
+use super::validate::Checked;
+
+/// The candidates compared, from the top: the answer and what could rise
+/// into it.
+pub const WINDOW: usize = 40;
+
+/// The edge type reported for a pair judged here.
+pub const SAME_SLOT: &str = "same_slot";
+
+/// Query words that ask for an earlier version.
+const PAST: &[&str] = &[
+    "before",
+    "used",
+    "previously",
+    "previous",
+    "originally",
+    "original",
+    "formerly",
+    "former",
+    "earlier",
+    "old",
+    "prior",
+    "initially",
+    "first",
+    "changed",
+    "change",
+    "was",
+    "were",
+    "did",
+];
+
+/// Of the past words, those that ask for the earlier version on their own;
+/// "was" and "did" need one of these or a second past word.
+const STRONG_PAST: &[&str] = &[
+    "before",
+    "previously",
+    "previous",
+    "originally",
+    "original",
+    "formerly",
+    "former",
+    "earlier",
+    "old",
+    "prior",
+    "initially",
+    "changed",
+];
+
+/// Whether the question asks what was true before.
+pub fn asks_past(asked: &HashSet<String>) -> bool {
+    let strong = STRONG_PAST.iter().any(|w| asked.contains(*w));
+    let used_to = asked.contains("used") && asked.contains("to");
+    let weak = PAST.iter().filter(|w| asked.contains(**w)).count();
+    strong || used_to || weak >= 3
+}
+
+/// One judged pair, by position in the window.
+struct Pair {
+    older: usize,
+    newer: usize,
+    v: Versions,
+}
+
+/// Reorders `ranked` (best first) and returns the pairs it judged.
+pub fn run<T>(query: &str, ranked: &mut Vec<(Checked, T)>) -> Vec<ConflictPair> {
+    let asked: HashSet<String> = slots::tokens(query).into_iter().collect();
+    let n = ranked.len().min(WINDOW);
+    let toks: Vec<Vec<String>> = (ranked.iter().take(n))
+        .map(|(c, _)| slots::tokens(&said(&c.cand.memory)))
+        .collect();
+    let keys: Vec<Key> = (ranked.iter().take(n))
+        .map(|(c, _)| order_key(&c.cand.memory))
+        .collect();
+    let mut pairs = Vec::new();
+    for i in 0..n {
+        for j in i + 1..n {
+            let Some(v) = slots::versions(&toks[i], &toks[j], &asked) else {
+                continue;
+            };
+            let (ti, tj) = (keys[i], keys[j]);
+            let pair = match (ti.1, ti.2) <= (tj.1, tj.2) {
+                true => Pair {
+                    older: i,
+                    newer: j,
+                    v,
+                },
+                false => Pair {
+                    older: j,
+                    newer: i,
+                    v: Versions {
+                        a: v.b,
+                        b: v.a,
+                        ..v
+                    },
+                },
+            };
+            pairs.push(pair);
+        }
+    }
+    if pairs.is_empty() {
+        return Vec::new();
+    }
+    let memory = |i: usize| &ranked[i].0.cand.memory;
+    let conflicts = pairs
+        .iter()
+        .map(|p| conflict(memory(p.older), memory(p.newer), &p.v))
+        .collect();
+    let order = reorder(&keys, &pairs, asks_past(&asked));
+    let mut head: Vec<_> = ranked.drain(..n).map(Some).collect();
+    let tail = std::mem::take(ranked);
+    ranked.extend(order.into_iter().filter_map(|i| head[i].take()));
+    ranked.extend(tail);
+    conflicts
+}
+
+/// The pair as the answer reports it. The newer version wins unless the
+/// slot holds several values, or the older is of a higher access level
+/// (then the older one keeps its place and the pair is unresolved).
+fn conflict(older: &Memory, newer: &Memory, v: &Versions) -> ConflictPair {
+    let outranked = older.access_level > newer.access_level;
+    let (resolution, winner_id) = if v.score <= MANY_VALUES || outranked {
+        (ConflictResolution::Unresolved, String::new())
+    } else {
+        (ConflictResolution::Recency, newer.id.clone())
+    };
+    let how = match v.score {
+        s if s >= ONE_VALUE => "one value at a time",
+        s if s <= MANY_VALUES => "may hold several values",
+        _ => "unsure how many values",
+    };
+    ConflictPair {
+        memory_a: older.id.clone(),
+        memory_b: newer.id.clone(),
+        resolution: resolution as i32,
+        winner_id,
+        edge_type: SAME_SLOT.into(),
+        reason: format!(
+            "same words but the value: \"{}\" then \"{}\" ({how})",
+            v.a, v.b
+        ),
+        score: v.score,
+    }
+}
+
+/// (access level, event time, ingestion time): what makes a version the
+/// one that counts; higher counts.
+type Key = (i32, i64, i64);
+
+fn order_key(m: &Memory) -> Key {
+    let ms = |t: &Option<prost_types::Timestamp>| {
+        (t.as_ref().and_then(ts_to_chrono)).map_or(i64::MIN, |t| t.timestamp_millis())
+    };
+    let ingested = ms(&m.ingestion_time).max(ms(&m.recorded_at));
+    let event = match ms(&m.event_time) {
+        i64::MIN => ingested,
+        e => e,
+    };
+    (m.access_level, event, ingested)
+}
+
+/// The window's new order: each group of versions at its best member's
+/// place, the one that counts first (for the past, the one before it
+/// first); versions of a one-valued slot that are neither go below the
+/// rest of the window.
+fn reorder(keys: &[Key], pairs: &[Pair], past: bool) -> Vec<usize> {
+    let n = keys.len();
+    let mut group: Vec<usize> = (0..n).collect();
+    fn find(g: &mut [usize], i: usize) -> usize {
+        let mut r = i;
+        while g[r] != r {
+            r = g[r];
+        }
+        g[i] = r;
+        r
+    }
+    for p in pairs {
+        let (a, b) = (find(&mut group, p.older), find(&mut group, p.newer));
+        group[a.max(b)] = a.min(b);
+    }
+    let roots: Vec<usize> = (0..n).map(|i| find(&mut group, i)).collect();
+    let sure = |i: usize| pairs.iter().any(|p| p.older == i && p.v.score >= ONE_VALUE);
+    let mut out = Vec::with_capacity(n);
+    let mut history = Vec::new();
+    let mut placed = vec![false; n];
+    for i in 0..n {
+        if placed[i] {
+            continue;
+        }
+        let mut members: Vec<usize> = (i..n).filter(|&j| roots[j] == roots[i]).collect();
+        members.sort_by_key(|&j| std::cmp::Reverse(keys[j]));
+        if past && members.len() > 1 {
+            members.swap(0, 1);
+        }
+        for (rank, &j) in members.iter().enumerate() {
+            placed[j] = true;
+            let aside = !past && rank > 0 && sure(j);
+            if aside { history.push(j) } else { out.push(j) }
+        }
+    }
+    out.extend(history);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn past_wording() {
+        let q = |s: &str| slots::tokens(s).into_iter().collect::<HashSet<_>>();
+        assert!(asks_past(&q("Where did Dana live before?")));
+        assert!(asks_past(&q("What was the original deadline?")));
+        assert!(asks_past(&q("Where did she use to live? she used to")));
+        assert!(!asks_past(&q("Where does Dana live?")));
+        assert!(!asks_past(&q("Where was Acme founded?")));
+    }
+
+    fn pair(older: usize, newer: usize, score: f32) -> Pair {
+        let v = Versions {
+            a: "old".into(),
+            b: "new".into(),
+            score,
+        };
+        Pair { older, newer, v }
+    }
+
+    /// Positions 0..4; 1 and 3 are versions, 3 the newer.
+    const KEYS: [Key; 4] = [(1, 50, 0), (1, 10, 0), (1, 60, 0), (1, 20, 0)];
+
+    #[test]
+    fn the_newest_version_takes_the_groups_best_place() {
+        let unsure = [pair(1, 3, slots::UNSURE)];
+        assert_eq!(reorder(&KEYS, &unsure, false), [0, 3, 1, 2]);
+        let many = [pair(1, 3, MANY_VALUES)];
+        assert_eq!(reorder(&KEYS, &many, false), [0, 3, 1, 2]);
+    }
+
+    #[test]
+    fn a_one_valued_slots_older_version_goes_below_the_window() {
+        let sure = [pair(1, 3, ONE_VALUE)];
+        assert_eq!(reorder(&KEYS, &sure, false), [0, 3, 2, 1]);
+    }
+
+    #[test]
+    fn the_past_asked_puts_the_previous_version_first() {
+        let sure = [pair(1, 3, ONE_VALUE)];
+        assert_eq!(reorder(&KEYS, &sure, true), [0, 1, 3, 2]);
+    }
+
+    #[test]
+    fn a_higher_access_level_counts_before_recency() {
+        let keys = [(1, 50, 0), (4, 10, 0), (1, 60, 0), (1, 20, 0)];
+        let sure = [pair(1, 3, ONE_VALUE)];
+        // 1 is older but of a higher level: it keeps the place, 3 follows
+        // (the one-valued rule demotes only a pair's older member).
+        assert_eq!(reorder(&keys, &sure, false), [0, 1, 3, 2]);
+    }
+}

@@ -1,0 +1,204 @@
+//! Versions of one slot, judged on the words alone (pure; a leaf).
+//!
+//! Two short memories are *versions* of one slot when their words are the
+//! same but for one short span in the middle — the value — and that span is
+//! not what the question names: "The head office of Acme is in the city of
+//! Lyon." and "… of Paris." asked "Where is Acme's head office?". When the
+//! differing span holds a word the question uses ("Acme" against "Globex",
+//! same city), the span is the subject, and the two are different facts.
+//!
+//! How many values the slot holds at once is inferred from the sentence's
+//! own structure, not from a list of relations: a number, a time or an
+//! amount holds one; a definite frame ("the head office of", "Dana's
+//! dentist is") holds one; an indefinite one ("has a child named", "is a
+//! member of", "also") adds a value. Anything else is unsure. The score
+//! says how sure the judgement is that the newer one replaces the older
+//! (docs/decisions.md, "What is true now").
+
+use std::collections::HashSet;
+
+/// The longest text judged, in tokens: a fact or a note, not a passage.
+pub const MAX_TOKENS: usize = 48;
+
+/// The longest value span, in tokens, on either side.
+const MAX_SPAN: usize = 6;
+
+/// Function words that do not make two texts say the same thing.
+const FUNCTION: &[&str] = &[
+    "a", "an", "the", "is", "are", "was", "were", "be", "to", "in", "at", "on", "of", "for", "and",
+    "or", "by", "as", "it", "its", "s", "has", "have", "had", "with", "from", "that", "this",
+    "user", "i", "my", "we", "our",
+];
+
+/// Words that make a frame indefinite: the value is one of several.
+const INDEFINITE: &[&str] = &["a", "an", "one", "another", "also", "too", "some"];
+
+/// Score of a slot that holds one value (a replacement is sure).
+pub const ONE_VALUE: f32 = 0.9;
+/// Score of a slot whose structure says nothing (newer first, both kept).
+pub const UNSURE: f32 = 0.5;
+/// Score of a slot that holds several values (neither replaces the other).
+pub const MANY_VALUES: f32 = 0.2;
+
+/// Lowercased alphanumeric runs: "Acme's 9:30" → acme, s, 9, 30.
+pub fn tokens(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// What differs between two versions, and how sure a replacement is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versions {
+    /// The first text's value span.
+    pub a: String,
+    /// The second text's value span.
+    pub b: String,
+    /// [`ONE_VALUE`], [`UNSURE`] or [`MANY_VALUES`].
+    pub score: f32,
+}
+
+/// Whether `a` and `b` are versions of one slot for a question whose
+/// lowercased words are `asked`.
+pub fn versions(a: &[String], b: &[String], asked: &HashSet<String>) -> Option<Versions> {
+    if a == b || a.len() > MAX_TOKENS || b.len() > MAX_TOKENS {
+        return None;
+    }
+    let p = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let room = a.len().min(b.len()) - p;
+    let s = (a.iter().rev().zip(b.iter().rev()))
+        .take(room)
+        .take_while(|(x, y)| x == y)
+        .count();
+    let (mid_a, mid_b) = (&a[p..a.len() - s], &b[p..b.len() - s]);
+    let shared: Vec<&String> = a[..p].iter().chain(&a[a.len() - s..]).collect();
+    let spans_ok = !mid_a.is_empty() && !mid_b.is_empty();
+    let short = mid_a.len() <= MAX_SPAN && mid_b.len() <= MAX_SPAN;
+    let mostly_shared = 2 * shared.len() >= a.len().max(b.len());
+    if !(spans_ok && short && mostly_shared) {
+        return None;
+    }
+    // The frame must be about what was asked, and the value must not be.
+    let content = |w: &str| !FUNCTION.contains(&w) && w.len() >= 2;
+    let frame_asked = (shared.iter()).any(|w| content(w) && asked.contains(*w));
+    let span_asked = (mid_a.iter().chain(mid_b)).any(|w| content(w) && asked.contains(w));
+    if !frame_asked || span_asked || has_digit(mid_a) != has_digit(mid_b) {
+        return None;
+    }
+    Some(Versions {
+        a: mid_a.join(" "),
+        b: mid_b.join(" "),
+        score: cardinality(&a[..p], mid_a, mid_b, &shared),
+    })
+}
+
+fn has_digit(span: &[String]) -> bool {
+    span.iter().any(|w| w.chars().any(|c| c.is_ascii_digit()))
+}
+
+/// How sure it is that the slot holds one value: from the value's kind and
+/// the frame's articles (see the module doc).
+fn cardinality(before: &[String], mid_a: &[String], mid_b: &[String], shared: &[&String]) -> f32 {
+    if has_digit(mid_a) || has_digit(mid_b) {
+        return ONE_VALUE;
+    }
+    if shared.iter().any(|w| INDEFINITE.contains(&w.as_str())) {
+        return MANY_VALUES;
+    }
+    // "the X of …", "…'s X is": a definite description names one thing.
+    let definite = before.iter().any(|w| w == "the" || w == "s");
+    if definite { ONE_VALUE } else { UNSURE }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn asked(q: &str) -> HashSet<String> {
+        tokens(q).into_iter().collect()
+    }
+
+    fn judge(a: &str, b: &str, q: &str) -> Option<Versions> {
+        versions(&tokens(a), &tokens(b), &asked(q))
+    }
+
+    #[test]
+    fn a_swapped_value_is_a_version_of_one_slot() {
+        let v = judge(
+            "The head office of Acme is in the city of Lyon.",
+            "The head office of Acme is in the city of Paris.",
+            "Where is Acme's head office?",
+        )
+        .expect("versions");
+        assert_eq!((v.a.as_str(), v.b.as_str()), ("lyon", "paris"));
+        assert_eq!(v.score, ONE_VALUE);
+    }
+
+    #[test]
+    fn a_swapped_subject_is_another_fact() {
+        let v = judge(
+            "The head office of Acme is in the city of Lyon.",
+            "The head office of Globex is in the city of Lyon.",
+            "Where is Acme's head office?",
+        );
+        assert_eq!(v, None);
+    }
+
+    #[test]
+    fn an_indefinite_frame_holds_several_values() {
+        let v = judge(
+            "Mira has a child named Leo.",
+            "Mira has a child named Ana.",
+            "What are the names of Mira's children? Mira child",
+        )
+        .expect("versions");
+        assert_eq!(v.score, MANY_VALUES);
+    }
+
+    #[test]
+    fn a_verb_frame_is_unsure_and_a_number_is_one_value() {
+        let v = judge(
+            "Dana lives in Berlin.",
+            "Dana lives in Lisbon.",
+            "Where does Dana live?",
+        );
+        assert_eq!(v.map(|v| v.score), Some(UNSURE));
+        let v = judge(
+            "Standup is at 9:30.",
+            "Standup is at 10:00.",
+            "When is standup?",
+        );
+        assert_eq!(v.map(|v| v.score), Some(ONE_VALUE));
+    }
+
+    #[test]
+    fn different_kinds_of_value_fill_different_slots() {
+        let v = judge(
+            "The 1:1 is at 10:15.",
+            "The 1:1 is on Tuesdays.",
+            "When is the 1:1?",
+        );
+        assert_eq!(v, None);
+    }
+
+    #[test]
+    fn texts_that_share_too_little_or_nothing_asked_are_not_versions() {
+        assert_eq!(
+            judge("Dana likes tea.", "Kai owns a red bike.", "Dana tea"),
+            None
+        );
+        assert_eq!(
+            judge(
+                "Dana lives in Berlin.",
+                "Dana lives in Lisbon.",
+                "What time is it?"
+            ),
+            None
+        );
+        assert_eq!(
+            judge("Dana lives in Berlin.", "Dana lives in Berlin.", "Dana"),
+            None
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! What is true now (issue 46): versions of one fact that the writer never
+//! linked come newest first, many-valued facts stay, a question about the
+//! past gets the earlier version first, and neither a lower-trust writer
+//! nor another tenant can push a memory down. Real stack, shared test
+//! Postgres, default settings.
+
+use engram::client::Client;
+use engram_proto::{
+    AccessLevel, ConflictResolution, Memory, RetrieveRequest, RetrieveResponse, UpsertRequest,
+};
+use engram_tests::{TestStack, stack_with_keys};
+use uuid::Uuid;
+
+/// A memory with an event time `minute` minutes into 2024.
+fn fact(content: &str, minute: i64) -> Memory {
+    let t = chrono::DateTime::from_timestamp(1_704_067_200 + minute * 60, 0).expect("time");
+    Memory {
+        id: Uuid::new_v4().to_string(),
+        content: content.into(),
+        memory_type: "semantic".into(),
+        event_time: Some(engram_common::convert::chrono_to_ts(t)),
+        ..Default::default()
+    }
+}
+
+async fn write(c: &mut Client, memories: &[Memory]) -> anyhow::Result<()> {
+    let memories = memories.to_vec();
+    c.memories.upsert(UpsertRequest { memories }).await?;
+    Ok(())
+}
+
+async fn ask(c: &mut Client, text: &str) -> anyhow::Result<RetrieveResponse> {
+    let req = RetrieveRequest {
+        text: text.into(),
+        limit: Some(5),
+        no_cache: true,
+        ..Default::default()
+    };
+    Ok(c.retrieval.retrieve(req).await?.into_inner())
+}
+
+fn ids(r: &RetrieveResponse) -> Vec<String> {
+    (r.records.iter())
+        .filter_map(|s| s.memory.as_ref().map(|m| m.id.clone()))
+        .collect()
+}
+
+/// A tenant crowded with the same wording about other companies.
+fn offices() -> Vec<Memory> {
+    let mut out = Vec::new();
+    for (i, (co, city)) in [
+        ("Globex", "Lyon"),
+        ("Initech", "Turin"),
+        ("Umbrella", "Ghent"),
+        ("Hooli", "Porto"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let text = format!("The head office of {co} is in the city of {city}.");
+        out.push(fact(&text, i as i64));
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_current_version_comes_first_and_the_older_one_is_history() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let old = fact("The head office of Acme is in the city of Lyon.", 10);
+    let new = fact("The head office of Acme is in the city of Bergen.", 20);
+    let mut all = offices();
+    // Written newest first, so write order cannot be what decides.
+    all.extend([new.clone(), old.clone()]);
+    write(&mut c, &all).await?;
+
+    let r = ask(&mut c, "Where is Acme's head office?").await?;
+    let got = ids(&r);
+    assert_eq!(got.first(), Some(&new.id), "{got:?}");
+    let pair = (r.conflicts.iter())
+        .find(|p| p.edge_type == "same_slot")
+        .expect("the pair is reported");
+    assert_eq!((&pair.memory_a, &pair.memory_b), (&old.id, &new.id));
+    assert_eq!(pair.winner_id, new.id);
+    assert_eq!(pair.resolution, ConflictResolution::Recency as i32);
+    assert!(pair.score > 0.5 && pair.reason.contains("lyon"), "{pair:?}");
+    // Globex's office is in Lyon too: another subject, not a version.
+    assert_eq!(r.conflicts.len(), 1, "{:?}", r.conflicts);
+    if got.contains(&old.id) {
+        assert!(
+            r.context_block.contains("_Outdated: superseded"),
+            "{}",
+            r.context_block
+        );
+    }
+
+    let r = ask(&mut c, "Where was Acme's head office before?").await?;
+    let got = ids(&r);
+    let at = |id: &str| got.iter().position(|g| g == id);
+    assert_eq!(at(&old.id), Some(0), "the past asked: {got:?}");
+    assert_eq!(at(&new.id), Some(1), "and the current right after: {got:?}");
+    ts.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_many_valued_fact_keeps_every_value() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let leo = fact("Mira Olsen has a child named Leo.", 1);
+    let ana = fact("Mira Olsen has a child named Ana.", 30);
+    let other = fact("Mira Olsen lives in Tromsø.", 40);
+    write(&mut c, &[leo.clone(), ana.clone(), other]).await?;
+    let r = ask(&mut c, "What are the names of Mira Olsen's children? child").await?;
+    let got = ids(&r);
+    let top3 = &got[..got.len().min(3)];
+    assert!(top3.contains(&leo.id) && top3.contains(&ana.id), "{got:?}");
+    let pair = (r.conflicts.iter())
+        .find(|p| p.edge_type == "same_slot")
+        .expect("the pair is reported");
+    assert!(pair.winner_id.is_empty(), "{pair:?}");
+    assert_eq!(pair.resolution, ConflictResolution::Unresolved as i32);
+    assert!(
+        !r.context_block.contains("_Outdated"),
+        "{}",
+        r.context_block
+    );
+    ts.shutdown().await;
+    Ok(())
+}
+
+/// A public-trust writer's newer statement does not outrank the sensitive
+/// memory it could not see; another tenant's statement never counts.
+#[tokio::test]
+async fn neither_a_lower_trust_writer_nor_another_tenant_pushes_a_fact_down() -> anyhow::Result<()>
+{
+    let settings = engram_tests::settings().await?;
+    let keys = [("a", "sensitive"), ("a", "public"), ("b", "sensitive")];
+    let (stack, uri, keys) = stack_with_keys(settings, &keys).await?;
+    let mut owner = Client::connect(&uri, &keys[0]).await?;
+    let mut low = Client::connect(&uri, &keys[1]).await?;
+    let mut other = Client::connect(&uri, &keys[2]).await?;
+    let mut kept = fact("The head office of Acme is in the city of Lyon.", 10);
+    kept.access_level = AccessLevel::Sensitive as i32;
+    write(&mut owner, &[kept.clone()]).await?;
+    let low_new = fact("The head office of Acme is in the city of Bergen.", 20);
+    write(&mut low, &[low_new.clone()]).await?;
+    let foreign = fact("The head office of Acme is in the city of Oslo.", 30);
+    write(&mut other, &[foreign.clone()]).await?;
+
+    let r = ask(&mut owner, "Where is Acme's head office?").await?;
+    let got = ids(&r);
+    assert_eq!(got.first(), Some(&kept.id), "{got:?}");
+    assert!(
+        !got.contains(&foreign.id),
+        "another tenant's memory: {got:?}"
+    );
+    let pair = (r.conflicts.iter()).find(|p| p.edge_type == "same_slot");
+    if let Some(p) = pair {
+        assert!(p.winner_id.is_empty(), "a lower-trust winner: {p:?}");
+    }
+    // The low-trust writer sees only its own version.
+    let r = ask(&mut low, "Where is Acme's head office?").await?;
+    assert!(!ids(&r).contains(&kept.id));
+    stack.shutdown().await;
+    Ok(())
+}
