@@ -142,11 +142,11 @@ async fn neither_a_lower_trust_writer_nor_another_tenant_pushes_a_fact_down() ->
     let mut other = Client::connect(&uri, &keys[2]).await?;
     let mut kept = fact("The head office of Acme is in the city of Lyon.", 10);
     kept.access_level = AccessLevel::Sensitive as i32;
-    write(&mut owner, &[kept.clone()]).await?;
+    write(&mut owner, std::slice::from_ref(&kept)).await?;
     let low_new = fact("The head office of Acme is in the city of Bergen.", 20);
-    write(&mut low, &[low_new.clone()]).await?;
+    write(&mut low, std::slice::from_ref(&low_new)).await?;
     let foreign = fact("The head office of Acme is in the city of Oslo.", 30);
-    write(&mut other, &[foreign.clone()]).await?;
+    write(&mut other, std::slice::from_ref(&foreign)).await?;
 
     let r = ask(&mut owner, "Where is Acme's head office?").await?;
     let got = ids(&r);
