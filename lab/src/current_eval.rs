@@ -388,5 +388,6 @@ async fn dump_line(
     Ok(serde_json::json!({
         "set": set.name, "text": q.text, "kind": q.kind, "gold": q.gold,
         "stale": q.stale, "records": records,
+        "evidence": r.evidence_score, "flagged": r.nothing_relevant,
     }))
 }

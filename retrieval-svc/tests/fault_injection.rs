@@ -474,7 +474,7 @@ async fn slow_graph_degrades_but_answers_within_the_ceiling() {
 async fn healthy_pipeline_fuses_reranks_and_resolves_conflicts() {
     let (env, _) = healthy_env(Duration::ZERO).await;
     let mut c = client(&env).await;
-    let r = c
+    let mut r = c
         .retrieve(authed(RetrieveRequest {
             mode: RetrievalMode::Exploratory as i32,
             token_budget: 40,
@@ -494,6 +494,9 @@ async fn healthy_pipeline_fuses_reranks_and_resolves_conflicts() {
     assert!(ids.contains(&"g1"), "graph hit fetched by id: {ids:?}");
     // c2 is newer with equal confidence: recency wins, c1 removed.
     assert!(ids.contains(&"c2") && !ids.contains(&"c1"), "{ids:?}");
+    // The graph's pair; the fixtures' look-alike texts ("memory c1 about
+    // the deploy procedure") are also read-time versions (`same_slot`).
+    r.conflicts.retain(|p| p.edge_type == "contradicts");
     assert_eq!(r.conflicts.len(), 1);
     assert_eq!(
         r.conflicts[0].resolution,
@@ -832,7 +835,10 @@ async fn a_graph_without_contradiction_edges_is_not_asked_for_them() {
             .expect("answer")
             .into_inner();
         assert!(r.degraded_stages.is_empty(), "{:?}", r.degraded_stages);
-        assert_eq!(r.conflicts.len(), usize::from(asked), "stale: {stale}");
+        // Graph contradictions only: the read-time versions (`same_slot`,
+        // pipeline/current.rs) of these look-alike fixtures are not asked.
+        let graph = (r.conflicts.iter()).filter(|p| p.edge_type == "contradicts");
+        assert_eq!(graph.count(), usize::from(asked), "stale: {stale}");
         let ids: Vec<_> = r
             .records
             .iter()
@@ -850,10 +856,14 @@ async fn a_graph_without_contradiction_edges_is_not_asked_for_them() {
 #[tokio::test]
 async fn complementary_slots_reorder_the_head_or_degrade() {
     let search = Arc::new(FakeSearch::default());
-    let env = gateway(
+    // The fixtures' look-alike texts ("memory v1 about the deploy
+    // procedure") are versions of one slot to Stage 4c, which would order
+    // them by time after Stage 4b; this test is about Stage 4b alone.
+    let env = gateway_with(
         serve(SearchServiceServer::from_arc(search.clone())).await,
         serve(GraphServiceServer::new(FakeGraph::default())).await,
         serve(RerankServiceServer::new(FakeRerank)).await,
+        |s| s.pipeline.current_first = false,
     )
     .await;
     let mut c = client(&env).await;

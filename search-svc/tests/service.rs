@@ -310,7 +310,9 @@ async fn supersede_keeps_history_for_as_of_queries() {
 /// each filter must hide exactly its own memory in dense and keyword search.
 #[tokio::test]
 async fn every_filter_is_applied_in_sql() {
-    let mut h = start().await;
+    // An operator's decay floor, so the floor's SQL is covered too (the
+    // default is 0: decay only ranks, issue 46).
+    let mut h = start_configured(embeddings(), |s| s.search.decay_floor = 0.1).await;
     let t = tenant();
     let a = ident(&t, "agent-a", AccessLevel::Sensitive);
     let b = ident(&t, "agent-b", AccessLevel::Sensitive);
@@ -410,7 +412,8 @@ async fn every_filter_is_applied_in_sql() {
         v
     };
     let ts = chrono_to_ts;
-    // Defaults hide consolidated, decayed and no-longer-valid memories.
+    // Defaults hide consolidated, decayed (below the operator's floor) and
+    // no-longer-valid memories.
     let default_hidden = [&cons, &decayed, &future_valid];
     let cases: Vec<(&str, pb::Filters, Vec<String>)> = vec![
         ("default", pb::Filters::default(), without(&default_hidden)),

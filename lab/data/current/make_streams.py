@@ -6,10 +6,11 @@
 writes lab/data/current/stream_500.jsonl, stream_2500.jsonl and
 stream_20000.jsonl: 500, 2,500 and 20,000 short statements written in
 order into one namespace (one memory each, event_time one minute apart from
-2024-01-01T00:00:00Z), then 100 questions each. Deterministic: every stream
-draws from its own random.Random(SEED + size) and nothing depends on set or
-dict order, so a rerun writes byte-identical files. Python 3.11, standard
-library only.
+2024-01-01T00:00:00Z), then 120 questions each (100, then 20 "absent").
+Deterministic: every stream draws from its own random.Random(SEED + size)
+(questions: SEED + size + 1; absent questions: a string seed of their own)
+and nothing depends on set or dict order, so a rerun writes byte-identical
+files. Python 3.11, standard library only.
 
 Names. Subject and value names come from the public data in
 ../shared/data/hipporag/ beside the repository (see its SOURCE.md): people (2Wiki biography
@@ -48,6 +49,11 @@ Stream design.
   earlier versions of chain facts and the next fact about each old
   intermediate value). Chain questions carry "relations", the relations
   along the chain; their "relation" is those names joined with ">".
+- Then 20 absent questions (see absent_questions): a known subject (2+
+  statements) asked, with a "current" template, for a relation its type
+  allows but the stream never states for it; gold, stale, also and path
+  are empty. They come from a separate RNG made after everything else, so
+  the memories and the first 100 questions are as they were without them.
 """
 
 import json
@@ -62,6 +68,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "shared", "data", "hipporag") + os.sep
 SIZES = (500, 2500, 20000)
 N_QUESTIONS = dict(current_over=55, current_plain=15, many=10, past=10, chain=10)
+N_ABSENT = 20  # appended after the others, from an RNG of their own
 
 # Update wording: never in a statement (asserted), and no name holds it.
 BANNED = re.compile(
@@ -665,6 +672,14 @@ def render(tpl, s, o):
     return fill(tpl, s, o)
 
 
+def kind_rels(kind):
+    """Relations a subject of this type can get (in REL order)."""
+    return [r for r in REL.values()
+            if r["kind"] == kind or (r["kind"] == "company" and kind.startswith("company"))
+            or (r["kind"] == "person" and kind == "player"
+                and r["name"] in ("citizenship", "lives_in"))]
+
+
 class World:
     def __init__(self, pools, city_country, scale, rng):
         self.rng = rng
@@ -794,10 +809,7 @@ class World:
         self.used_spouse = set()
         for kind in ["company_h", "company_c", "person", "player", "team", "film", "band",
                      "city", "region", "product", "brand"]:
-            rels = [r for r in REL.values()
-                    if r["kind"] == kind or (r["kind"] == "company" and kind.startswith("company"))
-                    or (r["kind"] == "person" and kind == "player"
-                        and r["name"] in ("citizenship", "lives_in"))]
+            rels = kind_rels(kind)
             for s in self.subj[kind]:
                 for r in rels:
                     prob = r["prob"]
@@ -945,6 +957,70 @@ def protected_facts(qs):
     return out
 
 
+def absent_questions(world, facts, ids, qs, target):
+    """N_ABSENT questions about a known subject (2+ statements with it as
+    subject) for a relation it could have by type but never has in the
+    stream; gold, stale, also and path are empty. Drawn from an RNG of their
+    own, made after everything else, so memories and the other questions do
+    not change. A person or player who is the value of any statement ("the
+    CEO of X is P", "A is married to P") is never asked: the stream would
+    hint at the answer. One subject per 1/N_ABSENT slice of the stream (by
+    the mean position of its statements; the nearest free subject when a
+    slice has none), relations balanced, subjects of the other questions
+    avoided where possible."""
+    rng = random.Random(f"{SEED}-absent-{target}")
+    kind_of = {s: k for k, subs in sorted(world.subj.items()) if k != "company" for s in subs}
+    pos = defaultdict(list)  # subject -> positions of its statements
+    has = defaultdict(set)  # subject -> relations it has in the stream
+    as_value = set()
+    for f in facts:
+        has[f["s"]].add(f["rel"])
+        for vi, v in enumerate(f["vals"]):
+            pos[f["s"]].append(int(ids[(id(f), vi)][1:]))
+            as_value.add(v)
+    asked = set()
+    for q in qs:
+        asked.add(q["s"] if q["kind"] == "chain" else q["fact"]["s"])
+    cands = defaultdict(list)  # subject -> relations it could be asked
+    for s in sorted(pos):
+        if len(pos[s]) < 2:
+            continue
+        kind = kind_of[s]
+        if kind in ("person", "player") and s in as_value:
+            continue
+        for r in kind_rels(kind):
+            if not r["many"] and r["over"] and r["name"] not in has[s]:
+                cands[s].append(r["name"])
+    key = {s: sum(pos[s]) / len(pos[s]) for s in cands}
+    subjects = sorted(cands)
+    rng.shuffle(subjects)
+    width = target / N_ABSENT
+    used_rel = Counter()
+    out = []
+    for b in range(N_ABSENT):
+        lo, hi = b * width, (b + 1) * width
+        free = [s for s in subjects if s not in {q["s"] for q in out}]
+        assert free, "too few subjects for absent questions"
+        here = [s for s in free if lo <= key[s] < hi]
+        if not here:
+            mid = (lo + hi) / 2
+            d = min(abs(key[s] - mid) for s in free)
+            here = [s for s in free if abs(key[s] - mid) == d]
+        pairs = [(used_rel[r], s in asked, rng.random(), s, r) for s in here for r in cands[s]]
+        _, _, _, s, r = min(pairs)
+        used_rel[r] += 1
+        out.append(dict(s=s, rel=r))
+    res = []
+    for q in out:
+        s, r = q["s"], REL[q["rel"]]
+        assert len(pos[s]) >= 2 and r["name"] not in has[s] and not r["many"]
+        assert not (kind_of[s] in ("person", "player") and s in as_value)
+        res.append(dict(text=fill(rng.choice(r["q"]), s), kind="absent", gold=[], stale=[],
+                        also=[], path=[], relation=r["name"], domain=r["dom"]))
+    rng.shuffle(res)
+    return res
+
+
 # --------------------------------------------------------------------------
 
 def build_stream(pools, city_country, target):
@@ -1046,6 +1122,8 @@ def build_stream(pools, city_country, target):
         many_facts=sum(REL[f["rel"]]["many"] for f in facts),
         per_relation=dict(sorted(Counter(f["rel"] for f in facts for _ in f["vals"]).items())),
     )
+    # Absent questions last, from their own RNG: nothing above changes.
+    out_q += absent_questions(w, facts, ids, qs, target)
     return mems, out_q, stats
 
 
@@ -1072,6 +1150,9 @@ def check(mems, qs):
         for k in ("gold", "stale", "also", "path"):
             for x in q[k]:
                 assert x in pos, (q, x)
+        if q["kind"] == "absent":
+            assert not (q["gold"] or q["stale"] or q["also"] or q["path"]), q
+            continue
         assert q["gold"]
         assert not (set(q["gold"]) & set(q["stale"]))
         if q["kind"] in ("current", "past"):

@@ -84,8 +84,11 @@ struct Pair {
     v: Versions,
 }
 
-/// Reorders `ranked` (best first) and returns the pairs it judged.
-pub fn run<T>(query: &str, ranked: &mut Vec<(Checked, T)>) -> Vec<ConflictPair> {
+/// Reorders `ranked` (best first) and returns the pairs it judged. The
+/// window's scores stay where they were, so they still fall with rank
+/// (callers sort by them): a version moved up takes the score of the place
+/// it lands on.
+pub fn run(query: &str, ranked: &mut Vec<(Checked, f32)>) -> Vec<ConflictPair> {
     let asked: HashSet<String> = slots::tokens(query).into_iter().collect();
     let n = ranked.len().min(WINDOW);
     let toks: Vec<Vec<String>> = (ranked.iter().take(n))
@@ -129,9 +132,12 @@ pub fn run<T>(query: &str, ranked: &mut Vec<(Checked, T)>) -> Vec<ConflictPair> 
         .map(|p| conflict(memory(p.older), memory(p.newer), &p.v))
         .collect();
     let order = reorder(&keys, &pairs, asks_past(&asked));
+    let mut scores: Vec<f32> = ranked.iter().take(n).map(|(_, s)| *s).collect();
+    scores.sort_by(|a, b| b.total_cmp(a));
     let mut head: Vec<_> = ranked.drain(..n).map(Some).collect();
     let tail = std::mem::take(ranked);
-    ranked.extend(order.into_iter().filter_map(|i| head[i].take()));
+    let moved = order.into_iter().filter_map(|i| head[i].take());
+    ranked.extend(moved.zip(scores).map(|((c, _), s)| (c, s)));
     ranked.extend(tail);
     conflicts
 }
