@@ -30,10 +30,9 @@ pub const WINDOW: usize = 40;
 /// The edge type reported for a pair judged here.
 pub const SAME_SLOT: &str = "same_slot";
 
-/// Query words that ask for an earlier version.
+/// Query words that ask for the earlier version on their own.
 const PAST: &[&str] = &[
     "before",
-    "used",
     "previously",
     "previous",
     "originally",
@@ -44,36 +43,18 @@ const PAST: &[&str] = &[
     "old",
     "prior",
     "initially",
-    "first",
     "changed",
-    "change",
-    "was",
-    "were",
-    "did",
 ];
 
-/// Of the past words, those that ask for the earlier version on their own;
-/// "was" and "did" need one of these or a second past word.
-const STRONG_PAST: &[&str] = &[
-    "before",
-    "previously",
-    "previous",
-    "originally",
-    "original",
-    "formerly",
-    "former",
-    "earlier",
-    "old",
-    "prior",
-    "initially",
-    "changed",
-];
+/// Words that ask for it only three together ("what was it when it first
+/// changed"): "was" and "did" alone ask about the past, not a version.
+const WEAK_PAST: &[&str] = &["used", "first", "change", "was", "were", "did"];
 
 /// Whether the question asks what was true before.
 pub fn asks_past(asked: &HashSet<String>) -> bool {
-    let strong = STRONG_PAST.iter().any(|w| asked.contains(*w));
+    let strong = PAST.iter().any(|w| asked.contains(*w));
     let used_to = asked.contains("used") && asked.contains("to");
-    let weak = PAST.iter().filter(|w| asked.contains(**w)).count();
+    let weak = WEAK_PAST.iter().filter(|w| asked.contains(**w)).count();
     strong || used_to || weak >= 3
 }
 
