@@ -165,3 +165,54 @@ async fn neither_a_lower_trust_writer_nor_another_tenant_pushes_a_fact_down() ->
     stack.shutdown().await;
     Ok(())
 }
+
+/// Edits are versions (item 4): upserting an id with new content keeps the
+/// content it replaces, and a read as of an ingestion time before the edit
+/// returns what was recorded then, not text that did not exist yet.
+#[tokio::test]
+async fn an_edit_keeps_the_previous_content_for_reads_as_of_before_it() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let pool = engram_common::db::test_database().await?;
+    let mut c = ts.client().await?;
+    let mut m = fact("The zebra kayak is at the north pier.", 1);
+    write(&mut c, std::slice::from_ref(&m)).await?;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let before_edit = chrono::Utc::now();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    m.content = "The zebra kayak is in the boathouse.".into();
+    write(&mut c, std::slice::from_ref(&m)).await?;
+
+    let ask_at = |at_opt: Option<chrono::DateTime<chrono::Utc>>| RetrieveRequest {
+        text: "zebra kayak".into(),
+        mode: engram_proto::RetrievalMode::Keyword as i32,
+        as_of_ingestion: at_opt.map(engram_common::convert::chrono_to_ts),
+        no_cache: true,
+        ..Default::default()
+    };
+    let now = c.retrieval.retrieve(ask_at(None)).await?.into_inner();
+    let read = |r: &RetrieveResponse| {
+        (r.records.iter())
+            .filter_map(|s| s.memory.as_ref())
+            .find(|x| x.id == m.id)
+            .map(|x| (x.content.clone(), x.version))
+    };
+    let edited = ("The zebra kayak is in the boathouse.".to_string(), 2);
+    assert_eq!(read(&now), Some(edited));
+    let then = c.retrieval.retrieve(ask_at(Some(before_edit))).await?;
+    let original = ("The zebra kayak is at the north pier.".to_string(), 1);
+    assert_eq!(read(&then.into_inner()), Some(original));
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM memory_versions WHERE memory_id = $1")
+        .bind(Uuid::parse_str(&m.id)?)
+        .fetch_one(&pool)
+        .await?;
+    assert_eq!(kept, 1, "one earlier version kept");
+    // The same content again is no edit: no version.
+    write(&mut c, std::slice::from_ref(&m)).await?;
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM memory_versions WHERE memory_id = $1")
+        .bind(Uuid::parse_str(&m.id)?)
+        .fetch_one(&pool)
+        .await?;
+    assert_eq!(kept, 1);
+    ts.shutdown().await;
+    Ok(())
+}

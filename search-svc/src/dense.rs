@@ -12,7 +12,9 @@ use sqlx::{Postgres, QueryBuilder};
 use crate::bounds;
 use crate::error::Result;
 use crate::filters::push_where;
-use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow, hide_unreadable_supersedes};
+use crate::rows::{
+    MEMORY_COLUMNS, MemoryRow, ScoredRow, as_recorded_at, hide_unreadable_supersedes,
+};
 use crate::validate::SearchFilters;
 
 pub async fn search(
@@ -35,6 +37,14 @@ pub async fn search(
     let mut found = ScoredRow::fetch_all(qb, &mut read).await?;
     hide_unreadable_supersedes(&mut read, identity, found.iter_mut().map(|r| &mut r.memory))
         .await?;
+    let at = filters.as_of_ingestion_opt;
+    as_recorded_at(
+        &mut read,
+        identity,
+        at,
+        found.iter_mut().map(|r| &mut r.memory),
+    )
+    .await?;
     read.finish().await?;
     let mut rows: Vec<(MemoryRow, f32)> = found
         .into_iter()

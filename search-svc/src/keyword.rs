@@ -40,7 +40,9 @@ use crate::bounds;
 use crate::error::Result;
 use crate::filters::push_where;
 use crate::keyword_index::{KeywordIndex, Lookup};
-use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow, hide_unreadable_supersedes};
+use crate::rows::{
+    MEMORY_COLUMNS, MemoryRow, ScoredRow, as_recorded_at, hide_unreadable_supersedes,
+};
 use crate::validate::SearchFilters;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,6 +138,14 @@ pub async fn search(
     let mut read = readers.read(timeout_ms).await?;
     let mut rows = ScoredRow::fetch_all(qb, &mut read).await?;
     hide_unreadable_supersedes(&mut read, identity, rows.iter_mut().map(|r| &mut r.memory)).await?;
+    let at = filters.as_of_ingestion_opt;
+    as_recorded_at(
+        &mut read,
+        identity,
+        at,
+        rows.iter_mut().map(|r| &mut r.memory),
+    )
+    .await?;
     read.finish().await?;
     Ok(Hits {
         rows: (rows.into_iter())
@@ -211,6 +221,8 @@ impl Indexed<'_> {
         // 100K) bought nothing.
         let mut rows: Vec<MemoryRow> = qb.build_query_as().fetch_all(&mut *read).await?;
         hide_unreadable_supersedes(&mut read, self.identity, rows.iter_mut()).await?;
+        let at = self.filters.as_of_ingestion_opt;
+        as_recorded_at(&mut read, self.identity, at, rows.iter_mut()).await?;
         read.finish().await?;
         let mut by_id: HashMap<Uuid, MemoryRow> = rows.into_iter().map(|r| (r.id, r)).collect();
         Ok(hits

@@ -80,6 +80,39 @@ pub async fn hide_unreadable_supersedes<'a>(
     Ok(())
 }
 
+/// Edits are versions (migration 0011): read as of an ingestion time `at`,
+/// a memory edited since reads with the title, content and version it had
+/// then. Every search read with filters calls it on its rows, inside the
+/// read's own transaction; no query without `as_of_ingestion`.
+pub async fn as_recorded_at<'a>(
+    conn: &mut sqlx::PgConnection,
+    identity: &Identity,
+    at_opt: Option<DateTime<Utc>>,
+    rows: impl IntoIterator<Item = &'a mut MemoryRow>,
+) -> Result<(), sqlx::Error> {
+    let Some(at) = at_opt else { return Ok(()) };
+    let mut rows: Vec<&mut MemoryRow> = rows.into_iter().collect();
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let then: Vec<(Uuid, i32, String, String)> = sqlx::query_as(
+        "SELECT memory_id, version, title, content FROM memory_versions \
+         WHERE tenant_id = $1 AND memory_id = ANY($2) AND recorded_at <= $3 AND replaced_at > $3",
+    )
+    .bind(&identity.tenant)
+    .bind(&ids)
+    .bind(at)
+    .fetch_all(conn)
+    .await?;
+    for (id, version, title, content) in then {
+        if let Some(r) = rows.iter_mut().find(|r| r.id == id) {
+            (r.version, r.title, r.content) = (version, title, content);
+        }
+    }
+    Ok(())
+}
+
 /// A search hit: the memory plus the raw score column computed in SQL.
 #[derive(Debug, sqlx::FromRow)]
 pub struct ScoredRow {
