@@ -216,3 +216,28 @@ async fn an_edit_keeps_the_previous_content_for_reads_as_of_before_it() -> anyho
     ts.shutdown().await;
     Ok(())
 }
+
+/// A question about a time (item 3, "in March"): the version that was the
+/// latest then comes first, the later one right after it.
+#[tokio::test]
+async fn a_question_about_a_month_gets_the_version_of_then() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let day = 24 * 60;
+    let old = fact("The head office of Acme is in the city of Lyon.", 14 * day);
+    let new = fact(
+        "The head office of Acme is in the city of Bergen.",
+        69 * day,
+    );
+    let mut all = offices();
+    all.extend([new.clone(), old.clone()]);
+    write(&mut c, &all).await?;
+    let got = ids(&ask(&mut c, "Where was Acme's head office in February 2024?").await?);
+    let at = |id: &str| got.iter().position(|g| g == id);
+    assert_eq!(at(&old.id), Some(0), "February's version first: {got:?}");
+    assert_eq!(at(&new.id), Some(1), "{got:?}");
+    let got = ids(&ask(&mut c, "Where is Acme's head office?").await?);
+    assert_eq!(got.first(), Some(&new.id), "now: {got:?}");
+    ts.shutdown().await;
+    Ok(())
+}

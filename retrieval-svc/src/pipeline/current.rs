@@ -8,7 +8,9 @@
 //! removed. Every pair is reported in `conflicts` with its reason and score.
 //!
 //! A question about the past ("before", "used to", "originally", …) gets
-//! the previous version first and the current one right after it.
+//! the previous version first and the current one right after it; a
+//! question about a time ("in March 2024", `when.rs`) gets the version that
+//! was the latest then.
 //!
 //! Trust: a version never outranks one of a higher access level (a
 //! low-trust writer cannot bury what it cannot see), and only the caller's
@@ -22,6 +24,8 @@ use engram_proto::{ConflictPair, ConflictResolution, Memory};
 use super::slots::{self, MANY_VALUES, ONE_VALUE, Versions};
 use super::text::said;
 use super::validate::Checked;
+use super::when::{self, Span};
+use crate::query::Query;
 
 /// The candidates compared, from the top: the answer and what could rise
 /// into it.
@@ -69,8 +73,8 @@ struct Pair {
 /// window's scores stay where they were, so they still fall with rank
 /// (callers sort by them): a version moved up takes the score of the place
 /// it lands on.
-pub fn run(query: &str, ranked: &mut Vec<(Checked, f32)>) -> Vec<ConflictPair> {
-    let asked: HashSet<String> = slots::tokens(query).into_iter().collect();
+pub fn run(query: &Query, ranked: &mut Vec<(Checked, f32)>) -> Vec<ConflictPair> {
+    let asked: HashSet<String> = slots::tokens(&query.text).into_iter().collect();
     let n = ranked.len().min(WINDOW);
     let toks: Vec<Vec<String>> = (ranked.iter().take(n))
         .map(|(c, _)| slots::tokens(&said(&c.cand.memory)))
@@ -112,7 +116,15 @@ pub fn run(query: &str, ranked: &mut Vec<(Checked, f32)>) -> Vec<ConflictPair> {
         .iter()
         .map(|p| conflict(memory(p.older), memory(p.newer), &p.v))
         .collect();
-    let order = reorder(&keys, &pairs, asks_past(&asked));
+    // A time asked for: only versions of then or before count first.
+    let reference_opt = (query.filters.as_of_event.as_ref())
+        .and_then(|t| chrono::DateTime::from_timestamp(t.seconds, 0));
+    let span_opt = when::parse(&query.text, reference_opt, chrono::Utc::now());
+    let then: Vec<bool> = (keys.iter())
+        .map(|k| span_opt.is_none_or(|s| then(s, k.1)))
+        .collect();
+    let past = span_opt.is_none() && asks_past(&asked);
+    let order = reorder(&keys, &then, &pairs, past);
     let mut scores: Vec<f32> = ranked.iter().take(n).map(|(_, s)| *s).collect();
     scores.sort_by(|a, b| b.total_cmp(a));
     let mut head: Vec<_> = ranked.drain(..n).map(Some).collect();
@@ -172,7 +184,19 @@ fn order_key(m: &Memory) -> Key {
 /// place, the one that counts first (for the past, the one before it
 /// first); versions of a one-valued slot that are neither go below the
 /// rest of the window.
-fn reorder(keys: &[Key], pairs: &[Pair], past: bool) -> Vec<usize> {
+/// Whether a version with this event time (ms) was stated by the end of
+/// `span` (a bare month: in that month of any year).
+fn then(span: Span, event_ms: i64) -> bool {
+    let Some(t) = chrono::DateTime::from_timestamp_millis(event_ms) else {
+        return true;
+    };
+    match span {
+        Span::Between(_, end) => t < end,
+        Span::Month(_) => span.contains(t),
+    }
+}
+
+fn reorder(keys: &[Key], then: &[bool], pairs: &[Pair], past: bool) -> Vec<usize> {
     let n = keys.len();
     let mut group: Vec<usize> = (0..n).collect();
     fn find(g: &mut [usize], i: usize) -> usize {
@@ -197,7 +221,7 @@ fn reorder(keys: &[Key], pairs: &[Pair], past: bool) -> Vec<usize> {
             continue;
         }
         let mut members: Vec<usize> = (i..n).filter(|&j| roots[j] == roots[i]).collect();
-        members.sort_by_key(|&j| std::cmp::Reverse(keys[j]));
+        members.sort_by_key(|&j| std::cmp::Reverse((then[j], keys[j])));
         if past && members.len() > 1 {
             members.swap(0, 1);
         }
@@ -236,25 +260,40 @@ mod tests {
 
     /// Positions 0..4; 1 and 3 are versions, 3 the newer.
     const KEYS: [Key; 4] = [(1, 50, 0), (1, 10, 0), (1, 60, 0), (1, 20, 0)];
+    const ALL: [bool; 4] = [true; 4];
+
+    #[test]
+    fn a_time_asked_for_puts_the_version_of_then_first() {
+        // 3 (t = 20) came after the span; 1 (t = 10) was the latest then,
+        // and the later one follows it.
+        let then = [true, true, true, false];
+        let sure = [pair(1, 3, ONE_VALUE)];
+        assert_eq!(reorder(&KEYS, &then, &sure, false), [0, 1, 3, 2]);
+        let s = Span::Between(
+            chrono::DateTime::from_timestamp(0, 0).expect("t"),
+            chrono::DateTime::from_timestamp(15, 0).expect("t"),
+        );
+        assert!(super::then(s, 10_000) && !super::then(s, 20_000));
+    }
 
     #[test]
     fn the_newest_version_takes_the_groups_best_place() {
         let unsure = [pair(1, 3, slots::UNSURE)];
-        assert_eq!(reorder(&KEYS, &unsure, false), [0, 3, 1, 2]);
+        assert_eq!(reorder(&KEYS, &ALL, &unsure, false), [0, 3, 1, 2]);
         let many = [pair(1, 3, MANY_VALUES)];
-        assert_eq!(reorder(&KEYS, &many, false), [0, 3, 1, 2]);
+        assert_eq!(reorder(&KEYS, &ALL, &many, false), [0, 3, 1, 2]);
     }
 
     #[test]
     fn a_one_valued_slots_older_version_goes_below_the_window() {
         let sure = [pair(1, 3, ONE_VALUE)];
-        assert_eq!(reorder(&KEYS, &sure, false), [0, 3, 2, 1]);
+        assert_eq!(reorder(&KEYS, &ALL, &sure, false), [0, 3, 2, 1]);
     }
 
     #[test]
     fn the_past_asked_puts_the_previous_version_first() {
         let sure = [pair(1, 3, ONE_VALUE)];
-        assert_eq!(reorder(&KEYS, &sure, true), [0, 1, 3, 2]);
+        assert_eq!(reorder(&KEYS, &ALL, &sure, true), [0, 1, 3, 2]);
     }
 
     #[test]
@@ -263,6 +302,6 @@ mod tests {
         let sure = [pair(1, 3, ONE_VALUE)];
         // 1 is older but of a higher level: it keeps the place, 3 follows
         // (the one-valued rule demotes only a pair's older member).
-        assert_eq!(reorder(&keys, &sure, false), [0, 1, 3, 2]);
+        assert_eq!(reorder(&keys, &ALL, &sure, false), [0, 1, 3, 2]);
     }
 }

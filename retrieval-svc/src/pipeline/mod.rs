@@ -554,8 +554,7 @@ impl Pipeline {
             Vec::new()
         } else {
             let t = Instant::now();
-            let pairs =
-                stage_span("current").in_scope(|| current::run(&ctx.query.text, &mut ranked));
+            let pairs = stage_span("current").in_scope(|| current::run(&ctx.query, &mut ranked));
             ctx.timed("current", t);
             trace.counts.push(("versions", pairs.len()));
             pairs
