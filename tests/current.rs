@@ -166,6 +166,15 @@ async fn neither_a_lower_trust_writer_nor_another_tenant_pushes_a_fact_down() ->
     Ok(())
 }
 
+/// How many earlier versions of `id` are kept.
+async fn versions_kept(pool: &sqlx::PgPool, id: &str) -> anyhow::Result<i64> {
+    let n = sqlx::query_scalar("SELECT count(*) FROM memory_versions WHERE memory_id = $1")
+        .bind(Uuid::parse_str(id)?)
+        .fetch_one(pool)
+        .await?;
+    Ok(n)
+}
+
 /// Edits are versions (item 4): upserting an id with new content keeps the
 /// content it replaces, and a read as of an ingestion time before the edit
 /// returns what was recorded then, not text that did not exist yet.
@@ -201,17 +210,11 @@ async fn an_edit_keeps_the_previous_content_for_reads_as_of_before_it() -> anyho
     let then = c.retrieval.retrieve(ask_at(Some(before_edit))).await?;
     let original = ("The zebra kayak is at the north pier.".to_string(), 1);
     assert_eq!(read(&then.into_inner()), Some(original));
-    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM memory_versions WHERE memory_id = $1")
-        .bind(Uuid::parse_str(&m.id)?)
-        .fetch_one(&pool)
-        .await?;
+    let kept = versions_kept(&pool, &m.id).await?;
     assert_eq!(kept, 1, "one earlier version kept");
     // The same content again is no edit: no version.
     write(&mut c, std::slice::from_ref(&m)).await?;
-    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM memory_versions WHERE memory_id = $1")
-        .bind(Uuid::parse_str(&m.id)?)
-        .fetch_one(&pool)
-        .await?;
+    let kept = versions_kept(&pool, &m.id).await?;
     assert_eq!(kept, 1);
     ts.shutdown().await;
     Ok(())

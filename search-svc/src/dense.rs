@@ -12,9 +12,7 @@ use sqlx::{Postgres, QueryBuilder};
 use crate::bounds;
 use crate::error::Result;
 use crate::filters::push_where;
-use crate::rows::{
-    MEMORY_COLUMNS, MemoryRow, ScoredRow, as_recorded_at, hide_unreadable_supersedes,
-};
+use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow, for_reader};
 use crate::validate::SearchFilters;
 
 pub async fn search(
@@ -35,10 +33,8 @@ pub async fn search(
 
     let mut read = readers.read(timeout_ms).await?;
     let mut found = ScoredRow::fetch_all(qb, &mut read).await?;
-    hide_unreadable_supersedes(&mut read, identity, found.iter_mut().map(|r| &mut r.memory))
-        .await?;
     let at = filters.as_of_ingestion_opt;
-    as_recorded_at(
+    for_reader(
         &mut read,
         identity,
         at,

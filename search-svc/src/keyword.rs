@@ -40,9 +40,7 @@ use crate::bounds;
 use crate::error::Result;
 use crate::filters::push_where;
 use crate::keyword_index::{KeywordIndex, Lookup};
-use crate::rows::{
-    MEMORY_COLUMNS, MemoryRow, ScoredRow, as_recorded_at, hide_unreadable_supersedes,
-};
+use crate::rows::{MEMORY_COLUMNS, MemoryRow, ScoredRow, for_reader};
 use crate::validate::SearchFilters;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,9 +135,8 @@ pub async fn search(
     };
     let mut read = readers.read(timeout_ms).await?;
     let mut rows = ScoredRow::fetch_all(qb, &mut read).await?;
-    hide_unreadable_supersedes(&mut read, identity, rows.iter_mut().map(|r| &mut r.memory)).await?;
     let at = filters.as_of_ingestion_opt;
-    as_recorded_at(
+    for_reader(
         &mut read,
         identity,
         at,
@@ -220,9 +217,8 @@ impl Indexed<'_> {
         // listed ids, so re-planning it per call (~0.2 ms of Postgres CPU at
         // 100K) bought nothing.
         let mut rows: Vec<MemoryRow> = qb.build_query_as().fetch_all(&mut *read).await?;
-        hide_unreadable_supersedes(&mut read, self.identity, rows.iter_mut()).await?;
         let at = self.filters.as_of_ingestion_opt;
-        as_recorded_at(&mut read, self.identity, at, rows.iter_mut()).await?;
+        for_reader(&mut read, self.identity, at, rows.iter_mut()).await?;
         read.finish().await?;
         let mut by_id: HashMap<Uuid, MemoryRow> = rows.into_iter().map(|r| (r.id, r)).collect();
         Ok(hits

@@ -113,6 +113,20 @@ pub async fn as_recorded_at<'a>(
     Ok(())
 }
 
+/// What every filtered read does to its rows before they leave its
+/// transaction: [`hide_unreadable_supersedes`], then [`as_recorded_at`]
+/// for a read as of an ingestion time.
+pub async fn for_reader<'a>(
+    conn: &mut sqlx::PgConnection,
+    identity: &Identity,
+    as_of_ingestion_opt: Option<DateTime<Utc>>,
+    rows: impl IntoIterator<Item = &'a mut MemoryRow>,
+) -> Result<(), sqlx::Error> {
+    let mut rows: Vec<&mut MemoryRow> = rows.into_iter().collect();
+    hide_unreadable_supersedes(&mut *conn, identity, rows.iter_mut().map(|r| &mut **r)).await?;
+    as_recorded_at(conn, identity, as_of_ingestion_opt, rows).await
+}
+
 /// A search hit: the memory plus the raw score column computed in SQL.
 #[derive(Debug, sqlx::FromRow)]
 pub struct ScoredRow {

@@ -77,7 +77,7 @@ pub fn run(query: &Query, ranked: &mut Vec<(Checked, f32)>) -> Vec<ConflictPair>
     let asked: HashSet<String> = slots::tokens(&query.text).into_iter().collect();
     let n = ranked.len().min(WINDOW);
     let toks: Vec<Vec<String>> = (ranked.iter().take(n))
-        .map(|(c, _)| slots::tokens(&said(&c.cand.memory)))
+        .map(|(c, _)| slots::fact_tokens(&said(&c.cand.memory)))
         .collect();
     let keys: Vec<Key> = (ranked.iter().take(n))
         .map(|(c, _)| order_key(&c.cand.memory))
@@ -180,10 +180,6 @@ fn order_key(m: &Memory) -> Key {
     (m.access_level, event, ingested)
 }
 
-/// The window's new order: each group of versions at its best member's
-/// place, the one that counts first (for the past, the one before it
-/// first); versions of a one-valued slot that are neither go below the
-/// rest of the window.
 /// Whether a version with this event time (ms) was stated by the end of
 /// `span` (a bare month: in that month of any year).
 fn then(span: Span, event_ms: i64) -> bool {
@@ -196,6 +192,10 @@ fn then(span: Span, event_ms: i64) -> bool {
     }
 }
 
+/// The window's new order: each group of versions at its best member's
+/// place, the one that counts first (for the past, the one before it
+/// first); versions of a one-valued slot that are neither go below the
+/// rest of the window.
 fn reorder(keys: &[Key], then: &[bool], pairs: &[Pair], past: bool) -> Vec<usize> {
     let n = keys.len();
     let mut group: Vec<usize> = (0..n).collect();

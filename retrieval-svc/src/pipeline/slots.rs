@@ -42,8 +42,19 @@ pub const MANY_VALUES: f32 = 0.2;
 
 /// Lowercased alphanumeric runs: "Acme's 9:30" → acme, s, 9, 30.
 pub fn tokens(text: &str) -> Vec<String> {
+    words(text).map(str::to_lowercase).collect()
+}
+
+fn words(text: &str) -> impl Iterator<Item = &str> {
     text.split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
+}
+
+/// [`tokens`] of a memory, at most one past [`MAX_TOKENS`]: a passage is
+/// never judged, so its words past that are not worth splitting.
+pub fn fact_tokens(text: &str) -> Vec<String> {
+    words(text)
+        .take(MAX_TOKENS + 1)
         .map(str::to_lowercase)
         .collect()
 }
