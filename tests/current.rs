@@ -244,3 +244,31 @@ async fn a_question_about_a_month_gets_the_version_of_then() -> anyhow::Result<(
     ts.shutdown().await;
     Ok(())
 }
+
+/// Facts about one subject that share its name but not the question's
+/// relation: keyword and graph see only the name, so the fact whose
+/// meaning answers comes first by its closeness (pipeline/subject.rs).
+#[tokio::test]
+async fn of_a_subjects_facts_the_one_that_answers_comes_first() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let employer = fact("Monta Bell works for Metzler Bank.", 30);
+    let mut all = vec![
+        fact("Monta Bell has been to Tallinn.", 10),
+        fact("Monta Bell has been to Sucre.", 20),
+        employer.clone(),
+        fact("Monta Bell's home is in Mantua.", 40),
+    ];
+    for (i, (who, co)) in [("Ada Park", "Globex"), ("Ben Ode", "Initech")]
+        .into_iter()
+        .enumerate()
+    {
+        all.push(fact(&format!("{who} works for {co}."), 50 + i as i64));
+    }
+    write(&mut c, &all).await?;
+
+    let r = ask(&mut c, "Which company employs Monta Bell?").await?;
+    let got = ids(&r);
+    assert_eq!(got.first(), Some(&employer.id), "{got:?}");
+    Ok(())
+}

@@ -24,6 +24,7 @@ pub mod route;
 pub mod search;
 pub mod session;
 pub mod slots;
+pub mod subject;
 pub mod text;
 pub mod validate;
 pub mod when;
@@ -554,8 +555,12 @@ impl Pipeline {
             Vec::new()
         } else {
             let t = Instant::now();
-            let pairs = stage_span("current").in_scope(|| current::run(&ctx.query, &mut ranked));
+            let (moved, pairs) = stage_span("current").in_scope(|| {
+                let moved = subject::order(&ctx.query.text, &mut ranked);
+                (moved, current::run(&ctx.query, &mut ranked))
+            });
             ctx.timed("current", t);
+            trace.counts.push(("subject_moves", moved));
             trace.counts.push(("versions", pairs.len()));
             pairs
         };

@@ -1,0 +1,168 @@
+//! Stage 4c's first step, a subject's facts by what they say about it: when
+//! several short memories near the top of an answer all name everything the
+//! question names ("Who heads Martins Bank?" against "The headquarters of
+//! Martins Bank are in …", "The CEO of Martins Bank is …"), the keyword and
+//! graph lists rank them by that shared name, which tells them apart not at
+//! all; what does is how close each one's meaning is to the question. So
+//! these memories swap places among themselves by their query cosine, and
+//! nothing else moves. Passages (longer than a fact) and conversation turns
+//! (their speaker is not their subject) are never reordered.
+//!
+//! A leaf over the validated candidates: the places stay, so the scores
+//! still fall with rank.
+
+use std::collections::HashSet;
+
+use super::search::VECTOR;
+use super::slots::{MAX_TOKENS, fact_tokens};
+use super::text::{collect_words, query_words};
+use super::validate::Checked;
+
+/// The places looked at, from the top: where the answer's first line is
+/// decided.
+pub const TOP: usize = 10;
+
+/// Reorders the subject's facts among the first [`TOP`] places; returns how
+/// many places changed hands.
+pub fn order(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize {
+    let (names, _) = query_words(question);
+    if names.is_empty() {
+        return 0;
+    }
+    let n = ranked.len().min(TOP);
+    let places: Vec<usize> = (0..n).filter(|&i| about(&ranked[i].0, &names)).collect();
+    if places.len() < 2 {
+        return 0;
+    }
+    let mut by_closeness = places.clone();
+    // Stable: equal cosines keep the fused order.
+    by_closeness.sort_by(|&a, &b| cosine(&ranked[b].0).total_cmp(&cosine(&ranked[a].0)));
+    // from[place]: the place whose memory lands there.
+    let mut from: Vec<usize> = (0..n).collect();
+    for (&place, &f) in places.iter().zip(&by_closeness) {
+        from[place] = f;
+    }
+    let moved = (0..n).filter(|&i| from[i] != i).count();
+    let scores: Vec<f32> = ranked.iter().take(n).map(|(_, s)| *s).collect();
+    let mut head: Vec<Option<Checked>> = ranked.drain(..n).map(|(c, _)| Some(c)).collect();
+    let tail = std::mem::take(ranked);
+    let moved_in = (from.iter()).filter_map(|&f| head.get_mut(f).and_then(Option::take));
+    ranked.extend(moved_in.zip(scores));
+    ranked.extend(tail);
+    moved
+}
+
+/// A short memory, not a turn, whose words hold every name of the question.
+fn about(c: &Checked, names: &HashSet<String>) -> bool {
+    let m = &c.cand.memory;
+    let is_turn = m.turn.as_ref().is_some_and(|t| !t.speaker.is_empty());
+    if is_turn || fact_tokens(&m.content).len() > MAX_TOKENS {
+        return false;
+    }
+    let mut have = HashSet::new();
+    collect_words(&m.title, &mut have);
+    collect_words(&m.content, &mut have);
+    names.iter().all(|w| have.contains(w))
+}
+
+/// The memory's cosine to the question from the dense list (0 when dense
+/// search did not return it: it was farther than all it did return).
+fn cosine(c: &Checked) -> f32 {
+    (c.cand.fused.hits.iter())
+        .filter(|h| h.strategy == VECTOR)
+        .map(|h| h.score)
+        .fold(0.0, f32::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::fusion::Fused;
+    use crate::pipeline::search::Candidate;
+    use engram_proto::{Memory, StrategyHit};
+
+    fn fact(id: &str, content: &str, cos: Option<f32>) -> (Checked, f32) {
+        let hits = (cos.iter())
+            .map(|&score| StrategyHit {
+                strategy: VECTOR.into(),
+                rank: 1,
+                score,
+            })
+            .collect();
+        let cand = Candidate {
+            memory: Memory {
+                id: id.into(),
+                content: content.into(),
+                ..Default::default()
+            },
+            fused: Fused {
+                id: id.into(),
+                rrf: 0.0,
+                hits,
+            },
+            via_entities: Vec::new(),
+        };
+        let c = Checked {
+            cand,
+            temporal: 1.0,
+            confidence: 1.0,
+            relevance_opt: None,
+            checks: Vec::new(),
+        };
+        (c, 0.0)
+    }
+
+    fn ids(r: &[(Checked, f32)]) -> Vec<&str> {
+        r.iter().map(|(c, _)| c.cand.memory.id.as_str()).collect()
+    }
+
+    #[test]
+    fn the_subjects_facts_swap_places_by_closeness_only() {
+        let mut r = vec![
+            fact(
+                "hq",
+                "The headquarters of Martins Bank are in Prague.",
+                Some(0.6),
+            ),
+            fact(
+                "other",
+                "Metzler Bank has its head office in Waterford.",
+                Some(0.9),
+            ),
+            fact(
+                "ceo",
+                "The CEO of Martins Bank is Lesley Selander.",
+                Some(0.8),
+            ),
+        ];
+        assert_eq!(order("Who heads Martins Bank?", &mut r), 2);
+        // "other" does not name Martins: it keeps its place.
+        assert_eq!(ids(&r), ["ceo", "other", "hq"]);
+    }
+
+    #[test]
+    fn passages_turns_and_nameless_questions_stay() {
+        let long = format!("Martins Bank {}", "word ".repeat(60));
+        let mut r = vec![
+            fact("long", &long, Some(0.1)),
+            fact(
+                "ceo",
+                "The CEO of Martins Bank is Lesley Selander.",
+                Some(0.8),
+            ),
+        ];
+        assert_eq!(order("Who heads Martins Bank?", &mut r), 0);
+        let mut r = vec![
+            fact("a", "Martins Bank is in Prague.", Some(0.1)),
+            fact("b", "Martins Bank is run by Lesley.", Some(0.8)),
+        ];
+        assert_eq!(order("who heads it?", &mut r), 0);
+        assert_eq!(ids(&r), ["a", "b"]);
+        let turn = engram_proto::Turn {
+            speaker: "Martins".into(),
+            ..Default::default()
+        };
+        r[0].0.cand.memory.turn = Some(turn);
+        assert_eq!(order("Who heads Martins Bank?", &mut r), 0);
+    }
+}
