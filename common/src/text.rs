@@ -81,6 +81,53 @@ pub fn check_timestamp(ts: &Timestamp) -> Result<(), &'static str> {
     }
 }
 
+/// How deep a caller's struct (a metadata filter, Foundry `filters`) may
+/// nest objects and lists, the struct itself being the first level. Deeper
+/// ones are refused at the boundary: every later step (text checks, JSON
+/// conversion, the SQL containment test) walks them recursively.
+pub const MAX_NESTING: usize = 8;
+/// The rule [`check_struct_depth`] and [`json_within_depth`] enforce, as it
+/// is reported.
+pub const NESTING_RULE: &str = "must nest objects and lists at most 8 levels deep";
+
+/// A struct nested at most [`MAX_NESTING`] levels, or [`NESTING_RULE`].
+/// Never recurses deeper than that, however deep the input.
+pub fn check_struct_depth(s: &Struct) -> Result<(), &'static str> {
+    if struct_within(s, MAX_NESTING) {
+        Ok(())
+    } else {
+        Err(NESTING_RULE)
+    }
+}
+
+fn struct_within(s: &Struct, levels: usize) -> bool {
+    levels > 0 && (s.fields.values()).all(|v| kind_within(v.kind.as_ref(), levels - 1))
+}
+
+fn kind_within(kind_opt: Option<&Kind>, levels: usize) -> bool {
+    match kind_opt {
+        Some(Kind::StructValue(s)) => struct_within(s, levels),
+        Some(Kind::ListValue(l)) => {
+            levels > 0 && (l.values.iter()).all(|v| kind_within(v.kind.as_ref(), levels - 1))
+        }
+        _ => true,
+    }
+}
+
+/// [`check_struct_depth`] for JSON, before it is converted: objects and
+/// arrays nested at most `levels` deep.
+pub fn json_within_depth(v: &serde_json::Value, levels: usize) -> bool {
+    match v {
+        serde_json::Value::Object(m) => {
+            levels > 0 && m.values().all(|v| json_within_depth(v, levels - 1))
+        }
+        serde_json::Value::Array(a) => {
+            levels > 0 && a.iter().all(|v| json_within_depth(v, levels - 1))
+        }
+        _ => true,
+    }
+}
+
 /// [`check_text`] for every key and string value of a metadata struct,
 /// nested ones included.
 pub fn check_struct_text(s: &Struct) -> Result<(), &'static str> {
@@ -164,6 +211,30 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    /// `levels` levels, objects at odd ones (the outermost is the first)
+    /// and lists at even ones: `{"k": [{"k": [... {"leaf": "x"}]}]}`.
+    fn nested_json(levels: usize) -> serde_json::Value {
+        (1..levels).fold(serde_json::json!({"leaf": "x"}), |inner, i| {
+            if (levels - i) % 2 == 1 {
+                serde_json::json!({ "k": inner })
+            } else {
+                serde_json::json!([inner])
+            }
+        })
+    }
+
+    #[test]
+    fn nesting_is_bounded_for_structs_and_json() {
+        assert!(NESTING_RULE.contains(&MAX_NESTING.to_string()));
+        for (levels, fine) in [(1, true), (8, true), (9, false), (40, false)] {
+            let json = nested_json(levels);
+            assert!(json.is_object());
+            assert_eq!(json_within_depth(&json, MAX_NESTING), fine, "{levels}");
+            let r = check_struct_depth(&crate::convert::json_to_struct(&json));
+            assert_eq!(r.is_ok(), fine, "{levels}: {r:?}");
+        }
     }
 
     #[test]

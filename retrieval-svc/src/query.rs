@@ -8,7 +8,7 @@ use engram_proto::{
     ConversationMessage, Filters, QueryRoute, RetrievalMode, RetrieveRequest, TimeRange,
 };
 
-use engram_common::text::{check_struct_text, check_text, check_timestamp};
+use engram_common::text::{check_struct_depth, check_struct_text, check_text, check_timestamp};
 
 use crate::error::Error;
 
@@ -237,6 +237,8 @@ fn check_storable(
         engram_common::text::check_label(t).map_err(|rule| Error::invalid("memory_types", rule))?;
     }
     if let Some(m) = &f.metadata {
+        // Depth first: the text check walks the whole struct.
+        check_struct_depth(m).map_err(|rule| Error::invalid("metadata_filter", rule))?;
         check_struct_text(m).map_err(|rule| Error::invalid("metadata_filter", rule))?;
     }
     let range = f.time_range.as_ref();
@@ -379,6 +381,24 @@ mod tests {
         assert_eq!(field(vec![msg("robot", "x")]), "conversation.role");
         assert_eq!(field(vec![msg("tool", "only tools")]), "conversation");
         assert_eq!(field(vec![msg("user", "x"); 201]), "conversation");
+    }
+
+    /// A metadata filter `levels` structs deep: `{"k": {"k": ... "v"}}`.
+    fn nested_filter(levels: usize) -> prost_types::Struct {
+        let json = format!("{}\"v\"{}", r#"{"k": "#.repeat(levels), "}".repeat(levels));
+        engram_common::convert::json_to_struct(&serde_json::from_str(&json).expect("json"))
+    }
+
+    #[test]
+    fn metadata_filters_nest_at_most_eight_levels() {
+        let with = |levels| RetrieveRequest {
+            metadata_filter: Some(nested_filter(levels)),
+            ..req("q")
+        };
+        assert!(Query::try_from(with(8)).is_ok());
+        assert_eq!(field_of(with(40)), "metadata_filter");
+        let e = Query::try_from(with(40)).expect_err("too deep");
+        assert!(e.to_string().contains("at most 8 levels deep"), "{e}");
     }
 
     fn req(text: &str) -> RetrieveRequest {

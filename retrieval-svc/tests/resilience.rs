@@ -498,7 +498,8 @@ async fn slow_graph_is_cut_at_its_timeout() -> anyhow::Result<()> {
     let proxy = SlowProxy::start(b.graph, Duration::ZERO).await?;
     let mut s = b.gateway_settings(b.search, proxy.addr, b.rerank);
     s.downstream.breaker_failures = 3;
-    // Long enough that the breaker, once opened by slowness, stays open.
+    // Long enough that the tenant's circuit, once opened by slowness, stays
+    // open.
     s.downstream.breaker_open_ms = 60_000;
     let graph_timeout = Duration::from_millis(s.pipeline.graph_timeout_ms);
     let mut gw = Gw::start(s, &b.key).await?;
@@ -531,8 +532,11 @@ async fn slow_graph_is_cut_at_its_timeout() -> anyhow::Result<()> {
         let bound = (graph_timeout + Duration::from_millis(600)) * (r.retry_count + 1);
         assert!(elapsed <= bound, "{elapsed:?} > {bound:?}");
     }
-    // Slowness trips the breaker like errors do.
-    assert_eq!(gw.circuit("graph.ppr"), Some(2));
+    // Slowness trips the breaker like errors do, but one tenant's slow calls
+    // are no evidence about graph-svc for everyone (issue 47): they open
+    // this tenant's circuit (the refusals below), never the shared one the
+    // gauge shows.
+    assert_eq!(gw.circuit("graph.ppr"), Some(0));
     // The stack's timeout and tonic's own enforcement of the advertised
     // grpc-timeout (Status::cancelled "Timeout expired") fire in the same
     // millisecond; either way the call was cut at the graph timeout.

@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use engram_common::convert::{json_to_struct, struct_to_json};
+use engram_common::text::{MAX_NESTING, NESTING_RULE, json_within_depth};
 use engram_proto::{AgenticRetrieveRequest, BasicRetrieveRequest, FoundryResponse};
 use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
@@ -163,6 +164,10 @@ fn float_opt(m: &Map<String, Value>, field: &'static str) -> Result<Option<f32>,
 fn filters_opt(m: &Map<String, Value>) -> Result<Option<prost_types::Struct>, Error> {
     match m.get("filters") {
         None | Some(Value::Null) => Ok(None),
+        // Bounded before it is converted (json_to_struct recurses).
+        Some(v @ Value::Object(_)) if !json_within_depth(v, MAX_NESTING) => {
+            Err(Error::invalid("filters", NESTING_RULE))
+        }
         Some(v @ Value::Object(_)) => Ok(Some(json_to_struct(v))),
         Some(_) => Err(Error::invalid("filters", "must be an object")),
     }
@@ -328,6 +333,39 @@ mod tests {
         .expect("valid");
         assert_eq!(b.top_k, 10);
         assert!(b.filters_opt.is_some());
+    }
+
+    /// `{"k": {"k": ... "v"}}`, `levels` objects deep.
+    fn nested(levels: usize) -> String {
+        format!("{}\"v\"{}", r#"{"k": "#.repeat(levels), "}".repeat(levels))
+    }
+
+    #[test]
+    fn filters_nest_at_most_eight_levels() {
+        let kb = "0b7c3f0e-8a51-4c53-9a43-6b8f7e3c1d20";
+        let with = |filters: &str| {
+            format!(r#"{{"kb_id": "{kb}", "query": "q", "tenant_id": "t", "filters": {filters}}}"#)
+        };
+        let eight = basic_request(with(&nested(8)).as_bytes()).expect("json");
+        assert!(Basic::try_from(eight).is_ok());
+        match basic_request(with(&nested(40)).as_bytes()) {
+            Err(Error::InvalidArgument { field, rule }) => {
+                assert_eq!(field, "filters");
+                assert_eq!(rule, NESTING_RULE);
+            }
+            other => panic!("expected invalid filters, got {other:?}"),
+        }
+        // The gRPC path gets a struct, checked by the same TryFrom.
+        let deep = json_to_struct(&serde_json::from_str(&nested(40)).expect("json"));
+        let request = BasicRetrieveRequest {
+            kb_id: kb.into(),
+            query: "q".into(),
+            tenant_id: "t".into(),
+            filters: Some(deep),
+            ..Default::default()
+        };
+        let e = Basic::try_from(request).expect_err("too deep");
+        assert!(e.to_string().contains("filters"), "{e}");
     }
 
     #[test]

@@ -336,6 +336,7 @@ impl<'a> Builder<'a> {
                 failure_threshold: ds.breaker_failures.max(1),
                 open_for: Duration::from_millis(ds.breaker_open_ms),
                 half_open_trials: 1,
+                ..BreakerConfig::default()
             },
             max_concurrency: ds.max_concurrency.max(1),
             budgets: [budget(), budget(), budget()],

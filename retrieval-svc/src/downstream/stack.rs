@@ -85,16 +85,25 @@ where
             }
             .instrument(span)
         })
+        // Every inner error as one `DownstreamError` for the call sites.
         .map_err(DownstreamError::classify)
+        // The caller's deadline: outside the breaker, so running out of the
+        // caller's time is neutral.
         .layer(DeadlineLayer)
+        // Idempotent reads only, once, inside the service's retry budget.
         .retry(RetryPolicy {
             idempotent: spec.idempotent,
             budget,
             retries_left: 1,
         })
+        // A circuit per tenant and a shared one that opens only on evidence
+        // about the downstream itself (breaker.rs).
         .layer(breaker)
+        // The stack's own timeout: inside the breaker, so slowness counts.
         .timeout(spec.timeout)
+        // Refuse at once instead of queueing when the limit below is full.
         .load_shed()
+        // At most `max_concurrency` calls in flight to this RPC.
         .concurrency_limit(spec.max_concurrency)
         .service(inner);
     (BoxCloneSyncService::new(svc), handle)
@@ -207,6 +216,7 @@ mod tests {
                 failure_threshold: 3,
                 open_for: Duration::from_secs(5),
                 half_open_trials: 1,
+                ..BreakerConfig::default()
             },
         }
     }
@@ -390,21 +400,123 @@ mod tests {
         assert_eq!(breaker.phase(), BreakerPhase::Closed);
     }
 
+    fn tenant(name: &str) -> Arc<Identity> {
+        Arc::new(Identity {
+            tenant: name.into(),
+            agent_id: "a".into(),
+            trust: AccessLevel::Public,
+        })
+    }
+
+    /// One call of `id` that the downstream never answers: the stack's own
+    /// timeout ends it (the paused clock auto-advances to it).
+    async fn time_out(
+        svc: &Down<u32, u32>,
+        handle: &mut mock::Handle<Call<u32>, u32>,
+        id: &Arc<Identity>,
+    ) {
+        let (s, i) = (svc.clone(), id.clone());
+        let task = tokio::spawn(async move { call(&s, &i, 1).await });
+        let _pending = handle.next_request().await.expect("request");
+        let r = task.await.expect("join");
+        assert!(matches!(r, Err(DownstreamError::Timeout)), "{r:?}");
+    }
+
+    /// One call of `id` that the downstream ends with `answer`.
+    async fn answered(
+        svc: &Down<u32, u32>,
+        handle: &mut mock::Handle<Call<u32>, u32>,
+        id: &Arc<Identity>,
+        answer: Result<u32, BoxError>,
+    ) -> Result<u32, DownstreamError> {
+        let (s, i) = (svc.clone(), id.clone());
+        let task = tokio::spawn(async move { call(&s, &i, 1).await });
+        let (_r, send) = handle.next_request().await.expect("request");
+        match answer {
+            Ok(v) => send.send_response(v),
+            Err(e) => send.send_error(e),
+        }
+        task.await.expect("join")
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn slow_calls_trip_the_breaker() {
+    async fn one_tenants_timeouts_open_its_circuit_only() {
+        let mut twenty = spec(false);
+        twenty.breaker.failure_threshold = 20;
+        let (svc, breaker, mut handle, _metrics) = counted_stack(twenty);
+        let (a, b) = (tenant("a"), tenant("b"));
+        for _ in 0..20 {
+            time_out(&svc, &mut handle, &a).await;
+        }
+        assert_eq!(breaker.tenant_phase("a"), BreakerPhase::Open);
+        assert_eq!(breaker.phase(), BreakerPhase::Closed);
+        // A fails fast without reaching the downstream (an unanswered call
+        // would end in a timeout)...
+        let r = call(&svc, &a, 1).await;
+        assert!(matches!(r, Err(DownstreamError::CircuitOpen)), "{r:?}");
+        // ...while B is still let through and answered.
+        let r = answered(&svc, &mut handle, &b, Ok(2)).await;
+        assert_eq!(r.expect("b answered"), 2);
+        assert_eq!(breaker.tenant_phase("b"), BreakerPhase::Closed);
+        assert_eq!(breaker.phase(), BreakerPhase::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tenants_circuit_half_opens_and_closes_on_a_healthy_trial() {
         let (svc, breaker, mut handle) = stack(false);
-        let id = ident();
+        let a = tenant("a");
         for _ in 0..3 {
-            let s = svc.clone();
-            let i = id.clone();
-            let task = tokio::spawn(async move { call(&s, &i, 1).await });
-            let _pending = handle.next_request().await.expect("request");
-            assert!(matches!(
-                task.await.expect("join"),
-                Err(DownstreamError::Timeout)
-            ));
+            time_out(&svc, &mut handle, &a).await;
+        }
+        assert_eq!(breaker.tenant_phase("a"), BreakerPhase::Open);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(breaker.tenant_phase("a"), BreakerPhase::HalfOpen);
+        let r = answered(&svc, &mut handle, &a, Ok(8)).await;
+        assert_eq!(r.expect("trial ok"), 8);
+        assert_eq!(breaker.tenant_phase("a"), BreakerPhase::Closed);
+        // Nothing left to remember about A.
+        assert_eq!(breaker.tracked_tenants(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_from_two_tenants_open_the_shared_circuit() {
+        let (svc, breaker, mut handle) = stack(false);
+        let (a, b, c) = (tenant("a"), tenant("b"), tenant("c"));
+        let internal = || Err(Status::internal("boom").into());
+        // A healthy answer to anyone ends the run of failures.
+        let _ = answered(&svc, &mut handle, &a, internal()).await;
+        time_out(&svc, &mut handle, &b).await;
+        let _ = answered(&svc, &mut handle, &c, Ok(1)).await;
+        assert_eq!(breaker.phase(), BreakerPhase::Closed);
+        // Three in a row from two tenants: the downstream, not one tenant.
+        let _ = answered(&svc, &mut handle, &a, internal()).await;
+        time_out(&svc, &mut handle, &b).await;
+        let _ = answered(&svc, &mut handle, &a, internal()).await;
+        assert_eq!(breaker.phase(), BreakerPhase::Open);
+        let r = call(&svc, &c, 1).await;
+        assert!(matches!(r, Err(DownstreamError::CircuitOpen)), "{r:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transport_failures_of_one_tenant_open_the_shared_circuit() {
+        let (svc, breaker, mut handle) = stack(false);
+        let (a, b) = (tenant("a"), tenant("b"));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let _ = answered(&svc, &mut handle, &a, Err(refused.into())).await;
+        for _ in 0..2 {
+            let r = answered(
+                &svc,
+                &mut handle,
+                &a,
+                Err(Status::unavailable("down").into()),
+            );
+            assert!(matches!(r.await, Err(DownstreamError::Status(_))));
         }
         assert_eq!(breaker.phase(), BreakerPhase::Open);
+        // Not A's fault: its own circuit learned nothing.
+        assert_eq!(breaker.tenant_phase("a"), BreakerPhase::Closed);
+        let r = call(&svc, &b, 1).await;
+        assert!(matches!(r, Err(DownstreamError::CircuitOpen)), "{r:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -133,6 +133,16 @@ fn check_query(query: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// The caller's `filters`, kept when non-empty and nested at most
+/// [`engram_common::text::MAX_NESTING`] levels (HTTP and gRPC alike).
+fn checked_filters(filters: Option<Struct>) -> Result<Option<Struct>, Error> {
+    if let Some(f) = &filters {
+        engram_common::text::check_struct_depth(f)
+            .map_err(|rule| Error::invalid("filters", rule))?;
+    }
+    Ok(filters.filter(|f| !f.fields.is_empty()))
+}
+
 fn check_tenant(tenant_id: &str) -> Result<(), Error> {
     if tenant_id.is_empty() {
         return Err(Error::invalid("tenant_id", "is required"));
@@ -217,7 +227,7 @@ impl TryFrom<BasicRetrieveRequest> for Basic {
             tenant_id,
             top_k,
             mode,
-            filters_opt: filters.filter(|f| !f.fields.is_empty()),
+            filters_opt: checked_filters(filters)?,
             similarity_threshold,
         })
     }
@@ -306,7 +316,7 @@ impl TryFrom<AgenticRetrieveRequest> for Agentic {
                 LATENCY_RANGE,
             )?)),
             mode: parse_agentic_mode(&mode)?,
-            filters_opt: filters.filter(|f| !f.fields.is_empty()),
+            filters_opt: checked_filters(filters)?,
         })
     }
 }
