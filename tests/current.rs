@@ -272,3 +272,51 @@ async fn of_a_subjects_facts_the_one_that_answers_comes_first() -> anyhow::Resul
     assert_eq!(got.first(), Some(&employer.id), "{got:?}");
     Ok(())
 }
+
+/// A chain whose middle fact changed: the question names the person, the
+/// next fact is named by the city they live in now, not by the question
+/// (pipeline/chain.rs), and the old city's fact does not come before it.
+#[tokio::test]
+async fn a_chain_follows_the_current_value() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let old_city = fact("Lyon is a city in France.", 1);
+    let city = fact("Memphis is a city in the United States.", 2);
+    let mut all = vec![
+        old_city.clone(),
+        city.clone(),
+        fact("Val Guest's home is in Lyon.", 10),
+        fact("Val Guest's home is in Memphis.", 20),
+        fact("Val Guest is a citizen of Saudi Arabia.", 21),
+        fact("Pete Walker is a citizen of Saudi Arabia.", 22),
+    ];
+    for (i, (town, country)) in [
+        ("Porto", "Portugal"),
+        ("Ghent", "Belgium"),
+        ("Turin", "Italy"),
+        ("Bergen", "Norway"),
+        ("Kyoto", "Japan"),
+        ("Dundee", "Scotland"),
+        ("Leiden", "the Netherlands"),
+        ("Graz", "Austria"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let text = format!("{town} is a city in {country}.");
+        all.push(fact(&text, 30 + i as i64));
+    }
+    write(&mut c, &all).await?;
+
+    let q = "In which country is the city where Val Guest lives?";
+    let got = ids(&ask(&mut c, q).await?);
+    let at = |id: &str| got.iter().position(|g| g == id);
+    let said: Vec<&str> = (got.iter())
+        .filter_map(|id| all.iter().find(|m| &m.id == id))
+        .map(|m| m.content.as_str())
+        .collect();
+    let found = at(&city.id).filter(|&p| p < 3);
+    assert!(found.is_some(), "{said:?}");
+    assert!(at(&old_city.id).is_none_or(|p| Some(p) > found), "{said:?}");
+    Ok(())
+}

@@ -517,6 +517,7 @@ fn stage_label(stage: &str) -> &'static str {
         "rerank" => "rerank",
         "hop" => "hop",
         "current" => "current",
+        "chain" => "chain",
         "conflicts" => "conflicts",
         "assemble" => "assemble",
         "cache" => "cache",

@@ -10,6 +10,7 @@
 pub mod abstain;
 pub mod assemble;
 pub mod cache;
+pub mod chain;
 pub mod complement;
 pub mod ctx;
 pub mod current;
@@ -562,6 +563,10 @@ impl Pipeline {
             ctx.timed("current", t);
             trace.counts.push(("subject_moves", moved));
             trace.counts.push(("versions", pairs.len()));
+            let chain = chain::run(ctx, &mut trace, &mut ranked, filters)
+                .instrument(stage_span("chain"))
+                .await;
+            trace.counts.push(("chain", chain));
             pairs
         };
         let ask_conflicts = !step.is_raw() && !found.no_contradictions;

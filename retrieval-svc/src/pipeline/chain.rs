@@ -1,0 +1,347 @@
+//! Stage 4d, a chain of facts: "In which country is the head office of the
+//! company Saif Ali Khan's spouse works for?" opens with "Saif Ali Khan is
+//! married to Jocelyn Lovell", and the next fact is named by that one's
+//! value, not by the question. So when the answer's first memory is a short
+//! fact that leaves at least two of the question's words unsaid, a keyword
+//! search for its value (the names the question does not say) and those
+//! words finds the fact about the value; its current version (newest, as
+//! Stage 4c orders) is followed the same way, up to [`MAX_HOPS`] times, and
+//! the facts found go right after the first one, in chain order. Nothing
+//! above them moves; finds pass the same access and filter checks as every
+//! candidate.
+//!
+//! Each hop is one keyword call (the index is in memory) and runs only for
+//! such questions; a failed call ends the chain where it is and reports
+//! `chain` degraded.
+
+use std::collections::HashSet;
+
+use engram_proto::{Filters, KeywordSearchRequest, Memory, StrategyHit};
+use tokio::time::Instant;
+
+use super::ctx::{Ctx, StageTrace};
+use super::fusion::Fused;
+use super::search::{Candidate, KEYWORD, stage_deadline, time_for_another};
+use super::slots::{self, MAX_TOKENS, fact_tokens};
+use super::text::{lower_words, names, query_words};
+use super::validate::{Checked, static_checks};
+use crate::downstream::call_until;
+
+/// The strategy a chain's find is credited to, and its degraded label.
+pub const CHAIN: &str = "chain";
+
+/// Facts followed past the first, at most (a chain of four facts).
+pub const MAX_HOPS: usize = 3;
+
+/// Question words the first fact must leave unsaid for a chain to be
+/// followed: one is a paraphrase ("heads" against "CEO"), two are a
+/// relation the first fact does not state.
+const MIN_UNSAID: usize = 2;
+
+/// Finds read per hop.
+const K: u32 = 5;
+
+/// Words that meet when they share this many leading characters ("lives"
+/// and "lived", "citizen" and "citizenship").
+const STEM: usize = 5;
+
+/// Follows the chain from the answer's first memory; returns how many
+/// facts it placed.
+pub async fn run(
+    ctx: &mut Ctx<'_>,
+    trace: &mut StageTrace,
+    ranked: &mut Vec<(Checked, f32)>,
+    filters: &Filters,
+) -> usize {
+    let Some(first) = ranked.first().map(|(c, _)| c.cand.memory.clone()) else {
+        return 0;
+    };
+    let (_, terms) = query_words(&ctx.query.text);
+    let mut unsaid = unsaid_by(&terms, &first);
+    let shaped = relates(&ctx.query.text);
+    if !shaped || !is_fact(&first) || unsaid.len() < MIN_UNSAID || trace.is_degraded(KEYWORD) {
+        return 0;
+    }
+    let t = Instant::now();
+    let mut seen: HashSet<String> = lower_words(&ctx.query.text);
+    let mut chain: Vec<Checked> = Vec::new();
+    let mut at = first;
+    for _ in 0..MAX_HOPS {
+        if unsaid.is_empty() || !time_for_another(ctx.deadline) {
+            break;
+        }
+        let value = value_of(&at, &seen);
+        if value.is_empty() {
+            break;
+        }
+        seen.extend(value.iter().cloned());
+        let text = format!("{} {}", value.join(" "), sorted(&unsaid).join(" "));
+        let Some(next) = hop(ctx, trace, ranked, &chain, filters, text, &value).await else {
+            break;
+        };
+        unsaid = unsaid_by(&unsaid, &next.cand.memory);
+        at = next.cand.memory.clone();
+        chain.push(next);
+    }
+    let placed = chain.len();
+    place(ranked, chain);
+    ctx.timed(CHAIN, t);
+    placed
+}
+
+/// One hop: the keyword search for a value, and the current version of
+/// the first find about it that passes the checks and is not yet placed.
+async fn hop(
+    ctx: &Ctx<'_>,
+    trace: &mut StageTrace,
+    ranked: &[(Checked, f32)],
+    chain: &[Checked],
+    filters: &Filters,
+    text: String,
+    value: &[String],
+) -> Option<Checked> {
+    let req = KeywordSearchRequest {
+        text,
+        filters: Some(filters.clone()),
+        k: K,
+    };
+    let deadline = stage_deadline(ctx.deadline);
+    let resp = match call_until(&ctx.ds.keyword, &ctx.identity, deadline, req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::warn!(error = %e, "a chain's keyword search failed");
+            trace.degraded.push(CHAIN.into());
+            return None;
+        }
+    };
+    let placed = |id: &str| {
+        ranked.first().is_some_and(|(c, _)| c.cand.memory.id == id)
+            || chain.iter().any(|c| c.cand.memory.id == id)
+    };
+    let finds: Vec<Memory> = (resp.hits.into_iter())
+        .filter_map(|h| h.memory)
+        .filter(|m| is_fact(m) && !placed(&m.id) && holds(m, value))
+        .collect();
+    let cands = (finds.into_iter().enumerate())
+        .map(|(i, m)| candidate(m, i))
+        .collect();
+    let checked = static_checks(
+        cands,
+        &ctx.identity,
+        filters,
+        filters.decay_floor,
+        &mut trace.dropped,
+    );
+    current(checked, &ctx.query.text, value)
+}
+
+/// The first find, or a newer version of it among the finds.
+fn current(mut finds: Vec<Checked>, question: &str, value: &[String]) -> Option<Checked> {
+    let first = finds.first()?;
+    let mut asked: HashSet<String> = slots::tokens(question).into_iter().collect();
+    asked.extend(value.iter().cloned());
+    let toks = |c: &Checked| fact_tokens(&c.cand.memory.content);
+    let head = toks(first);
+    let key = |c: &Checked| {
+        let m = &c.cand.memory;
+        (
+            m.access_level,
+            m.event_time.as_ref().map(|t| (t.seconds, t.nanos)),
+        )
+    };
+    let mut best = 0;
+    for (i, c) in finds.iter().enumerate().skip(1) {
+        let newer = key(c) > key(&finds[best]);
+        if newer && slots::versions(&head, &toks(c), &asked).is_some() {
+            best = i;
+        }
+    }
+    Some(finds.swap_remove(best))
+}
+
+/// Puts the chain right after the first memory, in chain order; the
+/// scores stay with the places (a find that was not a candidate takes the
+/// last place's score).
+fn place(ranked: &mut Vec<(Checked, f32)>, chain: Vec<Checked>) {
+    if chain.is_empty() || ranked.is_empty() {
+        return;
+    }
+    let ids: HashSet<String> = chain.iter().map(|c| c.cand.memory.id.clone()).collect();
+    let mut scores: Vec<f32> = ranked.iter().map(|(_, s)| *s).collect();
+    ranked.retain(|(c, _)| !ids.contains(&c.cand.memory.id));
+    let last = scores.last().copied().unwrap_or(0.0);
+    scores.resize(ranked.len() + chain.len(), last);
+    let rest = ranked.split_off(1);
+    ranked.extend(chain.into_iter().map(|c| (c, 0.0)));
+    ranked.extend(rest);
+    for ((_, s), score) in ranked.iter_mut().zip(scores) {
+        *s = score;
+    }
+}
+
+fn candidate(memory: Memory, rank: usize) -> Candidate {
+    let hit = StrategyHit {
+        strategy: CHAIN.to_string(),
+        rank: rank as u32 + 1,
+        score: 0.0,
+    };
+    Candidate {
+        fused: Fused {
+            id: memory.id.clone(),
+            rrf: 0.0,
+            hits: vec![hit],
+        },
+        memory,
+        via_entities: Vec::new(),
+    }
+}
+
+/// Words that relate the noun before them to what follows ("the
+/// director of", "the city where", "the company that").
+const LINKS: &[&str] = &["of", "where", "whose", "which", "who", "whom", "that", "by"];
+
+/// Whether the question names a thing through another one: "the director
+/// of X", "the city where X lives", "X's spouse". A question for several
+/// values of one relation ("Which languages does X speak?") does not.
+fn relates(question: &str) -> bool {
+    let lower = question.to_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !(c.is_alphanumeric() || c == '\''))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let possessive = words.iter().any(|w| w.ends_with("'s") && w.len() > 2);
+    let linked = (words.windows(3))
+        .any(|w| w[0] == "the" && w[1].chars().all(char::is_alphabetic) && LINKS.contains(&w[2]));
+    possessive || linked
+}
+
+/// A short memory that is not a conversation turn.
+fn is_fact(m: &Memory) -> bool {
+    let is_turn = m.turn.as_ref().is_some_and(|t| !t.speaker.is_empty());
+    !is_turn && fact_tokens(&m.content).len() <= MAX_TOKENS
+}
+
+/// The names a fact adds to `seen`, a possessive's "'s" cut ("Val
+/// Guest's home is in Memphis" adds "memphis"), each once.
+fn value_of(m: &Memory, seen: &HashSet<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for name in names(m, seen) {
+        let name = name.trim_end_matches("'s").to_string();
+        if !seen.contains(&name) && !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// Whether the memory names the whole value.
+fn holds(m: &Memory, value: &[String]) -> bool {
+    let said = value_of(m, &HashSet::new());
+    value.iter().all(|v| said.contains(v))
+}
+
+/// The words of `wanted` the memory does not say (by their first
+/// [`STEM`] characters).
+fn unsaid_by(wanted: &HashSet<String>, m: &Memory) -> HashSet<String> {
+    let stem = |w: &str| w.chars().take(STEM).collect::<String>();
+    let said: HashSet<String> = (slots::tokens(&m.content).iter())
+        .map(|w| stem(w))
+        .collect();
+    (wanted.iter())
+        .filter(|w| !said.contains(&stem(w)))
+        .cloned()
+        .collect()
+}
+
+fn sorted(words: &HashSet<String>) -> Vec<&str> {
+    let mut v: Vec<&str> = words.iter().map(String::as_str).collect();
+    v.sort_unstable();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memory(id: &str, content: &str) -> Memory {
+        Memory {
+            id: id.into(),
+            content: content.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_words_a_first_fact_leaves_unsaid() {
+        let (_, terms) = query_words("In which country is the city where Tony Scott lives?");
+        let first = memory("a", "Tony Scott lives in Lyon.");
+        assert_eq!(sorted(&unsaid_by(&terms, &first)), ["city", "country"]);
+        let (_, terms) = query_words("Where is Acme's head office?");
+        let first = memory("b", "The head office of Acme is in the city of Bergen.");
+        assert!(unsaid_by(&terms, &first).is_empty());
+    }
+
+    #[test]
+    fn a_chain_is_asked_through_a_link_or_a_possessive() {
+        assert!(relates(
+            "What is the citizenship of the person who directed X?"
+        ));
+        assert!(relates("Who is the head coach of Paul Newman's team?"));
+        assert!(relates(
+            "In which country is the city where Val Guest lives?"
+        ));
+        assert!(!relates(
+            "In what languages can Maurice Elvey hold a conversation?"
+        ));
+        assert!(!relates("Which customers are using Heron?"));
+    }
+
+    #[test]
+    fn a_possessive_is_not_part_of_the_value() {
+        let seen = lower_words("In which country is the city where Val Guest lives?");
+        let first = memory("a", "Val Guest's home is in Memphis.");
+        assert_eq!(value_of(&first, &seen), ["memphis"]);
+        assert!(holds(
+            &memory("b", "Memphis is a city."),
+            &["memphis".into()]
+        ));
+    }
+
+    #[test]
+    fn the_chain_goes_right_after_the_first_memory() {
+        let c = |id: &str| Checked::passed(memory(id, ""), 0.0);
+        let mut ranked = vec![(c("a"), 0.9), (c("b"), 0.8), (c("x"), 0.7), (c("d"), 0.6)];
+        place(&mut ranked, vec![c("x"), c("y")]);
+        let ids: Vec<&str> = ranked
+            .iter()
+            .map(|(c, _)| c.cand.memory.id.as_str())
+            .collect();
+        assert_eq!(ids, ["a", "x", "y", "b", "d"]);
+        let scores: Vec<f32> = ranked.iter().map(|(_, s)| *s).collect();
+        assert_eq!(scores, [0.9, 0.8, 0.7, 0.6, 0.6]);
+    }
+
+    #[test]
+    fn a_newer_version_among_the_finds_is_the_one_followed() {
+        let at = |id: &str, text: &str, secs: i64| {
+            let mut m = memory(id, text);
+            m.event_time = Some(prost_types::Timestamp {
+                seconds: secs,
+                nanos: 0,
+            });
+            Checked::passed(m, 0.0)
+        };
+        let finds = vec![
+            at("old", "The head office of Acme is in the city of Lyon.", 10),
+            at("other", "The CEO of Acme is Ada Park.", 30),
+            at(
+                "new",
+                "The head office of Acme is in the city of Bergen.",
+                20,
+            ),
+        ];
+        let q = "In which country is the head office of the company Ada works for?";
+        let got = current(finds, q, &["acme".to_string()]);
+        assert_eq!(got.map(|c| c.cand.memory.id), Some("new".to_string()));
+    }
+}
