@@ -315,6 +315,13 @@ pub struct SearchSettings {
     /// "ts_rank_cd" or "bm25"
     pub keyword_scoring: String,
     pub embed_batch_size: usize,
+    /// Write-path embedding chunks (`embed_batch_size` texts each) run at
+    /// once; one tenant holds at most half of them (rounded up), and
+    /// single-text query embeddings never wait for one
+    /// (search-svc/src/embed/gate.rs). Each chunk spreads over every model
+    /// session, so more than one mostly adds contention: 1 keeps a query's
+    /// wait for a session to one chunk's share.
+    pub embed_batch_slots: usize,
     /// Memories below this decay score are hidden unless include_historical.
     /// 0 (the default): time alone never hides a memory; decay only ranks
     /// (a faded memory's temporal score is at least 0.05). An operator who
@@ -428,6 +435,7 @@ impl Default for SearchSettings {
             // ts_rank_cd (which has no idf: frequent terms like "ii" win).
             keyword_scoring: "bm25".into(),
             embed_batch_size: 32,
+            embed_batch_slots: 1,
             decay_floor: 0.0,
             // 1,000 (was 2,000): at 100K memories direct keyword p50 / p95
             // 16 / 30 ms -> 10 / 21 ms; 2Wiki dev at the same share of its

@@ -354,7 +354,7 @@ async fn cosines_of(embeddings: &Embeddings, pairs: &[Labelled]) -> anyhow::Resu
     let inputs = (texts.iter())
         .map(|t| search_svc::validate::embedding_text("", t))
         .collect();
-    let vectors = embeddings.embed(inputs).await?;
+    let vectors = embeddings.embed_batch("(lab)", inputs).await?;
     let by_text: HashMap<&str, &[f32]> = (texts.iter().map(String::as_str))
         .zip(vectors.iter().map(Vec::as_slice))
         .collect();

@@ -72,6 +72,8 @@ impl FairConfig {
 pub struct FairGate {
     cfg: FairConfig,
     state: Arc<Mutex<State>>,
+    /// What a refused caller is told it ran out of.
+    what: &'static str,
 }
 
 #[derive(Default)]
@@ -130,7 +132,13 @@ impl FairGate {
                 ..cfg
             },
             state: Arc::default(),
+            what: "work slots (the gateway is busy)",
         }
+    }
+
+    /// The gate with `what` named in its refusals.
+    pub fn named(self, what: &'static str) -> Self {
+        Self { what, ..self }
     }
 
     /// A slot for one run of `tenant`, waiting at most until the earlier of
@@ -159,7 +167,7 @@ impl FairGate {
             // Timed out (or the gate is gone): the waiter's sender is
             // dropped with it, and `dispatch` skips closed senders.
             _ => Err(Error::TenantLimit {
-                what: "work slots (the gateway is busy)",
+                what: self.what,
                 retry_after_ms: BUSY_RETRY_MS,
             }),
         }

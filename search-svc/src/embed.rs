@@ -10,10 +10,18 @@ use engram_models::{Embedder, init_ort};
 
 use crate::error::{Error, Result};
 
+mod gate;
+
+pub use gate::{ChunkPermit, EmbedGate};
+
+/// Embeds one chunk of texts (the model in production, a counter in tests).
+type RunChunk = Arc<dyn Fn(&[String]) -> Result<Vec<Vec<f32>>> + Send + Sync>;
+
 #[derive(Clone)]
 pub struct Embeddings {
     model: Result<Arc<Embedder>, Arc<str>>,
     batch_size: usize,
+    gate: Arc<EmbedGate>,
 }
 
 impl std::fmt::Debug for Embeddings {
@@ -21,15 +29,19 @@ impl std::fmt::Debug for Embeddings {
         f.debug_struct("Embeddings")
             .field("ready", &self.is_ready())
             .field("batch_size", &self.batch_size)
+            .field("gate", &self.gate)
             .finish()
     }
 }
 
 impl Embeddings {
-    pub fn new(embedder: Arc<Embedder>, batch_size: usize) -> Self {
+    /// Write-path batches embed `batch_size` texts a chunk, `batch_slots`
+    /// chunks at once ([`EmbedGate`]).
+    pub fn new(embedder: Arc<Embedder>, batch_size: usize, batch_slots: usize) -> Self {
         Self {
             model: Ok(embedder),
             batch_size: batch_size.max(1),
+            gate: Arc::new(EmbedGate::new(batch_slots)),
         }
     }
 
@@ -37,6 +49,7 @@ impl Embeddings {
         Self {
             model: Err(Arc::from(reason.into())),
             batch_size: 1,
+            gate: Arc::new(EmbedGate::new(1)),
         }
     }
 
@@ -44,8 +57,9 @@ impl Embeddings {
     /// call from `spawn_blocking`. Never fails; a load error becomes the
     /// unavailable state with its reason.
     pub fn load_blocking(settings: &Settings) -> Self {
+        let s = &settings.search;
         match load_model(settings) {
-            Ok(e) => Self::new(Arc::new(e), settings.search.embed_batch_size),
+            Ok(e) => Self::new(Arc::new(e), s.embed_batch_size, s.embed_batch_slots),
             Err(reason) => {
                 tracing::error!(error = %reason, "embedding model unavailable; vector search needs client-supplied vectors");
                 Self::unavailable(reason)
@@ -65,26 +79,76 @@ impl Embeddings {
         })
     }
 
-    /// Embeds `texts` in batches of `embed_batch_size` on the blocking pool.
-    pub async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>> {
+    /// One query text on the read path: straight to the blocking pool,
+    /// never behind a write batch's chunks (the gate is theirs).
+    pub async fn embed_query(&self, text: String) -> Result<Vec<f32>> {
+        let model = self.model()?;
+        let mut v = blocking(move || embed_with(&model, std::slice::from_ref(&text))).await?;
+        v.pop()
+            .ok_or_else(|| Error::Internal("embedder returned no vector".into()))
+    }
+
+    /// A write-path batch of `tenant`, in chunks of `embed_batch_size`:
+    /// each takes a slot of the tenant's share of the gate and runs on the
+    /// blocking pool. Dropping the future (the caller went away) starts no
+    /// further chunk; a chunk already running keeps its slot until it ends.
+    pub async fn embed_batch(&self, tenant: &str, texts: Vec<String>) -> Result<Vec<Vec<f32>>> {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
         let model = self.model()?;
-        let batch = self.batch_size;
-        tokio::task::spawn_blocking(move || {
-            let mut out = Vec::with_capacity(texts.len());
-            for chunk in texts.chunks(batch) {
-                let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
-                let vecs = model
-                    .embed(&refs)
-                    .map_err(|e| Error::Embedding(e.to_string()))?;
-                out.extend(vecs);
-            }
-            Ok(out)
-        })
+        let run: RunChunk = Arc::new(move |chunk| embed_with(&model, chunk));
+        embed_chunks(&self.gate, tenant, texts, self.batch_size, run).await
+    }
+}
+
+fn embed_with(model: &Embedder, texts: &[String]) -> Result<Vec<Vec<f32>>> {
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    model
+        .embed(&refs)
+        .map_err(|e| Error::Embedding(e.to_string()))
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Internal(format!("embedding task failed: {e}")))?
+}
+
+/// The chunk loop of [`Embeddings::embed_batch`]: one slot and one
+/// blocking task per chunk, awaited before the next chunk starts. The slot
+/// moves into the task, so a chunk whose caller left still counts until
+/// it ends.
+async fn embed_chunks(
+    gate: &EmbedGate,
+    tenant: &str,
+    texts: Vec<String>,
+    batch: usize,
+    run: RunChunk,
+) -> Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(texts.len());
+    for chunk in owned_chunks(texts, batch) {
+        let permit = gate.acquire(tenant).await?;
+        let run = run.clone();
+        let vecs = blocking(move || {
+            let _held = permit;
+            run(&chunk)
+        })
+        .await?;
+        out.extend(vecs);
+    }
+    Ok(out)
+}
+
+fn owned_chunks(texts: Vec<String>, size: usize) -> Vec<Vec<String>> {
+    let mut out = Vec::with_capacity(texts.len().div_ceil(size.max(1)));
+    let mut it = texts.into_iter();
+    loop {
+        let chunk: Vec<String> = it.by_ref().take(size.max(1)).collect();
+        if chunk.is_empty() {
+            return out;
+        }
+        out.push(chunk);
     }
 }
 
@@ -133,5 +197,76 @@ fn installed_embedder(
             tracing::error!(error = %e, "quantised embedder unavailable; embedding with the float model");
             installed.embedding_model()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn texts(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("t{i}")).collect()
+    }
+
+    /// A chunk runner counting its runs, one vector per text.
+    fn counting(runs: &Arc<AtomicUsize>) -> RunChunk {
+        let runs = runs.clone();
+        Arc::new(move |chunk: &[String]| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(chunk.iter().map(|t| vec![t.len() as f32]).collect())
+        })
+    }
+
+    #[test]
+    fn a_batch_splits_into_chunks_of_the_batch_size() {
+        let sizes: Vec<usize> = owned_chunks(texts(5), 2).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [2, 2, 1]);
+        assert!(owned_chunks(Vec::new(), 2).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_waited_batch_runs_every_chunk_in_order() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let gate = EmbedGate::new(1);
+        let texts = vec!["a".to_string(), "bb".into(), "ccc".into()];
+        let out = embed_chunks(&gate, "a", texts, 2, counting(&runs))
+            .await
+            .expect("embedded");
+        assert_eq!(out, [vec![1.0], vec![2.0], vec![3.0]]);
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        assert_eq!(gate.available(), 1, "every slot came back");
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_batch_starts_no_further_chunk() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let count = counting(&runs);
+        // The first chunk announces itself, then blocks until released.
+        let run: RunChunk = Arc::new(move |chunk: &[String]| {
+            let _ = started_tx.send(());
+            if let Ok(rx) = release_rx.lock() {
+                let _ = rx.recv();
+            }
+            count(chunk)
+        });
+        let gate = Arc::new(EmbedGate::new(1));
+        let task = tokio::spawn({
+            let gate = gate.clone();
+            async move { embed_chunks(&gate, "a", texts(6), 2, run).await }
+        });
+        started.recv().await.expect("the first chunk started");
+        // tonic drops the handler's future when the caller goes away.
+        task.abort();
+        assert!(task.await.expect_err("aborted").is_cancelled());
+        assert_eq!(gate.available(), 0, "the running chunk keeps its slot");
+        release.send(()).expect("the first chunk waits for this");
+        let _slot = gate.acquire("b").await.expect("its slot came back");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "chunks 2 and 3 never ran");
     }
 }

@@ -49,6 +49,7 @@ impl Planned {
 /// Without a loaded model only those one-sentence memories are indexed.
 pub async fn plan(
     embeddings: &Embeddings,
+    tenant: &str,
     memories: &[&NewMemory],
     positions: &[usize],
     vectors: &HashMap<usize, Vec<f32>>,
@@ -72,7 +73,7 @@ pub async fn plan(
             }
         }
     }
-    embed_into(embeddings, to_embed, &mut planned).await?;
+    embed_into(embeddings, tenant, to_embed, &mut planned).await?;
     Ok(planned)
 }
 
@@ -80,11 +81,12 @@ pub async fn plan(
 /// its position's sentences, in order.
 async fn embed_into(
     embeddings: &Embeddings,
+    tenant: &str,
     to_embed: Vec<(usize, String)>,
     planned: &mut Planned,
 ) -> Result<()> {
     let texts: Vec<String> = to_embed.iter().map(|(_, t)| t.clone()).collect();
-    let computed = embeddings.embed(texts).await?;
+    let computed = embeddings.embed_batch(tenant, texts).await?;
     for ((pos, text), v) in to_embed.into_iter().zip(computed) {
         planned.by_pos.entry(pos).or_default().push((text, v));
     }
@@ -199,6 +201,10 @@ struct Unindexed {
     content_hash: Vec<u8>,
 }
 
+/// Whom a backfill over every tenant is charged to in the embed gate
+/// (a tenant of this name would only share its share).
+const BACKFILL_TENANT: &str = "(backfill)";
+
 /// Indexes the sentences of every memory (of one tenant, or all) written
 /// before the fact index existed (or while it was off), in id order, `batch` memories per
 /// transaction. A memory edited in between is skipped: its own write
@@ -229,17 +235,19 @@ pub async fn backfill(
         };
         after = last.id;
         report.scanned += rows.len() as u64;
-        report.indexed += backfill_batch(pool, embeddings, &rows, timeout_ms).await?;
+        let tenant = tenant_opt.unwrap_or(BACKFILL_TENANT);
+        report.indexed += backfill_batch(pool, embeddings, tenant, &rows, timeout_ms).await?;
     }
 }
 
 async fn backfill_batch(
     pool: &PgPool,
     embeddings: &Embeddings,
+    tenant: &str,
     rows: &[Unindexed],
     timeout_ms: u64,
 ) -> Result<u64> {
-    let planned = plan_stored(embeddings, rows).await?;
+    let planned = plan_stored(embeddings, tenant, rows).await?;
     let mut tx = bounds::begin(pool, timeout_ms).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
     let current: HashMap<Uuid, Vec<u8>> = sqlx::query_as::<_, (Uuid, Vec<u8>)>(
@@ -261,7 +269,7 @@ async fn backfill_batch(
 
 /// Every stored memory's sentences embedded (the backfill has no memory
 /// vectors at hand to reuse; one-sentence memories cost one embedding each).
-async fn plan_stored(embeddings: &Embeddings, rows: &[Unindexed]) -> Result<Planned> {
+async fn plan_stored(embeddings: &Embeddings, tenant: &str, rows: &[Unindexed]) -> Result<Planned> {
     let to_embed: Vec<(usize, String)> = (rows.iter().enumerate())
         .flat_map(|(pos, r)| {
             sentences::split(&r.content)
@@ -270,6 +278,6 @@ async fn plan_stored(embeddings: &Embeddings, rows: &[Unindexed]) -> Result<Plan
         })
         .collect();
     let mut planned = Planned::default();
-    embed_into(embeddings, to_embed, &mut planned).await?;
+    embed_into(embeddings, tenant, to_embed, &mut planned).await?;
     Ok(planned)
 }

@@ -159,14 +159,9 @@ impl SearchSvc {
             false => None,
         };
         let rewritten = rewritten_opt.is_some();
-        let mut v = self
-            .inner
-            .embeddings
-            .embed(vec![rewritten_opt.unwrap_or(text)])
+        let e = (self.inner.embeddings)
+            .embed_query(rewritten_opt.unwrap_or(text))
             .await?;
-        let e = v
-            .pop()
-            .ok_or_else(|| Error::Internal("embedder returned no vector".into()))?;
         match rewritten {
             true => Ok((e, Vec::new())),
             false => Ok((e.clone(), e)),
@@ -426,8 +421,14 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::EmbedRequest>,
     ) -> Result<Response<pb::EmbedResponse>, Status> {
-        let (_slot, _, texts) = self.open::<_, EmbedTexts>(req)?;
-        let vecs = self.inner.embeddings.embed(texts.0).await?;
+        let (_slot, identity, texts) = self.open::<_, EmbedTexts>(req)?;
+        let embeddings = &self.inner.embeddings;
+        // One text is a query (the gateway's semantic cache, working
+        // memory's recall); more are a write's batch.
+        let vecs = match <[String; 1]>::try_from(texts.0) {
+            Ok([one]) => vec![embeddings.embed_query(one).await?],
+            Err(many) => embeddings.embed_batch(&identity.tenant, many).await?,
+        };
         Ok(Response::new(pb::EmbedResponse {
             embeddings: vecs
                 .into_iter()

@@ -886,6 +886,16 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_over_the_maximum_names_memories_and_the_max() {
+        let req = pb::UpsertRequest {
+            memories: vec![mem("a"); MAX_BATCH + 1],
+        };
+        let err = UpsertBatch::try_from(req).expect_err("too many");
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        assert_eq!(err.to_string(), "memories: must have at most 1000 items");
+    }
+
+    #[test]
     fn oversized_content_names_the_field() {
         let big = "x".repeat(MAX_CONTENT_BYTES + 1);
         let req = pb::UpsertRequest {

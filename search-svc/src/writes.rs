@@ -161,17 +161,13 @@ pub async fn upsert(
             .filter(|(_, (_, m))| m.embedding_opt.is_none() && !keeps_embedding(&existing, m))
             .map(|(i, _)| i)
             .collect();
-        let vectors = embeddings
-            .embed(
-                to_embed
-                    .iter()
-                    .map(|&i| sorted[i].1.embedding_text())
-                    .collect(),
-            )
-            .await?;
+        let texts = (to_embed.iter())
+            .map(|&i| sorted[i].1.embedding_text())
+            .collect();
+        let vectors = embeddings.embed_batch(&identity.tenant, texts).await?;
         let mut computed: HashMap<usize, Vec<f32>> = to_embed.into_iter().zip(vectors).collect();
         let planned = match fact_index {
-            true => plan_facts(embeddings, &existing, &sorted, &computed).await?,
+            true => plan_facts(embeddings, identity, &existing, &sorted, &computed).await?,
             false => Planned::default(),
         };
         let plan = (sorted.as_slice(), entity_plans.as_slice());
@@ -195,6 +191,7 @@ pub async fn upsert(
 /// changed (crate::facts), embedded before the transaction.
 async fn plan_facts(
     embeddings: &Embeddings,
+    identity: &Identity,
     existing: &HashMap<Uuid, Existing>,
     sorted: &[(usize, NewMemory)],
     computed: &HashMap<usize, Vec<f32>>,
@@ -214,7 +211,14 @@ async fn plan_facts(
             Some((p, v.clone()))
         })
         .collect();
-    facts::plan(embeddings, &memories, &positions, &vectors).await
+    facts::plan(
+        embeddings,
+        &identity.tenant,
+        &memories,
+        &positions,
+        &vectors,
+    )
+    .await
 }
 
 #[derive(Debug, sqlx::FromRow)]

@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use engram_common::settings::TenantLimitSettings;
 use engram_common::{Identity, Settings};
 use engram_proto::graph_service_client::GraphServiceClient;
 use engram_proto::rerank_service_client::RerankServiceClient;
@@ -33,6 +34,7 @@ use tower::{BoxError, Service, ServiceExt};
 pub use breaker::{BreakerConfig, BreakerHandle};
 pub use stack::{StackSpec, layered};
 
+use crate::fair::{FairConfig, FairGate};
 use crate::metrics::Metrics;
 
 /// A downstream request with the caller identity that travels in metadata
@@ -213,9 +215,52 @@ pub struct Downstreams {
     /// search-svc's channel, for its long-lived change feed (no stack: a
     /// stream that lives as long as the gateway has no timeout to keep).
     pub search_channel: Channel,
+    /// Each tenant's share of the write stacks ([`WriteGates`]).
+    pub write_gates: Arc<WriteGates>,
 }
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Calls in flight to each of search-svc's write RPCs (upsert, delete,
+/// add_edges), all tenants together.
+const WRITE_CONCURRENCY: usize = 16;
+
+/// One tenant's share of each write stack, taken before the call: at most
+/// half of the stack's slots, fewer while more tenants are active
+/// (fair.rs). One tenant's write lane (`tenant.max_concurrent`, 32) could
+/// fill the 16 slots of `search.upsert`, and every other tenant's writes
+/// were shed as "overloaded" (issue 47). Over its share a tenant waits, as
+/// its reads wait for a work slot, at most `tenant.slot_wait_ms`, then gets
+/// RESOURCE_EXHAUSTED: the wait costs nobody else a slot, and a refusal
+/// tells the flooding client, and only it, to back off.
+pub struct WriteGates {
+    pub upsert: FairGate,
+    pub delete: FairGate,
+    pub add_edges: FairGate,
+}
+
+impl WriteGates {
+    /// Gates for write stacks of `stack_limit` slots each.
+    pub fn new(tenant: &TenantLimitSettings, stack_limit: usize) -> Self {
+        let gate = |what| write_gate(tenant, stack_limit).named(what);
+        Self {
+            upsert: gate("search upserts in flight"),
+            delete: gate("search deletes in flight"),
+            add_edges: gate("search edge writes in flight"),
+        }
+    }
+}
+
+/// Half of the stack's slots at most (at least one), so another tenant
+/// always finds one free.
+fn write_gate(tenant: &TenantLimitSettings, stack_limit: usize) -> FairGate {
+    let slots = u32::try_from(stack_limit).unwrap_or(u32::MAX).max(1);
+    FairGate::new(FairConfig {
+        slots,
+        alone: (slots / 2).max(1),
+        active_window: Duration::from_millis(tenant.active_window_ms),
+        max_wait: Duration::from_millis(tenant.slot_wait_ms),
+    })
+}
 
 /// The three services; each has its own retry budget so one failing
 /// service cannot spend another's retries.
@@ -268,17 +313,17 @@ impl Downstreams {
                 |mut c, r| Box::pin(async move { c.get(r).await }),
             ),
             upsert: b.add(
-                ("search.upsert", S, write, false, 16),
+                ("search.upsert", S, write, false, WRITE_CONCURRENCY),
                 &search,
                 |mut c, r| Box::pin(async move { c.upsert(r).await }),
             ),
             delete: b.add(
-                ("search.delete", S, write, false, 16),
+                ("search.delete", S, write, false, WRITE_CONCURRENCY),
                 &search,
                 |mut c, r| Box::pin(async move { c.delete(r).await }),
             ),
             add_edges: b.add(
-                ("search.add_edges", S, write, false, 16),
+                ("search.add_edges", S, write, false, WRITE_CONCURRENCY),
                 &search,
                 |mut c, r| Box::pin(async move { c.add_edges(r).await }),
             ),
@@ -307,6 +352,10 @@ impl Downstreams {
             ),
             breakers: Arc::new(b.breakers),
             search_channel,
+            write_gates: Arc::new(WriteGates::new(
+                &settings.tenant,
+                WRITE_CONCURRENCY.min(ds.max_concurrency.max(1)),
+            )),
         })
     }
 }
@@ -375,6 +424,48 @@ impl<'a> Builder<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(30)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_tenant_never_holds_more_than_half_a_write_stack() {
+        let gates = WriteGates::new(&TenantLimitSettings::default(), WRITE_CONCURRENCY);
+        let mut held = Vec::new();
+        for _ in 0..WRITE_CONCURRENCY / 2 {
+            held.push(gates.upsert.acquire("a", soon()).await.expect("its half"));
+        }
+        let over = gates.upsert.acquire("a", soon()).await;
+        assert!(
+            matches!(
+                over,
+                Err(crate::error::Error::TenantLimit {
+                    what: "search upserts in flight",
+                    ..
+                })
+            ),
+            "a alone is held to half of the 16 slots"
+        );
+        let started = Instant::now();
+        let _b = gates.upsert.acquire("b", soon()).await.expect("b's slot");
+        assert_eq!(started.elapsed(), Duration::ZERO, "b never waits for a");
+        assert_eq!(held.len(), 8);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tenant_over_its_write_share_gets_the_next_of_its_own_slots() {
+        let gates = WriteGates::new(&TenantLimitSettings::default(), 2);
+        let first = gates.delete.acquire("a", soon()).await.expect("one of two");
+        let next = gates.delete.acquire("a", soon());
+        tokio::pin!(next);
+        assert!(
+            futures::FutureExt::now_or_never(&mut next).is_none(),
+            "a waits while it holds its share"
+        );
+        drop(first);
+        assert!(next.await.is_ok(), "its own call ended, so it goes on");
+    }
 
     #[test]
     fn the_advertised_timeout_is_the_shorter_of_the_stacks_and_the_callers() {

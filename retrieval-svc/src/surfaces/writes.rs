@@ -3,6 +3,9 @@
 //! search-svc, and every write invalidating the tenant's cached answers.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use engram_common::{AccessLevel, Identity};
 use engram_proto::{
@@ -12,11 +15,15 @@ use engram_proto::{
 
 use crate::downstream::{DownstreamError, call};
 use crate::error::Error;
+use crate::fair::{FairGate, Slot};
 use crate::gateway::Gateway;
 use crate::surfaces::working::{self, WorkingWrite};
 
 const MAX_WRITE_BATCH: usize = 1000;
 const MAX_EDGE_BATCH: usize = 10_000;
+/// A write never waits longer than this for its slot (the gate's own
+/// `tenant.slot_wait_ms` is usually shorter).
+const WRITE_SLOT_WAIT_CAP: Duration = Duration::from_secs(30);
 
 /// A write's downstream failure as the caller sees it.
 fn ds_err(service: &'static str, e: DownstreamError) -> Error {
@@ -27,6 +34,14 @@ fn ds_err(service: &'static str, e: DownstreamError) -> Error {
             reason: other.to_string(),
         },
     }
+}
+
+/// The tenant's share of a write stack (downstream::WriteGates), held for
+/// the call: waits while the tenant holds its share, at most
+/// `tenant.slot_wait_ms`, then RESOURCE_EXHAUSTED.
+async fn write_slot(gate: &FairGate, tenant: &str) -> Result<Slot, Error> {
+    gate.acquire(tenant, Instant::now() + WRITE_SLOT_WAIT_CAP)
+        .await
 }
 
 /// `field` must hold 1..=`max` items.
@@ -89,6 +104,7 @@ pub async fn upsert(
     let mut results = Vec::new();
     if !stored.is_empty() {
         let req = UpsertRequest { memories: stored };
+        let _slot = write_slot(&gw.downstreams().write_gates.upsert, &tenant).await?;
         let r = call(&gw.downstreams().upsert, &identity, req).await;
         // Even a failed batch may have written part of it.
         gw.pipeline().caches().invalidate_tenant(&tenant);
@@ -113,6 +129,7 @@ pub async fn delete(
 ) -> Result<DeleteResponse, Error> {
     check_batch("ids", req.ids.len(), MAX_WRITE_BATCH)?;
     let tenant = identity.tenant.clone();
+    let _slot = write_slot(&gw.downstreams().write_gates.delete, &tenant).await?;
     let from_working = gw.working().delete(&identity, &req.ids);
     let r = call(&gw.downstreams().delete, &Arc::new(identity), req).await;
     gw.pipeline().caches().invalidate_tenant(&tenant);
@@ -153,9 +170,36 @@ pub async fn add_edges(
 ) -> Result<AddEdgesResponse, Error> {
     check_batch("edges", req.edges.len(), MAX_EDGE_BATCH)?;
     let tenant = identity.tenant.clone();
+    let _slot = write_slot(&gw.downstreams().write_gates.add_edges, &tenant).await?;
     let r = call(&gw.downstreams().add_edges, &Arc::new(identity), req).await;
     gw.pipeline().caches().invalidate_tenant(&tenant);
     let r = r.map_err(|e| ds_err("search", e))?;
     tracing::info!(tenant = %tenant, count = r.added, "added edges");
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_over_the_maximum_names_the_field_and_the_max() {
+        let err =
+            check_batch("memories", MAX_WRITE_BATCH + 1, MAX_WRITE_BATCH).expect_err("too many");
+        assert!(
+            matches!(
+                err,
+                Error::InvalidArgument {
+                    field: "memories",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("memories: must hold 1..=1000"),
+            "{err}"
+        );
+        assert!(check_batch("memories", MAX_WRITE_BATCH, MAX_WRITE_BATCH).is_ok());
+    }
 }
