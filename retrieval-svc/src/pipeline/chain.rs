@@ -215,10 +215,11 @@ fn relates(question: &str) -> bool {
     possessive || linked
 }
 
-/// A short memory that is not a conversation turn.
+/// A short untitled memory that is not a conversation turn: a note. A
+/// titled page's chain is Stages 3b and 4b's (hop.rs, complement.rs).
 fn is_fact(m: &Memory) -> bool {
     let is_turn = m.turn.as_ref().is_some_and(|t| !t.speaker.is_empty());
-    !is_turn && fact_tokens(&m.content).len() <= MAX_TOKENS
+    !is_turn && m.title.is_empty() && fact_tokens(&m.content).len() <= MAX_TOKENS
 }
 
 /// The names a fact adds to `seen`, a possessive's "'s" cut ("Val

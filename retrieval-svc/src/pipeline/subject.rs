@@ -5,8 +5,9 @@
 //! graph lists rank them by that shared name, which tells them apart not at
 //! all; what does is how close each one's meaning is to the question. So
 //! these memories swap places among themselves by their query cosine, and
-//! nothing else moves. Passages (longer than a fact) and conversation turns
-//! (their speaker is not their subject) are never reordered.
+//! nothing else moves. Passages (longer than a fact), titled pages and
+//! conversation turns (their speaker is not their subject) are never
+//! reordered.
 //!
 //! A leaf over the validated candidates: the places stay, so the scores
 //! still fall with rank.
@@ -52,15 +53,16 @@ pub fn order(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize {
     moved
 }
 
-/// A short memory, not a turn, whose words hold every name of the question.
+/// A short untitled memory, not a turn, whose words hold every name of
+/// the question. A titled page is about its title, which the question may
+/// name without the page being the answer's subject.
 fn about(c: &Checked, names: &HashSet<String>) -> bool {
     let m = &c.cand.memory;
     let is_turn = m.turn.as_ref().is_some_and(|t| !t.speaker.is_empty());
-    if is_turn || fact_tokens(&m.content).len() > MAX_TOKENS {
+    if is_turn || !m.title.is_empty() || fact_tokens(&m.content).len() > MAX_TOKENS {
         return false;
     }
     let mut have = HashSet::new();
-    collect_words(&m.title, &mut have);
     collect_words(&m.content, &mut have);
     names.iter().all(|w| have.contains(w))
 }
