@@ -175,6 +175,53 @@ impl Tally {
     }
 }
 
+/// A `same_slot` pair the answer reported (set ids) and whether it named a
+/// winner.
+struct Judged<'a> {
+    a: &'a str,
+    b: &'a str,
+    resolved: bool,
+}
+
+/// The answer's `same_slot` pairs, by set id.
+fn judged<'a>(
+    r: &engram_proto::RetrieveResponse,
+    back: &BTreeMap<String, &'a str>,
+) -> Vec<Judged<'a>> {
+    (r.conflicts.iter())
+        .filter(|c| c.edge_type == "same_slot")
+        .filter_map(|c| {
+            Some(Judged {
+                a: back.get(&c.memory_a).copied()?,
+                b: back.get(&c.memory_b).copied()?,
+                resolved: !c.winner_id.is_empty(),
+            })
+        })
+        .collect()
+}
+
+/// Detection of versions, judged on the pairs that touch the asked fact:
+/// recall (the current version paired with an outdated one it replaced)
+/// and precision (a reported pair with one member among the asked fact's
+/// versions is right when the other is one too; on a many-valued question,
+/// when it also names no winner).
+fn score_pairs(t: &mut Tally, q: &QuestionLine, pairs: &[Judged<'_>]) {
+    let versions = |id: &str| q.gold.iter().chain(&q.stale).any(|g| g == id);
+    let gold = |id: &str| q.gold.iter().any(|g| g == id);
+    let stale = |id: &str| q.stale.iter().any(|s| s == id);
+    if q.kind == "current" && !q.stale.is_empty() {
+        let found = (pairs.iter()).any(|p| (gold(p.a) && stale(p.b)) || (gold(p.b) && stale(p.a)));
+        t.add("detect_recall", found);
+    }
+    if !matches!(q.kind.as_str(), "current" | "past" | "many") {
+        return;
+    }
+    for p in pairs.iter().filter(|p| versions(p.a) || versions(p.b)) {
+        let right = versions(p.a) && versions(p.b) && (q.kind != "many" || !p.resolved);
+        t.add("detect_precision", right);
+    }
+}
+
 /// Scores one answer (`ranked`: the set's ids, best first).
 fn score(t: &mut Tally, q: &QuestionLine, ranked: &[&str], flagged: bool) {
     let at = |id: &str| ranked.iter().position(|r| *r == id);
@@ -295,6 +342,7 @@ async fn ask(
             .filter_map(|m| back.get(&m.id).copied())
             .collect();
         score(&mut t, q, &ranked, r.nothing_relevant);
+        score_pairs(&mut t, q, &judged(&r, &back));
         if let Some(w) = dump.as_mut() {
             let line = dump_line(client, set, q, &r, &back).await?;
             writeln!(w, "{line}")?;
