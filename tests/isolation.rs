@@ -109,6 +109,13 @@ async fn a_nul_byte_or_an_impossible_time_is_the_callers_error_and_opens_no_brea
             },
         ),
         (
+            "namespace",
+            RetrieveRequest {
+                namespace: "n".repeat(129),
+                ..query("who leads?")
+            },
+        ),
+        (
             "agent_scope",
             RetrieveRequest {
                 agent_scope: vec!["a\0".into()],
