@@ -109,6 +109,13 @@ async fn a_nul_byte_or_an_impossible_time_is_the_callers_error_and_opens_no_brea
             },
         ),
         (
+            "namespace",
+            RetrieveRequest {
+                namespace: "n".repeat(129),
+                ..query("who leads?")
+            },
+        ),
+        (
             "agent_scope",
             RetrieveRequest {
                 agent_scope: vec!["a\0".into()],
@@ -739,6 +746,39 @@ async fn feedback_is_refused_on_anothers_answer_or_on_memories_it_never_returned
     // Its own feedback on what it was given is accepted.
     let ok = a.retrieval.feedback(helpful(&returned)).await?.into_inner();
     assert_eq!(ok.accepted, 1);
+    stack.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_question_nothing_matches_reads_no_vectors() -> anyhow::Result<()> {
+    use engram_proto::RetrievalMode;
+    let (stack, _a, mut b) = two_tenants().await?;
+    // B stores nothing: every strategy finds nothing, on the multi-hop
+    // route that reads the candidates' vectors beside the graph's rows.
+    for text in [
+        "who leads the project that migrates billing?",
+        "how is Alice related to Bob?",
+    ] {
+        let r = b
+            .retrieval
+            .retrieve(RetrieveRequest {
+                mode: RetrievalMode::MultiHop as i32,
+                ..query(text)
+            })
+            .await?
+            .into_inner();
+        assert!(r.records.is_empty(), "{r:?}");
+        assert!(r.degraded_stages.is_empty(), "{:?}", r.degraded_stages);
+    }
+    // No Get with no ids was sent (search-svc refuses it: "ids: must not
+    // be empty"), so none failed.
+    let failed = metric_lines(
+        &stack,
+        "engram_downstream_requests_total{outcome=\"error\",stack=\"search.get\"}",
+    )
+    .await?;
+    assert!(failed.iter().all(|l| l.ends_with(" 0")), "{failed:#?}");
     stack.shutdown().await;
     Ok(())
 }

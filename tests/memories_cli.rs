@@ -289,3 +289,70 @@ async fn bad_listings_are_invalid_arguments_naming_the_field() -> anyhow::Result
     stack.shutdown().await;
     Ok(())
 }
+
+/// stdout of a command whose reader went away (`engram memories list | head`).
+struct ClosedPipe;
+
+impl std::io::Write for ClosedPipe {
+    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::BrokenPipe.into())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::BrokenPipe.into())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn get_of_a_missing_id_fails_and_a_closed_pipe_ends_a_listing_quietly() -> anyhow::Result<()>
+{
+    let settings = settings().await?;
+    let (stack, uri, keys) = stack_with_keys(settings.clone(), &[("a", "sensitive")]).await?;
+    let mut s = Session::open(&settings, key_args(&uri, &keys[0], None)).await?;
+    let stored = notes("ns", 3);
+    s.client
+        .memories
+        .upsert(UpsertRequest {
+            memories: stored.clone(),
+        })
+        .await?;
+    let key = || key_args(&uri, &keys[0], None);
+
+    // A missing id is an error (exit 1) naming it; the found one is printed.
+    let missing = uuid::Uuid::new_v4().to_string();
+    let mut out = Vec::new();
+    let e = memories::run_to(
+        settings.clone(),
+        MemoriesCommand::Get {
+            ids: vec![stored[0].id.clone(), missing.clone()],
+            key: key(),
+        },
+        &mut out,
+    )
+    .await
+    .expect_err("a missing id");
+    assert!(e.to_string().contains("1 of 2 ids not found"), "{e}");
+    assert!(e.to_string().contains(&missing), "{e}");
+    let printed = String::from_utf8(out)?;
+    assert_eq!(printed.lines().count(), 1);
+    assert!(printed.contains(&stored[0].id), "{printed}");
+
+    // `list | head`: the write fails with a broken pipe, never a panic, and
+    // the command ends with success.
+    let list = || MemoriesCommand::List {
+        filters: Filters::default(),
+        page_size: None,
+        page_token: None,
+        all: true,
+        newest_first: false,
+        json: false,
+        key: key(),
+    };
+    let closed = memories::run_to(settings.clone(), list(), &mut ClosedPipe).await;
+    let e = closed.as_ref().expect_err("the write failed");
+    assert!(e.to_string().to_lowercase().contains("pipe"), "{e}");
+    assert!(memories::quiet_on_broken_pipe(closed).is_ok());
+    // Other errors stay errors.
+    assert!(memories::quiet_on_broken_pipe(Err(anyhow::anyhow!("boom"))).is_err());
+    stack.shutdown().await;
+    Ok(())
+}

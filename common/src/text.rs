@@ -47,6 +47,10 @@ pub fn check_text(s: &str) -> Result<(), &'static str> {
     }
 }
 
+/// The longest namespace, in characters: what search-svc stores on a write,
+/// and so the most any read, listing or filter may name.
+pub const MAX_NAMESPACE_CHARS: usize = 128;
+
 /// [`check_text`], and at most `max_chars` characters: the rule for short
 /// fields (names, ids, captions), the same words in every service.
 pub fn check_short_text(s: &str, max_chars: usize) -> Result<(), String> {

@@ -386,6 +386,16 @@ impl Session {
     }
 }
 
+/// The ids the user asked for (`asked`, stored as `stored`, same order)
+/// that `found` does not hold, as the user wrote them.
+fn missing_ids(asked: &[String], stored: &[String], found: &[Memory]) -> Vec<String> {
+    let have: std::collections::HashSet<&str> = found.iter().map(|m| m.id.as_str()).collect();
+    (asked.iter().zip(stored))
+        .filter(|(_, s)| !have.contains(s.as_str()))
+        .map(|(a, _)| a.clone())
+        .collect()
+}
+
 pub fn status_error(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
 }
@@ -479,8 +489,36 @@ fn show_short(m: &Memory) -> String {
     )
 }
 
-/// Runs one `engram memories` command, printing to stdout.
+/// Runs one `engram memories` command, printing to stdout. A reader that
+/// went away (`engram memories list | head`) ends the command quietly: what
+/// it wanted was read.
 pub async fn run(settings: Settings, command: MemoriesCommand) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout();
+    quiet_on_broken_pipe(run_to(settings, command, &mut stdout).await)
+}
+
+/// `Ok` when `r` failed only because the reader of our output closed it.
+pub fn quiet_on_broken_pipe(r: anyhow::Result<()>) -> anyhow::Result<()> {
+    match r {
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// [`run`] with its stdout as `out`; a write error (a closed pipe among
+/// them) is returned, never a panic.
+pub async fn run_to(
+    settings: Settings,
+    command: MemoriesCommand,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     match command {
         MemoriesCommand::List {
             filters,
@@ -494,13 +532,15 @@ pub async fn run(settings: Settings, command: MemoriesCommand) -> anyhow::Result
             let mut s = Session::open(&settings, key).await?;
             let mut req = filters.request(page_size, newest_first);
             req.page_token = page_token.unwrap_or_default();
-            let print = |m: &Memory| match json {
-                true => println!("{}", show_line(m)),
-                false => println!("{}", show_short(m)),
-            };
             loop {
                 let page = s.page(req.clone()).await?;
-                page.memories.iter().for_each(print);
+                for m in &page.memories {
+                    match json {
+                        true => writeln!(out, "{}", show_line(m))?,
+                        false => writeln!(out, "{}", show_short(m))?,
+                    }
+                }
+                out.flush()?;
                 match (page.next_page_token.is_empty(), all) {
                     (true, _) => break,
                     (false, true) => req.page_token = page.next_page_token,
@@ -516,13 +556,16 @@ pub async fn run(settings: Settings, command: MemoriesCommand) -> anyhow::Result
             let mut s = Session::open(&settings, key).await?;
             let found = s.get(&settings, &ids).await?;
             for m in &found {
-                println!("{}", show_line(m));
+                writeln!(out, "{}", show_line(m))?;
             }
-            if found.len() < ids.len() {
-                eprintln!(
-                    "{} of {} ids not found (or above this key's trust)",
-                    ids.len() - found.len(),
-                    ids.len()
+            out.flush()?;
+            let missing = missing_ids(&ids, &s.stored_ids(&settings, &ids)?, &found);
+            if !missing.is_empty() {
+                anyhow::bail!(
+                    "{} of {} ids not found (or above this key's trust): {}",
+                    missing.len(),
+                    ids.len(),
+                    missing.join(", ")
                 );
             }
             Ok(())
@@ -530,12 +573,21 @@ pub async fn run(settings: Settings, command: MemoriesCommand) -> anyhow::Result
         MemoriesCommand::Delete { ids, key } => {
             let mut s = Session::open(&settings, key).await?;
             let n = s.delete(&settings, &ids).await?;
-            println!("deleted {n} of {} from tenant {:?}", ids.len(), s.tenant);
+            writeln!(
+                out,
+                "deleted {n} of {} from tenant {:?}",
+                ids.len(),
+                s.tenant
+            )?;
             Ok(())
         }
-        MemoriesCommand::Export { filters, out, key } => {
+        MemoriesCommand::Export {
+            filters,
+            out: path_opt,
+            key,
+        } => {
             let mut s = Session::open(&settings, key).await?;
-            let n = match &out {
+            let n = match &path_opt {
                 Some(path) => {
                     let f = std::fs::File::create(path)
                         .with_context(|| format!("cannot write {}", path.display()))?;
@@ -545,8 +597,7 @@ pub async fn run(settings: Settings, command: MemoriesCommand) -> anyhow::Result
                     n
                 }
                 None => {
-                    let stdout = std::io::stdout();
-                    let mut w = std::io::BufWriter::new(stdout.lock());
+                    let mut w = std::io::BufWriter::new(&mut *out);
                     let n = s.export(&filters, &mut w).await?;
                     w.flush()?;
                     n
@@ -574,7 +625,7 @@ pub async fn run(settings: Settings, command: MemoriesCommand) -> anyhow::Result
             if !yes {
                 anyhow::bail!("wipe would delete {n} memories in {scope}; pass --yes to do it");
             }
-            println!("wiped {deleted} memories in {scope}");
+            writeln!(out, "wiped {deleted} memories in {scope}")?;
             Ok(())
         }
     }

@@ -8,7 +8,10 @@ use engram_proto::{
     ConversationMessage, Filters, QueryRoute, RetrievalMode, RetrieveRequest, TimeRange,
 };
 
-use engram_common::text::{check_struct_depth, check_struct_text, check_text, check_timestamp};
+use engram_common::text::{
+    MAX_NAMESPACE_CHARS, check_short_text, check_struct_depth, check_struct_text, check_text,
+    check_timestamp,
+};
 
 use crate::error::Error;
 
@@ -219,14 +222,13 @@ fn check_storable(
     turn_id: &str,
     f: &Filters,
 ) -> Result<(), Error> {
-    let texts = [
-        ("text", text),
-        ("turn_id", turn_id),
-        ("namespace", &f.namespace),
-    ];
-    for (field, s) in texts {
+    for (field, s) in [("text", text), ("turn_id", turn_id)] {
         check_text(s).map_err(|rule| Error::invalid(field, rule))?;
     }
+    // The write rule: a namespace no write could have stored is the
+    // caller's mistake, not a search for nothing.
+    check_short_text(&f.namespace, MAX_NAMESPACE_CHARS)
+        .map_err(|rule| Error::invalid("namespace", rule))?;
     let lists = [("hypotheses", hypotheses), ("agent_scope", &f.agent_scope)];
     for (field, list) in lists {
         for s in list {
@@ -462,6 +464,18 @@ mod tests {
             }),
             "namespace"
         );
+        assert_eq!(
+            field_of(RetrieveRequest {
+                namespace: "n".repeat(MAX_NAMESPACE_CHARS + 1),
+                ..req("q")
+            }),
+            "namespace"
+        );
+        let longest = RetrieveRequest {
+            namespace: "n".repeat(MAX_NAMESPACE_CHARS),
+            ..req("q")
+        };
+        assert!(Query::try_from(longest).is_ok());
         assert_eq!(
             field_of(RetrieveRequest {
                 agent_scope: vec!["ok".into(), "a\u{7}".into()],

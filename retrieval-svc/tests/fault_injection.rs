@@ -20,6 +20,8 @@ use tonic::{Request, Response, Status};
 
 const TOKEN: &str = "internal-test-token";
 const KEY: &str = "test-key";
+/// The graph's own hit: a UUID, as feedback on it must name one.
+const G1: &str = "00000000-0000-4000-8000-0000000000a1";
 
 fn check<T>(r: &Request<T>) -> Result<Identity, Status> {
     Ok(Identity::read_internal(r.metadata(), Some(TOKEN))?)
@@ -189,7 +191,7 @@ impl GraphService for FakeGraph {
         Ok(Response::new(PprResponse {
             hits: vec![
                 GraphHit {
-                    memory_id: "g1".into(),
+                    memory_id: G1.into(),
                     score: 0.5,
                     rank: 1,
                     via_entities: vec!["Deploy".into()],
@@ -491,7 +493,7 @@ async fn healthy_pipeline_fuses_reranks_and_resolves_conflicts() {
         .iter()
         .filter_map(|m| m.memory.as_ref().map(|m| m.id.as_str()))
         .collect();
-    assert!(ids.contains(&"g1"), "graph hit fetched by id: {ids:?}");
+    assert!(ids.contains(&G1), "graph hit fetched by id: {ids:?}");
     // c2 is newer with equal confidence: recency wins, c1 removed.
     assert!(ids.contains(&"c2") && !ids.contains(&"c1"), "{ids:?}");
     // The graph's pair; the fixtures' look-alike texts ("memory c1 about
@@ -529,7 +531,7 @@ async fn healthy_pipeline_fuses_reranks_and_resolves_conflicts() {
         .feedback(authed(FeedbackRequest {
             query_id: r.query_id.clone(),
             items: vec![FeedbackItem {
-                memory_id: "g1".into(),
+                memory_id: G1.into(),
                 signal: FeedbackSignal::Helpful as i32,
                 value: true,
             }],

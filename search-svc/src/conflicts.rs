@@ -18,6 +18,7 @@
 use chrono::{DateTime, Utc};
 use engram_common::Identity;
 use engram_common::convert::chrono_to_ts;
+use engram_common::text::MAX_NAMESPACE_CHARS;
 use engram_proto as pb;
 use engram_proto::conflict_service_server::ConflictService;
 use sqlx::{PgPool, Postgres, Transaction};
@@ -31,7 +32,6 @@ use crate::validate::parse_uuid;
 pub const SERVICE_NAME: &str = "engram.v1.ConflictService";
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
 pub const MAX_PAGE_SIZE: u32 = 200;
-const MAX_NAMESPACE_CHARS: usize = 128;
 const TOKEN_PREFIX: &str = "c1.";
 /// How much of each memory's text a listed pair carries.
 const CONTENT_CHARS: i32 = 200;

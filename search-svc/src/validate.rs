@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use engram_common::AccessLevel;
 use engram_common::convert::{struct_to_json, ts_to_chrono};
-use engram_common::text::{check_struct_text, check_text, check_timestamp};
+use engram_common::text::{MAX_NAMESPACE_CHARS, check_struct_text, check_text, check_timestamp};
 use engram_proto as pb;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -20,7 +20,6 @@ pub const MAX_CONTENT_BYTES: usize = 64 * 1024;
 pub const MAX_QUERY_CHARS: usize = 4096;
 pub const MAX_K: u32 = 200;
 const MAX_TITLE_BYTES: usize = 4096;
-const MAX_NAMESPACE_CHARS: usize = 128;
 const MAX_SOURCE_BYTES: usize = 4096;
 const MAX_ENTITIES: usize = 256;
 const MAX_NAME_BYTES: usize = 512;

@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use engram_common::Identity;
+use engram_common::text::MAX_NAMESPACE_CHARS;
 use engram_proto::conflict_service_client::ConflictServiceClient;
 use engram_proto::{
     ConflictDecision, ListConflictsRequest, ListConflictsResponse, ReviewConflictRequest,
@@ -25,7 +26,6 @@ use crate::gateway::Gateway;
 /// search-svc's bounds (`search_svc::conflicts`).
 pub const MAX_CONFLICT_PAGE: u32 = 200;
 const MAX_PAGE_TOKEN_CHARS: usize = 32;
-const MAX_NAMESPACE_CHARS: usize = 128;
 /// A page is at most 200 pairs of 400 characters under search-svc's 1 s
 /// statement timeout; a review is one short write transaction.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engram_common::Identity;
-use engram_common::text::{check_label, check_timestamp};
+use engram_common::text::{MAX_NAMESPACE_CHARS, check_label, check_timestamp};
 use engram_proto::listing_service_client::ListingServiceClient;
 use engram_proto::memory_service_server::MemoryService;
 use engram_proto::{
@@ -27,7 +27,6 @@ use crate::surfaces::writes;
 pub const MAX_LIST_PAGE: u32 = 1000;
 pub const DEFAULT_LIST_PAGE: u32 = 100;
 const MAX_PAGE_TOKEN_CHARS: usize = 128;
-const MAX_NAMESPACE_CHARS: usize = 128;
 const MAX_LIST_TYPES: usize = 32;
 /// A listing reads at most one page (1,000 rows, ~3 MiB) under search-svc's
 /// 1 s statement timeout; this leaves room for the transfer.

@@ -49,11 +49,11 @@ impl TryFrom<FeedbackRequest> for Feedback {
                     ));
                 }
             };
-            if item.memory_id.is_empty() || item.memory_id.len() > 64 {
-                return Err(Error::invalid(
-                    "items.memory_id",
-                    "must be 1..=64 characters",
-                ));
+            // Memory ids are UUIDs (search-svc refuses anything else): a
+            // batch with one other id would be accepted here and then lost
+            // whole in the background store.
+            if uuid::Uuid::parse_str(&item.memory_id).is_err() {
+                return Err(Error::invalid("items.memory_id", "must be a UUID"));
             }
             stored.push(StoredFeedback {
                 query_id: query_id.clone(),
@@ -167,5 +167,43 @@ impl FeedbackQueue {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use engram_proto::FeedbackItem;
+
+    use super::*;
+
+    fn request(memory_id: &str) -> FeedbackRequest {
+        FeedbackRequest {
+            query_id: "q-1".into(),
+            items: vec![FeedbackItem {
+                memory_id: memory_id.into(),
+                signal: FeedbackSignal::Helpful as i32,
+                value: true,
+            }],
+        }
+    }
+
+    #[test]
+    fn memory_ids_must_be_uuids() {
+        for bad in [
+            "",
+            "g1",
+            "not-a-uuid",
+            "00000000-0000-0000-0000-00000000000g",
+        ] {
+            match Feedback::try_from(request(bad)) {
+                Err(Error::InvalidArgument { field, rule }) => {
+                    assert_eq!(field, "items.memory_id", "{bad:?}");
+                    assert!(rule.contains("UUID"), "{bad:?}: {rule}");
+                }
+                other => panic!("{bad:?}: expected invalid argument, got {other:?}"),
+            }
+        }
+        let ok = Feedback::try_from(request("6f1c2b1e-8a6b-4c1e-9d7a-2f0e5b3c4d11"));
+        assert_eq!(ok.map(|f| f.len()).ok(), Some(1));
     }
 }

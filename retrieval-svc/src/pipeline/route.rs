@@ -180,15 +180,55 @@ fn has_phrase(norm: &str, phrase: &str) -> bool {
     format!(" {norm} ").contains(&format!(" {phrase} "))
 }
 
-/// Greetings, thanks and questions about the assistant itself.
+/// Words that may follow a greeting without making it a question ("hello
+/// there", "thanks a lot", "how are you doing today"). A greeting phrase
+/// followed by any other word ("who are you meeting tomorrow", "help with
+/// billing") is a question and is retrieved for.
+const GREETING_TAIL: &[&str] = &[
+    "there",
+    "all",
+    "everyone",
+    "everybody",
+    "folks",
+    "team",
+    "friend",
+    "buddy",
+    "mate",
+    "again",
+    "so",
+    "very",
+    "much",
+    "a",
+    "lot",
+    "lots",
+    "today",
+    "doing",
+    "tonight",
+    "then",
+    "now",
+    "please",
+    "bot",
+    "assistant",
+    "engram",
+    "too",
+];
+
+/// Greetings, thanks and questions about the assistant itself: a greeting
+/// phrase alone, or followed by at most two words that are filler or
+/// greetings themselves ("ok thanks").
 pub fn no_retrieval_needed(text: &str) -> bool {
     let norm = normalise(text);
     if norm.is_empty() {
         return true;
     }
     let words = norm.split(' ').count();
+    let filler = |w: &str| GREETING_TAIL.contains(&w) || GREETINGS.contains(&w);
     GREETINGS.iter().any(|g| {
-        norm == *g || (words <= g.split(' ').count() + 2 && norm.starts_with(&format!("{g} ")))
+        norm == *g
+            || (words <= g.split(' ').count() + 2
+                && norm
+                    .strip_prefix(&format!("{g} "))
+                    .is_some_and(|tail| tail.split(' ').all(filler)))
     })
 }
 
@@ -448,5 +488,40 @@ mod tests {
             "hello, what did Alice say about the budget?"
         ));
         assert!(!no_retrieval_needed("what is the deploy procedure"));
+    }
+
+    #[test]
+    fn plain_greetings_short_circuit() {
+        for g in [
+            "hi",
+            "Hi!",
+            "hello there",
+            "thanks!",
+            "thank you so much",
+            "ok thanks",
+            "good morning everyone",
+            "how are you doing today?",
+            "who are you?",
+            "what can you do?",
+            "help",
+            "bye then",
+        ] {
+            assert!(no_retrieval_needed(g), "{g}");
+        }
+    }
+
+    #[test]
+    fn questions_that_open_like_greetings_are_retrieved_for() {
+        for q in [
+            "Who are you meeting tomorrow?",
+            "What are you working on?",
+            "help with billing",
+            "How are you handling the migration?",
+            "thanks, who leads billing?",
+            "hey where is the deploy doc",
+            "ok what changed",
+        ] {
+            assert!(!no_retrieval_needed(q), "{q}");
+        }
     }
 }

@@ -373,8 +373,14 @@ fn hits_of(id: &str, lists: &[StrategyList]) -> Vec<StrategyHit> {
 }
 
 /// The stored vectors of `ids` (id and vector only, under the caller's
-/// tenant and trust level: the internal vectors-only Get).
+/// tenant and trust level: the internal vectors-only Get). No ids, no call:
+/// search-svc refuses an empty Get ("ids: must not be empty"), and an
+/// empty candidate list (a new tenant, a question nothing matches) is no
+/// failure.
 pub async fn read_vectors(ctx: &Ctx<'_>, ids: Vec<String>, deadline: Instant) -> Vectors {
+    if ids.is_empty() {
+        return Vectors::Read(HashMap::new());
+    }
     let req = GetRequest {
         ids,
         include_embedding: true,

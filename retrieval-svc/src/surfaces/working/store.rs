@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use engram_common::settings::WorkingMemorySettings;
+use engram_common::text::MAX_NAMESPACE_CHARS;
 use engram_common::{AccessLevel, Identity};
 use engram_proto::{GetMemoryRequest, Memory, UpsertResult};
 use parking_lot::Mutex;
@@ -25,7 +26,6 @@ pub const DEFAULT_MAX_DEPTH: u32 = 2;
 pub const MAX_DEPTH: u32 = 4;
 pub const EMBEDDING_DIM: usize = 384;
 const MAX_CONTENT_BYTES: usize = 64 * 1024;
-const MAX_NAMESPACE_CHARS: usize = 128;
 const MAX_SOURCE_CHARS: usize = 2048;
 /// Causal links returned at most, whatever the depth.
 pub const MAX_CHAIN: u32 = 50;
