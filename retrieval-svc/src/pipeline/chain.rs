@@ -16,14 +16,14 @@
 
 use std::collections::HashSet;
 
-use engram_proto::{Filters, KeywordSearchRequest, Memory, StrategyHit};
+use engram_proto::{Filters, KeywordSearchRequest, Memory};
 use tokio::time::Instant;
 
 use super::ctx::{Ctx, StageTrace};
-use super::fusion::Fused;
+use super::current::order_key;
 use super::search::{Candidate, KEYWORD, stage_deadline, time_for_another};
-use super::slots::{self, MAX_TOKENS, fact_tokens};
-use super::text::{lower_words, names, query_words};
+use super::slots::{self, fact_tokens, is_note};
+use super::text::{RELATION_LINKS, lower_words, names, query_words};
 use super::validate::{Checked, static_checks};
 use crate::downstream::call_until;
 
@@ -59,7 +59,7 @@ pub async fn run(
     let (_, terms) = query_words(&ctx.query.text);
     let mut unsaid = unsaid_by(&terms, &first);
     let shaped = relates(&ctx.query.text);
-    if !shaped || !is_fact(&first) || unsaid.len() < MIN_UNSAID || trace.is_degraded(KEYWORD) {
+    if !shaped || !is_note(&first) || unsaid.len() < MIN_UNSAID || trace.is_degraded(KEYWORD) {
         return 0;
     }
     let t = Instant::now();
@@ -120,10 +120,10 @@ async fn hop(
     };
     let finds: Vec<Memory> = (resp.hits.into_iter())
         .filter_map(|h| h.memory)
-        .filter(|m| is_fact(m) && !placed(&m.id) && holds(m, value))
+        .filter(|m| is_note(m) && !placed(&m.id) && holds(m, value))
         .collect();
     let cands = (finds.into_iter().enumerate())
-        .map(|(i, m)| candidate(m, i))
+        .map(|(i, m)| Candidate::found(m, CHAIN, i, 0.0))
         .collect();
     let checked = static_checks(
         cands,
@@ -142,13 +142,7 @@ fn current(mut finds: Vec<Checked>, question: &str, value: &[String]) -> Option<
     asked.extend(value.iter().cloned());
     let toks = |c: &Checked| fact_tokens(&c.cand.memory.content);
     let head = toks(first);
-    let key = |c: &Checked| {
-        let m = &c.cand.memory;
-        (
-            m.access_level,
-            m.event_time.as_ref().map(|t| (t.seconds, t.nanos)),
-        )
-    };
+    let key = |c: &Checked| order_key(&c.cand.memory);
     let mut best = 0;
     for (i, c) in finds.iter().enumerate().skip(1) {
         let newer = key(c) > key(&finds[best]);
@@ -179,27 +173,6 @@ fn place(ranked: &mut Vec<(Checked, f32)>, chain: Vec<Checked>) {
     }
 }
 
-fn candidate(memory: Memory, rank: usize) -> Candidate {
-    let hit = StrategyHit {
-        strategy: CHAIN.to_string(),
-        rank: rank as u32 + 1,
-        score: 0.0,
-    };
-    Candidate {
-        fused: Fused {
-            id: memory.id.clone(),
-            rrf: 0.0,
-            hits: vec![hit],
-        },
-        memory,
-        via_entities: Vec::new(),
-    }
-}
-
-/// Words that relate the noun before them to what follows ("the
-/// director of", "the city where", "the company that").
-const LINKS: &[&str] = &["of", "where", "whose", "which", "who", "whom", "that", "by"];
-
 /// Whether the question names a thing through another one: "the director
 /// of X", "the city where X lives", "X's spouse". A question for several
 /// values of one relation ("Which languages does X speak?") does not.
@@ -210,16 +183,10 @@ fn relates(question: &str) -> bool {
         .filter(|w| !w.is_empty())
         .collect();
     let possessive = words.iter().any(|w| w.ends_with("'s") && w.len() > 2);
-    let linked = (words.windows(3))
-        .any(|w| w[0] == "the" && w[1].chars().all(char::is_alphabetic) && LINKS.contains(&w[2]));
+    let linked = (words.windows(3)).any(|w| {
+        w[0] == "the" && w[1].chars().all(char::is_alphabetic) && RELATION_LINKS.contains(&w[2])
+    });
     possessive || linked
-}
-
-/// A short untitled memory that is not a conversation turn: a note. A
-/// titled page's chain is Stages 3b and 4b's (hop.rs, complement.rs).
-fn is_fact(m: &Memory) -> bool {
-    let is_turn = m.turn.as_ref().is_some_and(|t| !t.speaker.is_empty());
-    !is_turn && m.title.is_empty() && fact_tokens(&m.content).len() <= MAX_TOKENS
 }
 
 /// The names a fact adds to `seen`, a possessive's "'s" cut ("Val

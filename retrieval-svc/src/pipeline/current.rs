@@ -166,9 +166,10 @@ fn conflict(older: &Memory, newer: &Memory, v: &Versions) -> ConflictPair {
 
 /// (access level, event time, ingestion time): what makes a version the
 /// one that counts; higher counts.
-type Key = (i32, i64, i64);
+pub type Key = (i32, i64, i64);
 
-fn order_key(m: &Memory) -> Key {
+/// The [`Key`] of a memory (Stage 4d picks a chain's next fact by it too).
+pub fn order_key(m: &Memory) -> Key {
     let ms = |t: &Option<prost_types::Timestamp>| {
         (t.as_ref().and_then(ts_to_chrono)).map_or(i64::MIN, |t| t.timestamp_millis())
     };

@@ -15,11 +15,10 @@
 //! 95.7, HotpotQA and LoCoMo unchanged (docs/benchmarks.md, "The next hop
 //! by name").
 
-use engram_proto::{Filters, KeywordSearchRequest, Memory, StrategyHit};
+use engram_proto::{Filters, KeywordSearchRequest, Memory};
 use tokio::time::Instant;
 
 use super::ctx::{Ctx, StageTrace};
-use super::fusion::Fused;
 use super::search::{Candidate, HopPlan, KEYWORD, Plan, stage_deadline, time_for_another};
 use super::text::{lower_words, names};
 use super::validate::{Checked, best_fused, static_checks};
@@ -115,23 +114,14 @@ fn credit(
     let mut ids = Vec::new();
     let mut new = Vec::new();
     for (i, (memory, score)) in hits.enumerate() {
-        let hit = StrategyHit {
-            strategy: HOP.to_string(),
-            rank: i as u32 + 1,
-            score,
-        };
         ids.push(memory.id.clone());
-        match checked.iter_mut().find(|c| c.cand.memory.id == memory.id) {
-            Some(c) => c.cand.fused.hits.push(hit),
-            None => new.push(Candidate {
-                fused: Fused {
-                    id: memory.id.clone(),
-                    rrf: 0.0,
-                    hits: vec![hit],
-                },
-                memory,
-                via_entities: Vec::new(),
-            }),
+        let found = Candidate::found(memory, HOP, i, score);
+        match checked
+            .iter_mut()
+            .find(|c| c.cand.memory.id == found.memory.id)
+        {
+            Some(c) => c.cand.fused.hits.extend(found.fused.hits),
+            None => new.push(found),
         }
     }
     (ids, new)

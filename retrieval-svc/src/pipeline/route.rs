@@ -8,6 +8,7 @@
 use engram_common::settings::PipelineSettings;
 
 use super::search::Plan;
+use super::text::RELATION_LINKS;
 use crate::query::{Mode, Query, Raw, Route};
 
 /// What one attempt runs. Stage 1 makes the first; a retry makes the next
@@ -331,10 +332,6 @@ const ATTRIBUTE_HEADS: &[&str] = &[
 /// prose, where "the end of the meeting that…" is no chain. The longest
 /// dev question is 224 characters.
 const MAX_CHAIN_QUESTION_CHARS: usize = 300;
-
-/// Words that attach a relation to the noun before them: "the composer
-/// of", "the country where", "the person who".
-const RELATION_LINKS: &[&str] = &["of", "where", "whose", "which", "who", "whom", "that", "by"];
 
 /// Auxiliaries: "who is the person that…" asks about the person, it does
 /// not relate another one to them.

@@ -251,6 +251,27 @@ pub struct Candidate {
     pub via_entities: Vec<String>,
 }
 
+impl Candidate {
+    /// A memory a later search found that was not fused in Stage 2: one
+    /// hit, credited to `strategy` at `rank` (0-based) with `score`.
+    pub fn found(memory: Memory, strategy: &str, rank: usize, score: f32) -> Self {
+        let hit = StrategyHit {
+            strategy: strategy.to_string(),
+            rank: rank as u32 + 1,
+            score,
+        };
+        Self {
+            fused: Fused {
+                id: memory.id.clone(),
+                rrf: 0.0,
+                hits: vec![hit],
+            },
+            memory,
+            via_entities: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Candidates {
     pub candidates: Vec<Candidate>,

@@ -59,6 +59,14 @@ pub fn fact_tokens(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// A note: a short untitled memory that is not a conversation turn. A
+/// titled page is about its title and a turn's speaker is not its
+/// subject, so Stages 4c and 4d judge notes only.
+pub fn is_note(m: &engram_proto::Memory) -> bool {
+    let is_turn = m.turn.as_ref().is_some_and(|t| !t.speaker.is_empty());
+    !is_turn && m.title.is_empty() && fact_tokens(&m.content).len() <= MAX_TOKENS
+}
+
 /// What differs between two versions, and how sure a replacement is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Versions {

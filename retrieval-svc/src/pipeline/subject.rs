@@ -15,7 +15,7 @@
 use std::collections::HashSet;
 
 use super::search::VECTOR;
-use super::slots::{MAX_TOKENS, fact_tokens};
+use super::slots::is_note;
 use super::text::{collect_words, query_words};
 use super::validate::Checked;
 
@@ -58,8 +58,7 @@ pub fn order(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize {
 /// name without the page being the answer's subject.
 fn about(c: &Checked, names: &HashSet<String>) -> bool {
     let m = &c.cand.memory;
-    let is_turn = m.turn.as_ref().is_some_and(|t| !t.speaker.is_empty());
-    if is_turn || !m.title.is_empty() || fact_tokens(&m.content).len() > MAX_TOKENS {
+    if !is_note(m) {
         return false;
     }
     let mut have = HashSet::new();

@@ -15,6 +15,11 @@ const STOPWORDS: &[&str] = &[
     "which", "while", "who", "whom", "whose", "why", "will", "with", "would", "you", "your",
 ];
 
+/// Words that attach a relation to the noun before them: "the composer
+/// of", "the country where", "the person who" (route.rs reads chains of
+/// relations with them, chain.rs chains of facts).
+pub const RELATION_LINKS: &[&str] = &["of", "where", "whose", "which", "who", "whom", "that", "by"];
+
 /// A memory's text as said: a conversation turn with a speaker reads
 /// "speaker: text" (search-svc embeds it so), anything else its content.
 pub fn said(m: &Memory) -> Cow<'_, str> {
