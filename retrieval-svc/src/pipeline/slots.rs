@@ -98,10 +98,16 @@ pub fn versions(a: &[String], b: &[String], asked: &HashSet<String>) -> Option<V
     if !(spans_ok && short && mostly_shared) {
         return None;
     }
-    // The frame must be about what was asked, and the value must not be.
+    // The frame must be about what was asked, and the value must not be. A
+    // word the frame already holds says nothing about the span: in "Luis
+    // Trenker is a patient of Dr. José Luis Garci" against "… Dr. Christopher
+    // H. Clark", asked about Luis Trenker, the "luis" in the value is not
+    // the subject swapped.
     let content = |w: &str| !FUNCTION.contains(&w) && w.len() >= 2;
     let frame_asked = (shared.iter()).any(|w| content(w) && asked.contains(*w));
-    let span_asked = (mid_a.iter().chain(mid_b)).any(|w| content(w) && asked.contains(w));
+    let in_frame = |w: &String| shared.contains(&w);
+    let span_asked = (mid_a.iter().chain(mid_b))
+        .any(|w| content(w) && asked.contains(w) && !in_frame(w));
     if !frame_asked || span_asked || has_digit(mid_a) != has_digit(mid_b) {
         return None;
     }
@@ -160,6 +166,25 @@ mod tests {
             "The head office of Acme is in the city of Lyon.",
             "The head office of Globex is in the city of Lyon.",
             "Where is Acme's head office?",
+        );
+        assert_eq!(v, None);
+    }
+
+    #[test]
+    fn a_value_that_repeats_a_word_of_the_subject_is_still_a_value() {
+        let v = judge(
+            "Luis Trenker is a patient of Dr. José Luis Garci.",
+            "Luis Trenker is a patient of Dr. Christopher H. Clark.",
+            "Who is Luis Trenker's GP?",
+        )
+        .expect("versions");
+        assert_eq!(v.a, "josé luis garci");
+        // The other way round the name is the subject: "Luis" asked, and
+        // only one of the two says it.
+        let v = judge(
+            "The GP of Luis Trenker is Dr. Clark.",
+            "The GP of Anna Trenker is Dr. Clark.",
+            "Who is Luis Trenker's GP?",
         );
         assert_eq!(v, None);
     }
