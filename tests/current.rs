@@ -320,3 +320,34 @@ async fn a_chain_follows_the_current_value() -> anyhow::Result<()> {
     assert!(at(&old_city.id).is_none_or(|p| Some(p) > found), "{said:?}");
     Ok(())
 }
+
+/// An assistant's notes about a user: the keyword list matches the
+/// question's small words ("carry", "days") in a note about something else
+/// entirely, and that note must not lead the one the question means
+/// (pipeline/subject.rs `near_first`).
+#[tokio::test]
+async fn a_note_far_from_the_questions_meaning_does_not_lead() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let phone = fact("Her phone is a Google Pixel 7, number ending 0193.", 20);
+    let notes = vec![
+        fact(
+            "Also allergic to shellfish; carries an EpiPen these days.",
+            10,
+        ),
+        phone.clone(),
+        fact(
+            "Mornings are green tea these days; skip the café orders.",
+            30,
+        ),
+        fact("Dentist is Dr. Okafor at Belmont Dental.", 40),
+        fact("Her husband Tom teaches chemistry at a high school.", 50),
+        fact("Carry-on only when she flies for work.", 60),
+    ];
+    write(&mut c, &notes).await?;
+
+    let r = ask(&mut c, "What handset does she carry these days?").await?;
+    let got = ids(&r);
+    assert_eq!(got.first(), Some(&phone.id), "{got:?}");
+    Ok(())
+}

@@ -556,11 +556,13 @@ impl Pipeline {
             Vec::new()
         } else {
             let t = Instant::now();
-            let (moved, pairs) = stage_span("current").in_scope(|| {
+            let (near, moved, pairs) = stage_span("current").in_scope(|| {
+                let near = subject::near_first(&mut ranked);
                 let moved = subject::order(&ctx.query.text, &mut ranked);
-                (moved, current::run(&ctx.query, &mut ranked))
+                (near, moved, current::run(&ctx.query, &mut ranked))
             });
             ctx.timed("current", t);
+            trace.counts.push(("near_first_moves", near));
             trace.counts.push(("subject_moves", moved));
             trace.counts.push(("versions", pairs.len()));
             let chain = chain::run(ctx, &mut trace, &mut ranked, filters)

@@ -106,8 +106,8 @@ pub fn versions(a: &[String], b: &[String], asked: &HashSet<String>) -> Option<V
     let content = |w: &str| !FUNCTION.contains(&w) && w.len() >= 2;
     let frame_asked = (shared.iter()).any(|w| content(w) && asked.contains(*w));
     let in_frame = |w: &String| shared.contains(&w);
-    let span_asked = (mid_a.iter().chain(mid_b))
-        .any(|w| content(w) && asked.contains(w) && !in_frame(w));
+    let span_asked =
+        (mid_a.iter().chain(mid_b)).any(|w| content(w) && asked.contains(w) && !in_frame(w));
     if !frame_asked || span_asked || has_digit(mid_a) != has_digit(mid_b) {
         return None;
     }
