@@ -208,3 +208,50 @@ async fn a_year_unused_fades_every_type_but_hides_none() -> anyhow::Result<()> {
     ts.shutdown().await;
     Ok(())
 }
+
+/// Issue 47, item 5: the pass keeps the newest vote of each kind per
+/// memory and deletes the older ones, so repeated feedback cannot grow the
+/// table without bound, and what decay reads (the newest use) is unchanged.
+#[tokio::test]
+async fn the_pass_keeps_only_the_newest_vote_of_each_kind_per_memory() -> anyhow::Result<()> {
+    let pool = engram_common::db::test_database().await?;
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let id = Uuid::new_v4().to_string();
+    let m = kayak(&id, "is tied to the jetty");
+    c.memories
+        .upsert(UpsertRequest { memories: vec![m] })
+        .await?;
+    let vote = |signal: &str, days: i32| {
+        sqlx::query(
+            "INSERT INTO feedback (tenant_id, agent_id, query_id, memory_id, signal, value, created_at) \
+             SELECT tenant_id, 'a', 'q', id, $2, true, now() - make_interval(days => $3) \
+             FROM memories WHERE id = $1",
+        )
+        .bind(Uuid::parse_str(&id).expect("uuid"))
+        .bind(signal.to_string())
+        .bind(days)
+        .execute(&pool)
+    };
+    for days in [9, 3, 5, 7] {
+        vote("used", days).await?;
+    }
+    vote("helpful", 4).await?;
+    let settings = engram_tests::settings().await?;
+    let policy = search_svc::decay::Policy::from_settings(&settings.search);
+    search_svc::decay::run_pass(&pool, &policy).await?;
+
+    let kept: Vec<(String, f64)> = sqlx::query_as(
+        "SELECT signal, round(extract(epoch FROM now() - created_at) / 86400)::float8 \
+         FROM feedback WHERE memory_id = $1 ORDER BY signal",
+    )
+    .bind(Uuid::parse_str(&id)?)
+    .fetch_all(&pool)
+    .await?;
+    assert_eq!(
+        kept,
+        [("helpful".into(), 4.0), ("used".into(), 3.0)],
+        "{kept:?}"
+    );
+    Ok(())
+}

@@ -782,3 +782,76 @@ async fn a_question_nothing_matches_reads_no_vectors() -> anyhow::Result<()> {
     stack.shutdown().await;
     Ok(())
 }
+
+/// Issue 47, items 4 and 5: `used` votes from a public key, under an
+/// invented query id, on a sensitive memory it cannot read (or on an id
+/// nothing holds) are not kept, so they can neither keep that memory from
+/// fading nor fill the feedback table; its vote on a memory it can read is.
+#[tokio::test]
+async fn feedback_on_a_memory_the_caller_cannot_read_is_not_kept() -> anyhow::Result<()> {
+    use engram_proto::{FeedbackItem, FeedbackRequest, FeedbackSignal};
+    let settings = engram_tests::settings().await?;
+    let (stack, uri, keys) =
+        stack_with_keys(settings, &[("a", "sensitive"), ("a", "public")]).await?;
+    let (high, low) = (keys[0].clone(), keys[1].clone());
+    let pool = engram_common::db::test_database().await?;
+    let note = |content: &str, level: AccessLevel| Memory {
+        id: uuid::Uuid::new_v4().to_string(),
+        content: content.into(),
+        access_level: level as i32,
+        ..Default::default()
+    };
+    let secret = note(
+        "The escrow account PIN is kept by legal.",
+        AccessLevel::Sensitive,
+    );
+    let open = note("The lobby opens at eight.", AccessLevel::Public);
+    let memories = vec![secret.clone(), open.clone()];
+    let mut mem = MemoryServiceClient::connect(uri.clone()).await?;
+    mem.upsert(authed(&high, UpsertRequest { memories }))
+        .await?;
+
+    let mut low_client = Client::connect(&uri, &low).await?;
+    let stranger = uuid::Uuid::new_v4().to_string();
+    let items = [&secret.id, &stranger, &open.id]
+        .into_iter()
+        .map(|id| FeedbackItem {
+            memory_id: id.clone(),
+            signal: FeedbackSignal::Used as i32,
+            value: true,
+        })
+        .collect();
+    let votes = FeedbackRequest {
+        query_id: uuid::Uuid::new_v4().to_string(),
+        items,
+    };
+    let accepted = low_client.retrieval.feedback(votes).await?.into_inner();
+    assert_eq!(
+        accepted.accepted, 3,
+        "accepted on the hot path, judged when stored"
+    );
+    let rows = |id: &str| {
+        let id = uuid::Uuid::parse_str(id).map(|u| u.to_string());
+        let pool = pool.clone();
+        async move {
+            let n: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM feedback WHERE memory_id = $1::uuid")
+                    .bind(id?)
+                    .fetch_one(&pool)
+                    .await?;
+            anyhow::Ok(n)
+        }
+    };
+    // The batch is stored in the background in one statement: once the
+    // readable memory's row is there, the other two were judged.
+    let mut waited = 0;
+    while rows(&open.id).await? == 0 && waited < 200 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+    }
+    assert_eq!(rows(&open.id).await?, 1, "the readable memory's vote");
+    assert_eq!(rows(&secret.id).await?, 0, "a vote on an unreadable memory");
+    assert_eq!(rows(&stranger).await?, 0, "a vote on an id nothing holds");
+    stack.shutdown().await;
+    Ok(())
+}

@@ -184,7 +184,28 @@ async fn pass(
         }
     }
     expire_examples(pool, policy).await?;
+    compact_feedback(pool, policy).await?;
     Ok(report)
+}
+
+/// All decay reads of feedback is the newest `used` or `helpful` vote per
+/// memory ([`BATCH_SQL`]), so older votes of the same kind on the same
+/// memory are deleted: the table stays within a few rows per memory, not
+/// one per call (issue 47, item 5: a flood wrote 1.34 M rows and nothing
+/// ever deleted one).
+const COMPACT_FEEDBACK_SQL: &str = "DELETE FROM feedback WHERE id IN ( \
+       SELECT id FROM ( \
+         SELECT id, row_number() OVER ( \
+           PARTITION BY tenant_id, memory_id, signal, value \
+           ORDER BY created_at DESC, id DESC) AS newer \
+         FROM feedback) ranked \
+       WHERE ranked.newer > 1)";
+
+async fn compact_feedback(pool: &PgPool, policy: &Policy) -> Result<()> {
+    let mut tx = bounds::begin(pool, policy.timeout_ms).await?;
+    sqlx::query(COMPACT_FEEDBACK_SQL).execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Keeps the ranker's training examples bounded in time

@@ -916,9 +916,16 @@ pub async fn store_feedback(
         v.push(it.value);
     }
     let mut tx = bounds::begin_write(pool, timeout_ms, bounds::WRITE_ACQUIRE).await?;
+    // Only feedback on a memory the caller can read is kept: a vote on an
+    // id that does not exist, belongs to another tenant or sits above the
+    // caller's trust level would otherwise keep that memory from fading
+    // (decay.rs joins feedback by tenant and id) and fill the table with
+    // rows nothing reads (issue 47, items 4 and 5).
     let stored = sqlx::query(
         "INSERT INTO feedback (tenant_id, agent_id, query_id, memory_id, signal, value) \
-         SELECT $1, $2, t.q, t.m, t.s, t.v FROM unnest($3::text[], $4::uuid[], $5::text[], $6::bool[]) AS t(q, m, s, v)",
+         SELECT $1, $2, t.q, t.m, t.s, t.v \
+         FROM unnest($3::text[], $4::uuid[], $5::text[], $6::bool[]) AS t(q, m, s, v) \
+         JOIN memories mem ON mem.id = t.m AND mem.tenant_id = $1 AND mem.access_level <= $7",
     )
     .bind(&identity.tenant)
     .bind(&identity.agent_id)
@@ -926,6 +933,7 @@ pub async fn store_feedback(
     .bind(&m)
     .bind(&s)
     .bind(&v)
+    .bind(identity.trust.as_i16())
     .execute(&mut *tx)
     .await?
     .rows_affected();
