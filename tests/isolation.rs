@@ -855,3 +855,44 @@ async fn feedback_on_a_memory_the_caller_cannot_read_is_not_kept() -> anyhow::Re
     stack.shutdown().await;
     Ok(())
 }
+
+/// Issue 47, item 14: a public key with the same agent id as a sensitive
+/// key did not ask the sensitive key's question, so it may not vote on its
+/// answer (and take its one-time training examples); the asker may.
+#[tokio::test]
+async fn feedback_on_an_answer_given_to_another_trust_level_is_refused() -> anyhow::Result<()> {
+    use engram_proto::{FeedbackItem, FeedbackRequest, FeedbackSignal};
+    let settings = engram_tests::settings().await?;
+    let (stack, uri, keys) =
+        stack_with_keys(settings, &[("a", "sensitive"), ("a", "public")]).await?;
+    let mut high = Client::connect(&uri, &keys[0]).await?;
+    let mut low = Client::connect(&uri, &keys[1]).await?;
+    engram_tests::remember(&mut high, "The ferry to the island leaves at noon.").await?;
+    let r = high
+        .retrieval
+        .retrieve(query("when does the ferry leave?"))
+        .await?
+        .into_inner();
+    let returned = (r.records.first())
+        .and_then(|s| s.memory.as_ref())
+        .map(|m| m.id.clone())
+        .ok_or_else(|| anyhow::anyhow!("no record"))?;
+    let vote = FeedbackRequest {
+        query_id: r.query_id.clone(),
+        items: vec![FeedbackItem {
+            memory_id: returned,
+            signal: FeedbackSignal::Helpful as i32,
+            value: true,
+        }],
+    };
+    let refused = low
+        .retrieval
+        .feedback(vote.clone())
+        .await
+        .expect_err("another trust level");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let ok = high.retrieval.feedback(vote).await?.into_inner();
+    assert_eq!(ok.accepted, 1);
+    stack.shutdown().await;
+    Ok(())
+}

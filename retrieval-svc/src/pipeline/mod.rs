@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use engram_common::{Identity, Settings};
+use engram_common::{AccessLevel, Identity, Settings};
 use engram_proto::{
     ConflictPair, EmbedRequest, Filters, QueryRoute, RankExample, RetrieveResponse, ScoredMemory,
     SkipReason,
@@ -76,6 +76,9 @@ type Answers = moka::sync::Cache<String, Arc<Answered>>;
 struct Answered {
     tenant: String,
     agent_id: String,
+    /// The asking key's trust level: a key of another level with the same
+    /// agent id did not ask, so it may not vote (issue 47, item 14).
+    trust: AccessLevel,
     ids: Vec<String>,
     /// Stage 4 features per returned memory (same order as `ids`).
     rows: Vec<Option<ranker::Row>>,
@@ -289,6 +292,7 @@ impl Pipeline {
         let answered = Answered {
             tenant: identity.tenant.clone(),
             agent_id: identity.agent_id.clone(),
+            trust: identity.trust,
             ids,
             rows,
             examples_taken: AtomicBool::new(false),
@@ -592,7 +596,8 @@ impl Pipeline {
 
 /// Feedback on a known answer: from its own caller, on what it returned.
 fn check_feedback(a: &Answered, identity: &Identity, feedback: &Feedback) -> Result<(), Error> {
-    if a.tenant != identity.tenant || a.agent_id != identity.agent_id {
+    let caller = (&a.tenant, &a.agent_id, a.trust);
+    if caller != (&identity.tenant, &identity.agent_id, identity.trust) {
         return Err(Error::PermissionDenied(
             "query_id: this answer was given to another caller".into(),
         ));
