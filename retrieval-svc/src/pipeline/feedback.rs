@@ -1,10 +1,12 @@
 //! Stage 6: feedback. Validated at the boundary ([`Feedback::try_from`]),
 //! accepted on the hot path into a bounded queue, stored by a background
 //! task. A full queue drops the batch (counted) rather than slow the caller:
-//! feedback is advisory.
+//! feedback is advisory. One tenant holds at most half of the queue, so its
+//! flood cannot make another tenant's feedback drop (issue 47, item 9).
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use engram_common::Identity;
 use engram_proto::{
@@ -112,11 +114,61 @@ impl Feedback {
 
 type Batch = (Arc<Identity>, Vec<StoredFeedback>, Vec<RankExample>);
 
+/// Batches each tenant has waiting in the queue, and how many one may.
+#[derive(Debug)]
+struct Shares {
+    queued: Mutex<HashMap<String, usize>>,
+    share: usize,
+}
+
+impl Shares {
+    /// At most half of `capacity` (at least one) per tenant.
+    fn new(capacity: usize) -> Self {
+        Self {
+            queued: Mutex::new(HashMap::new()),
+            share: (capacity / 2).max(1),
+        }
+    }
+
+    /// Takes a place for one of `tenant`'s batches; false at its share.
+    fn take(&self, tenant: &str) -> bool {
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        let n = queued.entry(tenant.to_string()).or_insert(0);
+        if *n >= self.share {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    /// Gives back a place (the batch was stored, or never queued).
+    fn give_back(&self, tenant: &str) {
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = queued.get_mut(tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                queued.remove(tenant);
+            }
+        }
+    }
+}
+
+/// What became of a submitted batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submitted {
+    Queued,
+    /// The queue was full: dropped and counted (feedback is advisory).
+    Dropped,
+    /// The caller's tenant already holds its share of the queue.
+    OverShare,
+}
+
 #[derive(Clone)]
 pub struct FeedbackQueue {
     tx: mpsc::Sender<Batch>,
     /// Batches dropped because the queue was full or the store failed.
     dropped: Arc<AtomicU64>,
+    shares: Arc<Shares>,
 }
 
 impl FeedbackQueue {
@@ -125,8 +177,11 @@ impl FeedbackQueue {
         let (tx, mut rx) = mpsc::channel::<Batch>(capacity.max(1));
         let dropped = Arc::new(AtomicU64::new(0));
         let counter = dropped.clone();
+        let shares = Arc::new(Shares::new(capacity));
+        let taken = shares.clone();
         tokio::spawn(async move {
             while let Some((identity, items, examples)) = rx.recv().await {
+                taken.give_back(&identity.tenant);
                 let n = items.len();
                 match call(
                     &ds.store_feedback,
@@ -145,7 +200,11 @@ impl FeedbackQueue {
                 }
             }
         });
-        Self { tx, dropped }
+        Self {
+            tx,
+            dropped,
+            shares,
+        }
     }
 
     /// Batches dropped since start.
@@ -153,18 +212,23 @@ impl FeedbackQueue {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// Never waits; false when the batch was dropped.
+    /// Never waits.
     pub fn submit(
         &self,
         identity: Arc<Identity>,
         items: Vec<StoredFeedback>,
         examples: Vec<RankExample>,
-    ) -> bool {
+    ) -> Submitted {
+        let tenant = identity.tenant.clone();
+        if !self.shares.take(&tenant) {
+            return Submitted::OverShare;
+        }
         match self.tx.try_send((identity, items, examples)) {
-            Ok(()) => true,
+            Ok(()) => Submitted::Queued,
             Err(_) => {
+                self.shares.give_back(&tenant);
                 self.dropped.fetch_add(1, Ordering::Relaxed);
-                false
+                Submitted::Dropped
             }
         }
     }
@@ -185,6 +249,21 @@ mod tests {
                 value: true,
             }],
         }
+    }
+
+    #[test]
+    fn a_tenant_holds_at_most_half_the_queue() {
+        let shares = Shares::new(4);
+        assert!(shares.take("a") && shares.take("a"));
+        assert!(!shares.take("a"), "a is at its half");
+        assert!(shares.take("b") && shares.take("b"), "b still finds room");
+        shares.give_back("a");
+        assert!(shares.take("a"), "a stored one, so it may queue one");
+        for _ in 0..3 {
+            shares.give_back("b");
+        }
+        assert!(shares.take("b"), "giving back more than taken is harmless");
+        assert!(Shares::new(1).take("a"), "a queue of one still takes one");
     }
 
     #[test]

@@ -44,7 +44,7 @@ use tracing::Instrument;
 
 use self::cache::{CacheKey, CacheLimits, Caches};
 use self::ctx::{Ctx, Gates, StageTrace, ms_since, stage_span};
-use self::feedback::{Feedback, FeedbackQueue, QUEUE_CAPACITY};
+use self::feedback::{Feedback, FeedbackQueue, QUEUE_CAPACITY, Submitted};
 use self::retry::LOW_CONFIDENCE;
 use self::route::Step;
 use crate::downstream::{Downstreams, call_until};
@@ -106,6 +106,10 @@ fn examples(a: &Answered, feedback: &Feedback) -> Vec<RankExample> {
         })
         .collect()
 }
+
+/// The retry hint of a tenant over its share of the feedback queue: about
+/// a few stores' time.
+const FEEDBACK_RETRY_MS: u64 = 100;
 
 const ANSWERS_MAX_BYTES: u64 = 16 << 20;
 const ANSWERS_TTL: Duration = Duration::from_secs(3600);
@@ -266,12 +270,14 @@ impl Pipeline {
             .map(|a| examples(&a, &feedback))
             .unwrap_or_default();
         let n = feedback.len();
-        match self
-            .feedback
-            .submit(Arc::new(identity), feedback.into_items(), examples)
-        {
-            true => Ok(n),
-            false => Ok(0),
+        let submitted = (self.feedback).submit(Arc::new(identity), feedback.into_items(), examples);
+        match submitted {
+            Submitted::Queued => Ok(n),
+            Submitted::Dropped => Ok(0),
+            Submitted::OverShare => Err(Error::TenantLimit {
+                what: "feedback batches queued",
+                retry_after_ms: FEEDBACK_RETRY_MS,
+            }),
         }
     }
 
