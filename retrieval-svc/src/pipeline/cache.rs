@@ -25,6 +25,8 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use super::ctx::ms_since;
+use super::text::query_words;
+use super::{current, slots};
 use crate::query::Query;
 
 const MAX_SEMANTIC_PER_SCOPE: usize = 16;
@@ -61,6 +63,9 @@ impl CacheKey {
             scope.update((h.len() as u64).to_le_bytes());
             scope.update(h.as_bytes());
         }
+        let sense = sense(&q.text);
+        scope.update((sense.len() as u64).to_le_bytes());
+        scope.update(sense.as_bytes());
         let scope: [u8; 32] = scope.finalize().into();
         let norm = q
             .text
@@ -75,6 +80,25 @@ impl CacheKey {
             .into();
         Self { exact, scope }
     }
+}
+
+/// What a question's answer turns on that a cosine can miss: the names it
+/// asks about, its numbers, and whether it asks about the past. Only
+/// questions that agree on all three share a cosine neighbourhood, so
+/// "Where does Mira live?" never answers "Where does Dana live?", nor
+/// "Where did Mira live before?" (issue 47, item 11), however close their
+/// vectors are; "where is the key" and "where's the key" still do.
+fn sense(text: &str) -> String {
+    let (names, _) = query_words(text);
+    let words = slots::tokens(text);
+    let mut parts: Vec<&str> = names.iter().map(String::as_str).collect();
+    let numbers = words
+        .iter()
+        .filter(|w| w.chars().any(|c| c.is_ascii_digit()));
+    parts.extend(numbers.map(String::as_str));
+    parts.sort_unstable();
+    let past = current::asks_past(&words.iter().cloned().collect());
+    format!("{}|{past}", parts.join(" "))
 }
 
 /// What the caches may hold: TTL, cosine for a semantic hit, total bytes
@@ -558,6 +582,31 @@ mod tests {
         assert!(c.get_exact(&k_alice, "t1").is_some());
         c.invalidate_all();
         assert!(c.get_exact(&k_alice, "t1").is_none());
+    }
+
+    #[test]
+    fn another_name_number_or_tense_never_shares_a_cosine_hit() {
+        let c = Caches::new(limits(1 << 30));
+        let alice = id("t1", "alice", AccessLevel::Public);
+        let v = [1.0, 0.0, 0.0];
+        let asked = CacheKey::new(&alice, &query("Where does Mira live?"));
+        c.put(
+            &asked,
+            "t1",
+            c.generation("t1"),
+            &resp("q1"),
+            Some(v.to_vec()),
+        );
+        for other in [
+            "Where does Dana live?",
+            "Where did Mira live before?",
+            "Where does Mira live in 2023?",
+        ] {
+            let k = CacheKey::new(&alice, &query(other));
+            assert!(c.get_semantic(&k, "t1", &v).is_none(), "{other}");
+        }
+        let same = CacheKey::new(&alice, &query("where does Mira live"));
+        assert!(c.get_semantic(&same, "t1", &v).is_some());
     }
 
     #[tokio::test(start_paused = true)]
