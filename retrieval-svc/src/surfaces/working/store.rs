@@ -391,14 +391,26 @@ impl State {
             .map(|(k, _)| k.clone())
     }
 
-    /// The tenant's least recently used fragment, in any of its sessions.
-    fn lru_fragment_of(&self, tenant: &str) -> Option<(SessionKey, String)> {
+    /// The tenant's least recently used fragment at or below `trust`, in
+    /// any of its sessions.
+    fn lru_fragment_of(&self, tenant: &str, trust: AccessLevel) -> Option<(SessionKey, String)> {
         self.sessions
             .iter()
             .filter(|(k, _)| k.tenant == tenant)
             .flat_map(|(k, s)| s.fragments.values().map(move |f| (k, f)))
+            .filter(|(_, f)| f.access <= trust)
             .min_by_key(|(_, f)| f.used)
             .map(|(k, f)| (k.clone(), f.id.clone()))
+    }
+
+    /// The tenant's least recently used session holding nothing above
+    /// `trust`.
+    fn lru_session_within(&self, tenant: &str, trust: AccessLevel) -> Option<SessionKey> {
+        self.sessions
+            .iter()
+            .filter(|(k, s)| k.tenant == tenant && s.fragments.values().all(|f| f.access <= trust))
+            .min_by_key(|(_, s)| s.used)
+            .map(|(k, _)| k.clone())
     }
 }
 
@@ -546,7 +558,7 @@ impl WorkingMemory {
         let id = w.id.clone();
         let embedded = w.embedding_opt.is_some();
         let fragment = fragment_of(w, now, version, tick);
-        self.make_room(st, &key, fragment.bytes, created, now);
+        self.make_room(st, &key, identity.trust, fragment.bytes, created, now);
         st.insert(&key, fragment, tick);
         UpsertResult {
             id,
@@ -566,6 +578,7 @@ impl WorkingMemory {
         &self,
         st: &mut State,
         key: &SessionKey,
+        trust: AccessLevel,
         bytes: usize,
         created: bool,
         now: DateTime<Utc>,
@@ -584,13 +597,17 @@ impl WorkingMemory {
             self.evict("lru_fragment", 1);
         }
         let opens = !st.sessions.contains_key(key);
+        // Within its tenant's budget a caller only evicts what it could
+        // read: a public key's sessions never push out a sensitive key's
+        // note (issue 47, item 8). With nothing of its level left to evict
+        // it goes over by this one write, which its next write evicts.
         if opens && st.usage(&key.tenant).sessions >= l.tenant_sessions {
-            let own = st.lru_session(|k| k.tenant == key.tenant);
+            let own = st.lru_session_within(&key.tenant, trust);
             let n = own.map_or(0, |k| st.drop_session(&k));
             self.evict("tenant_budget", n);
         }
         while st.usage(&key.tenant).bytes + bytes > l.tenant_bytes {
-            let Some((k, id)) = st.lru_fragment_of(&key.tenant) else {
+            let Some((k, id)) = st.lru_fragment_of(&key.tenant, trust) else {
                 break;
             };
             st.remove(&k, &id);
@@ -954,6 +971,34 @@ mod tests {
         let (v, _) = wm.visible(&SessionKey::new(&quiet, "s"), AccessLevel::Public, 0.0, now);
         assert_eq!(v.len(), 1);
         assert!(wm.evicted.with_label_values(&["tenant_budget"]).get() > 0);
+    }
+
+    #[test]
+    fn a_lower_trust_key_never_evicts_a_higher_trust_keys_note() {
+        let s = WorkingMemorySettings {
+            max_bytes_per_tenant: 64 * 1024,
+            max_sessions_per_tenant: 3,
+            ..Default::default()
+        };
+        let wm = WorkingMemory::new(&s).expect("metrics");
+        let now = Utc::now();
+        let high = ident("t", "a", AccessLevel::Sensitive);
+        let mut note = write("private", 1, "the escrow PIN is with legal", 1.0);
+        note.access = AccessLevel::Sensitive;
+        wm.put(&high, vec![note], now).expect("stored");
+        let low = ident("t", "a", AccessLevel::Public);
+        let big = "x".repeat(8 * 1024);
+        for i in 0..200u128 {
+            let session = format!("s{}", i % 50);
+            wm.put(&low, vec![write(&session, 1000 + i, &big, 1.0)], now)
+                .expect("stored");
+        }
+        let key = SessionKey::new(&high, "private");
+        let (v, _) = wm.visible(&key, AccessLevel::Sensitive, 0.0, now);
+        assert_eq!(v.len(), 1, "the sensitive note was evicted");
+        let used = wm.state.lock().usage("t");
+        assert!(used.sessions <= 4, "{} sessions", used.sessions);
+        assert!(used.bytes <= 64 * 1024 + 9 * 1024, "{} bytes", used.bytes);
     }
 
     fn meta(pairs: &[(&str, Kind)]) -> Option<Struct> {
