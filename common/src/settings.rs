@@ -71,7 +71,8 @@ impl Default for TlsSettings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TenantLimitSettings {
-    /// Sustained requests per second per tenant (every gateway RPC counts).
+    /// Sustained requests per second per tenant and key trust level (every
+    /// gateway RPC counts; so does `max_concurrent`).
     pub requests_per_second: u32,
     /// Requests a tenant may send at once above the sustained rate.
     pub burst: u32,

@@ -83,7 +83,8 @@ impl Admission {
         }
     }
 
-    /// Admits one request of `tenant` in `lane` that may run `weight`
+    /// Admits one request charged to `tenant` (the gateway passes the
+    /// tenant and the key's trust level) in `lane` that may run `weight`
     /// pipelines at once (1 for everything but agentic retrieval).
     pub fn admit(&self, tenant: &str, lane: Lane, weight: u32) -> Result<Permit, Error> {
         self.prune();

@@ -141,18 +141,21 @@ impl Gateway {
         self.inner.auth.authenticate(md)
     }
 
-    /// The caller's tenant's share of the gateway for one request that may
-    /// run `weight` pipelines at once; RESOURCE_EXHAUSTED with a retry hint
-    /// when the tenant is over its rate or in-flight cap.
+    /// The caller's share of the gateway for one request that may run
+    /// `weight` pipelines at once; RESOURCE_EXHAUSTED with a retry hint
+    /// when it is over its rate or in-flight cap. Counted per tenant and
+    /// trust level: a public key's burst never refuses its tenant's
+    /// sensitive key (issue 47, item 13); the tenant's share of the shared
+    /// work slots and downstream stacks is still one (fair.rs).
     pub fn admit(&self, identity: &Identity, weight: u32) -> Result<Permit, Error> {
-        (self.inner.admission).admit(&identity.tenant, Lane::Read, weight)
+        (self.inner.admission).admit(&door_key(identity), Lane::Read, weight)
     }
 
     /// [`Gateway::admit`] for a request that changes stored memories: its
     /// in-flight count is apart from the reads', so writes waiting on
     /// Postgres never refuse the tenant's reads.
     pub fn admit_write(&self, identity: &Identity) -> Result<Permit, Error> {
-        (self.inner.admission).admit(&identity.tenant, Lane::Write, 1)
+        (self.inner.admission).admit(&door_key(identity), Lane::Write, 1)
     }
 
     /// The deadline of a request that arrived at `start` with `md`: the
@@ -194,6 +197,12 @@ impl Gateway {
     }
 }
 
+/// Whose rate and in-flight count a request is charged to at the door: the
+/// tenant and the key's trust level (a unit separator keeps the two apart).
+fn door_key(identity: &Identity) -> String {
+    format!("{}\u{1f}{}", identity.tenant, identity.trust.name())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +220,33 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("engram_feedback_dropped_total 0"), "{t}");
+    }
+
+    #[tokio::test]
+    async fn one_keys_burst_never_refuses_another_key_of_its_tenant() {
+        let mut settings = Settings::default();
+        settings.tenant.requests_per_second = 1;
+        settings.tenant.burst = 2;
+        let g = Gateway::new(settings).expect("gateway");
+        let key = |trust| Identity {
+            tenant: "t".into(),
+            agent_id: "agent-1".into(),
+            trust,
+        };
+        let low = key(engram_common::AccessLevel::Public);
+        let held: Vec<_> = (0..2).map(|_| g.admit(&low, 1)).collect();
+        assert!(held.iter().all(Result::is_ok));
+        assert!(
+            g.admit(&low, 1).is_err(),
+            "the public key is over its burst"
+        );
+        let high = key(engram_common::AccessLevel::Sensitive);
+        assert!(g.admit(&high, 1).is_ok(), "the sensitive key has its own");
+        let other = Identity {
+            tenant: "t2".into(),
+            ..low
+        };
+        assert!(g.admit(&other, 1).is_ok(), "and so has another tenant");
     }
 
     #[test]
