@@ -118,6 +118,10 @@ pub async fn list(
     identity: &Identity,
     page: ConflictPage,
 ) -> Result<ListConflictsResponse, Error> {
+    let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+    let _slot = (gw.downstreams().list_gate)
+        .acquire(&identity.tenant, deadline)
+        .await?;
     let (mut client, req) = call(gw, identity, page.0);
     let r = client.list_conflicts(req).await.map_err(search_error)?;
     Ok(r.into_inner())

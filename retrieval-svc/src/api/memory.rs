@@ -187,6 +187,10 @@ async fn list(
     identity: Identity,
     page: ListPage,
 ) -> Result<ListMemoriesResponse, Error> {
+    let deadline = tokio::time::Instant::now() + LIST_TIMEOUT;
+    let _slot = (gw.downstreams().list_gate)
+        .acquire(&identity.tenant, deadline)
+        .await?;
     let channel = gw.downstreams().search_channel.clone();
     let mut client = ListingServiceClient::new(channel).max_decoding_message_size(64 << 20);
     let token = gw
