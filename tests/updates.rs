@@ -211,6 +211,37 @@ async fn a_lower_trust_writer_never_flags_a_higher_trust_memory() -> anyhow::Res
     Ok(())
 }
 
+/// Issue 47, item 15: a sensitive write never closes (or flags) a public
+/// memory, which public readers would lose without seeing why.
+#[tokio::test]
+async fn a_higher_trust_write_never_closes_a_memory_lower_readers_see() -> anyhow::Result<()> {
+    let mut settings = engram_tests::settings().await?;
+    settings.search.update_detection = true;
+    settings.search.update_auto_supersede = 0.6;
+    settings.search.update_detection_queue = 0; // the edge (or none) at the ack
+    let (stack, uri, keys) =
+        engram_tests::stack_with_keys(settings, &[("t", "sensitive"), ("t", "public")]).await?;
+    let mut high = Client::connect(&uri, &keys[0]).await?;
+    let mut low = Client::connect(&uri, &keys[1]).await?;
+    let public = engram_proto::AccessLevel::Public;
+    let open_id: uuid::Uuid = write_at(&mut low, OLD[0], 150, public).await?.parse()?;
+    let sensitive = engram_proto::AccessLevel::Sensitive;
+    write_at(&mut high, NEW[0], 10, sensitive).await?;
+    let pool = engram_common::db::test_database().await?;
+    let (closed, edges): (bool, i64) = sqlx::query_as(
+        "SELECT valid_to IS NOT NULL, \
+                (SELECT count(*) FROM edges WHERE dst_id = $1 AND origin = 'detected') \
+         FROM memories WHERE id = $1",
+    )
+    .bind(open_id)
+    .fetch_one(&pool)
+    .await?;
+    assert!(!closed, "a sensitive write closed a public memory");
+    assert_eq!(edges, 0, "a sensitive write flagged a public memory");
+    stack.shutdown().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn auto_supersede_closes_the_old_version_which_history_still_shows() -> anyhow::Result<()> {
     let ts = detecting_stack(0.6).await?;

@@ -635,6 +635,10 @@ CROSS JOIN LATERAL (
     WHERE o.tenant_id = $1 AND o.namespace = n.namespace AND o.id <> n.id
       AND o.embedding IS NOT NULL AND o.retracted_at IS NULL AND o.valid_to IS NULL
       AND o.access_level <= $3
+      -- A memory only updates one whose every reader can read it: a
+      -- sensitive write never closes a public memory that public readers
+      -- would then lose without seeing why (issue 47, item 15).
+      AND o.access_level >= n.access_level
       AND (o.event_time < n.event_time
            OR (o.event_time = n.event_time AND o.ingestion_time < n.ingestion_time))
       AND o.memory_type = n.memory_type
