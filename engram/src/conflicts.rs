@@ -8,6 +8,7 @@ use engram_common::convert::ts_to_chrono;
 use engram_proto::{
     ConflictDecision, DetectedConflict, ListConflictsRequest, ReviewConflictRequest,
 };
+use std::io::Write;
 
 use crate::memories::{KeyArgs, Session, status_error};
 
@@ -71,10 +72,16 @@ pub async fn run(settings: Settings, command: ConflictsCommand) -> anyhow::Resul
                 let page = (s.client.memories.list_conflicts(req.clone()).await)
                     .map_err(status_error)?
                     .into_inner();
+                // `engram conflicts list | head` closes our stdout: a
+                // write error ends the listing quietly, never a panic.
+                let mut out = std::io::stdout().lock();
                 for c in &page.conflicts {
-                    match json {
-                        true => println!("{}", as_json(c)),
-                        false => println!("{}", as_text(c)),
+                    let written = match json {
+                        true => writeln!(out, "{}", as_json(c)),
+                        false => writeln!(out, "{}", as_text(c)),
+                    };
+                    if let Err(e) = written {
+                        return crate::memories::quiet_on_broken_pipe(Err(e.into()));
                     }
                 }
                 match (page.next_page_token.is_empty(), all) {
