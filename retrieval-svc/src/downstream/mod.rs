@@ -228,7 +228,7 @@ pub struct Downstreams {
 const LIST_CONCURRENCY: usize = 4;
 
 fn list_gate(tenant: &TenantLimitSettings) -> FairGate {
-    write_gate(tenant, LIST_CONCURRENCY).named("listings in flight")
+    half_gate(tenant, LIST_CONCURRENCY).named("listings in flight")
 }
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -253,7 +253,7 @@ pub struct WriteGates {
 impl WriteGates {
     /// Gates for write stacks of `stack_limit` slots each.
     pub fn new(tenant: &TenantLimitSettings, stack_limit: usize) -> Self {
-        let gate = |what| write_gate(tenant, stack_limit).named(what);
+        let gate = |what| half_gate(tenant, stack_limit).named(what);
         Self {
             upsert: gate("search upserts in flight"),
             delete: gate("search deletes in flight"),
@@ -262,9 +262,9 @@ impl WriteGates {
     }
 }
 
-/// Half of the stack's slots at most (at least one), so another tenant
-/// always finds one free.
-fn write_gate(tenant: &TenantLimitSettings, stack_limit: usize) -> FairGate {
+/// A gate of `stack_limit` slots of which one tenant holds half at most (at
+/// least one), so another tenant always finds one free.
+fn half_gate(tenant: &TenantLimitSettings, stack_limit: usize) -> FairGate {
     let slots = u32::try_from(stack_limit).unwrap_or(u32::MAX).max(1);
     FairGate::new(FairConfig {
         slots,

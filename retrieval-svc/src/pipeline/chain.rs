@@ -21,11 +21,10 @@ use tokio::time::Instant;
 
 use super::ctx::{Ctx, StageTrace};
 use super::current::order_key;
-use super::search::{Candidate, KEYWORD, stage_deadline, time_for_another};
+use super::search::{Candidate, KEYWORD, later_keyword, time_for_another};
 use super::slots::{self, fact_tokens, is_note};
 use super::text::{RELATION_LINKS, lower_words, names, query_words};
 use super::validate::{Checked, static_checks};
-use crate::downstream::call_until;
 
 /// The strategy a chain's find is credited to, and its degraded label.
 pub const CHAIN: &str = "chain";
@@ -105,15 +104,7 @@ async fn hop(
         filters: Some(filters.clone()),
         k: K,
     };
-    let deadline = stage_deadline(ctx.deadline);
-    let resp = match call_until(&ctx.ds.keyword, &ctx.identity, deadline, req).await {
-        Ok(resp) => resp,
-        Err(e) => {
-            tracing::warn!(error = %e, "a chain's keyword search failed");
-            trace.degraded.push(CHAIN.into());
-            return None;
-        }
-    };
+    let resp = later_keyword(ctx, trace, CHAIN, req).await?;
     let placed = |id: &str| {
         ranked.first().is_some_and(|(c, _)| c.cand.memory.id == id)
             || chain.iter().any(|c| c.cand.memory.id == id)

@@ -19,10 +19,9 @@ use engram_proto::{Filters, KeywordSearchRequest, Memory};
 use tokio::time::Instant;
 
 use super::ctx::{Ctx, StageTrace};
-use super::search::{Candidate, HopPlan, KEYWORD, Plan, stage_deadline, time_for_another};
+use super::search::{Candidate, HopPlan, KEYWORD, Plan, later_keyword, time_for_another};
 use super::text::{lower_words, names};
 use super::validate::{Checked, best_fused, static_checks};
-use crate::downstream::call_until;
 use crate::query::{MAX_TEXT_CHARS, Route};
 
 /// The strategy a second-hop find is credited to in its provenance.
@@ -68,14 +67,8 @@ pub async fn run(
         filters: Some(filters.clone()),
         k: hop_plan.depth,
     };
-    let deadline = stage_deadline(ctx.deadline);
-    let resp = match call_until(&ctx.ds.keyword, &ctx.identity, deadline, req).await {
-        Ok(resp) => resp,
-        Err(e) => {
-            tracing::warn!(error = %e, "the second hop's search failed");
-            trace.degraded.push(HOP.into());
-            return Found::default();
-        }
+    let Some(resp) = later_keyword(ctx, trace, HOP, req).await else {
+        return Found::default();
     };
     let hits = (resp.hits.into_iter()).filter_map(|h| Some((h.memory?, h.score)));
     let (ids, new) = credit(checked, hits);

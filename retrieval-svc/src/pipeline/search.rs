@@ -19,7 +19,7 @@ use engram_proto::{
 };
 use tokio::time::Instant;
 
-use super::ctx::Ctx;
+use super::ctx::{Ctx, StageTrace};
 use super::evidence::{self, Evidence};
 use super::fusion::{Fused, StrategyList, max_score, rank_fusion, rrf, weights_for};
 use super::session::{self, Lift};
@@ -320,6 +320,26 @@ pub fn stage_deadline(deadline: Instant) -> Instant {
     deadline
         .checked_sub(ASSEMBLY_RESERVE.min(left / 5))
         .unwrap_or(deadline)
+}
+
+/// One keyword search by a later stage (the next hop, a chain's next
+/// fact), within Stage 2's deadline; a failure reports `stage` degraded and
+/// finds nothing.
+pub async fn later_keyword(
+    ctx: &Ctx<'_>,
+    trace: &mut StageTrace,
+    stage: &'static str,
+    req: KeywordSearchRequest,
+) -> Option<SearchResponse> {
+    let deadline = stage_deadline(ctx.deadline);
+    match call_until(&ctx.ds.keyword, &ctx.identity, deadline, req).await {
+        Ok(resp) => Some(resp),
+        Err(e) => {
+            tracing::warn!(error = %e, stage, "a later keyword search failed");
+            trace.degraded.push(stage.into());
+            None
+        }
+    }
 }
 
 /// Whether another attempt can still start before `deadline`.

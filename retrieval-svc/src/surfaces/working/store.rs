@@ -383,10 +383,10 @@ impl State {
     }
 
     /// The least recently used session matching `pick`.
-    fn lru_session(&self, pick: impl Fn(&SessionKey) -> bool) -> Option<SessionKey> {
+    fn lru_session(&self, pick: impl Fn(&SessionKey, &Session) -> bool) -> Option<SessionKey> {
         self.sessions
             .iter()
-            .filter(|(k, _)| pick(k))
+            .filter(|(k, s)| pick(k, s))
             .min_by_key(|(_, s)| s.used)
             .map(|(k, _)| k.clone())
     }
@@ -401,16 +401,6 @@ impl State {
             .filter(|(_, f)| f.access <= trust)
             .min_by_key(|(_, f)| f.used)
             .map(|(k, f)| (k.clone(), f.id.clone()))
-    }
-
-    /// The tenant's least recently used session holding nothing above
-    /// `trust`.
-    fn lru_session_within(&self, tenant: &str, trust: AccessLevel) -> Option<SessionKey> {
-        self.sessions
-            .iter()
-            .filter(|(k, s)| k.tenant == tenant && s.fragments.values().all(|f| f.access <= trust))
-            .min_by_key(|(_, s)| s.used)
-            .map(|(k, _)| k.clone())
     }
 }
 
@@ -602,7 +592,8 @@ impl WorkingMemory {
         // note (issue 47, item 8). With nothing of its level left to evict
         // it goes over by this one write, which its next write evicts.
         if opens && st.usage(&key.tenant).sessions >= l.tenant_sessions {
-            let own = st.lru_session_within(&key.tenant, trust);
+            let readable = |s: &Session| s.fragments.values().all(|f| f.access <= trust);
+            let own = st.lru_session(|k, s| k.tenant == key.tenant && readable(s));
             let n = own.map_or(0, |k| st.drop_session(&k));
             self.evict("tenant_budget", n);
         }
@@ -617,7 +608,7 @@ impl WorkingMemory {
             self.evict_sessions(st, now);
         }
         while st.bytes + bytes > l.bytes {
-            let Some(k) = st.lru_session(|k| k != key) else {
+            let Some(k) = st.lru_session(|k, _| k != key) else {
                 break;
             };
             let n = st.drop_session(&k);
@@ -635,7 +626,7 @@ impl WorkingMemory {
         }
         self.evict("ttl", expired);
         while st.sessions.len() >= self.limits.sessions {
-            let Some(k) = st.lru_session(|_| true) else {
+            let Some(k) = st.lru_session(|_, _| true) else {
                 break;
             };
             let n = st.drop_session(&k);
