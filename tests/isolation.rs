@@ -12,7 +12,7 @@ use engram_proto::working_memory_service_client::WorkingMemoryServiceClient;
 use engram_proto::{
     AccessLevel, DeleteRequest, GetMemoryRequest, Memory, RetrieveRequest, UpsertRequest,
 };
-use engram_tests::{authed, metric_lines, stack_with_keys};
+use engram_tests::{authed, metric_lines, stack_with_agents, stack_with_keys};
 
 /// The whole stack with two tenants, each with its own key.
 async fn two_tenants() -> anyhow::Result<(Stack, Client, Client)> {
@@ -893,6 +893,62 @@ async fn feedback_on_an_answer_given_to_another_trust_level_is_refused() -> anyh
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     let ok = high.retrieval.feedback(vote).await?.into_inner();
     assert_eq!(ok.accepted, 1);
+    stack.shutdown().await;
+    Ok(())
+}
+
+/// The dense score of the first record whose content starts with `start`.
+async fn dense_score(client: &mut Client, text: &str, start: &str) -> anyhow::Result<f32> {
+    let r = client.retrieval.retrieve(query(text)).await?.into_inner();
+    let hit = (r.records.iter())
+        .find(|s| {
+            s.memory
+                .as_ref()
+                .is_some_and(|m| m.content.starts_with(start))
+        })
+        .and_then(|s| s.provenance.as_ref())
+        .and_then(|p| p.strategies.iter().find(|h| h.strategy == "vector"))
+        .ok_or_else(|| anyhow::anyhow!("{start:?} not found by dense search: {r:?}"))?;
+    Ok(hit.score)
+}
+
+#[tokio::test]
+async fn a_lower_trust_writers_speakers_never_steer_a_higher_trust_query() -> anyhow::Result<()> {
+    // Issue 47, item 6: a public key's turns spoken by "Bob Martinez" (or
+    // by "Where") put a sensitive key's question about Bob Martinez in the
+    // first person, and dense search lost the document about him.
+    let settings = engram_tests::settings().await?;
+    let keys = [("a", "sensitive", "agent-s"), ("a", "public", "agent-p")];
+    let (stack, uri, keys) = stack_with_agents(settings, &keys).await?;
+    let mut high = Client::connect(&uri, &keys[0]).await?;
+    let mut low = Client::connect(&uri, &keys[1]).await?;
+    engram_tests::remember(
+        &mut high,
+        "Bob Martinez lives in Lisbon, near the old tram depot.",
+    )
+    .await?;
+    let question = "Where does Bob Martinez live?";
+    let before = dense_score(&mut high, question, "Bob Martinez lives").await?;
+    let turns = ["Bob Martinez", "Where"].map(|speaker| Memory {
+        content: "I like the sea.".into(),
+        turn: Some(engram_proto::Turn {
+            session_id: "s".into(),
+            turn_index: 0,
+            speaker: speaker.into(),
+            caption: String::new(),
+        }),
+        ..Default::default()
+    });
+    for m in turns {
+        low.memories
+            .upsert(UpsertRequest { memories: vec![m] })
+            .await?;
+    }
+    let after = dense_score(&mut high, question, "Bob Martinez lives").await?;
+    assert!(
+        (after - before).abs() < 1e-3,
+        "the public key's speakers changed the sensitive query: {before} -> {after}"
+    );
     stack.shutdown().await;
     Ok(())
 }

@@ -17,10 +17,19 @@
 //! caller's trust, in another namespace or another tenant never changes
 //! the caller's query; names in memories without a speaker (documents)
 //! are never touched.
+//!
+//! And only names (issue 47, item 6): a run of words counts when each is
+//! written with a capital in the question and none is a stop word, so a
+//! turn whose speaker is "the" or "where" cannot turn every question into
+//! the first person. A lower-trust writer's turns do not steer a
+//! higher-trust caller's query: a speaker counts only from a turn at the
+//! caller's own level or one the caller's own agent wrote. (A public key
+//! given the same agent id as a sensitive one is trusted as that agent.)
 
 use std::collections::HashSet;
 
 use engram_common::Identity;
+use engram_common::entities::is_stopword;
 use sqlx::{Postgres, QueryBuilder};
 
 use crate::bounds;
@@ -78,6 +87,16 @@ fn words(text: &str) -> Vec<Word> {
     out
 }
 
+/// Whether a word can be part of a name: written with a capital in the
+/// question ("Caroline", "Mary Ann") and not a stop word ("Where", "The").
+fn is_name_word(text: &str, w: &Word) -> bool {
+    let capital = text[w.start..]
+        .chars()
+        .next()
+        .is_some_and(char::is_uppercase);
+    capital && !is_stopword(&w.bare)
+}
+
 fn joined(run: &[Word]) -> String {
     run.iter()
         .map(|w| w.bare.as_str())
@@ -85,14 +104,18 @@ fn joined(run: &[Word]) -> String {
         .join(" ")
 }
 
-/// Every run of one to `MAX_NAME_WORDS` words, lowercased and joined by
-/// one space (how a speaker name compares: `lower(speaker)`).
+/// Every run of one to `MAX_NAME_WORDS` name words ([`is_name_word`]),
+/// lowercased and joined by one space (how a speaker name compares:
+/// `lower(speaker)`).
 pub fn grams(text: &str) -> Vec<String> {
     let w = words(text);
     let mut out: Vec<String> = Vec::new();
     let mut seen = HashSet::new();
     for n in 1..=MAX_NAME_WORDS {
         for run in w.windows(n) {
+            if !run.iter().all(|x| is_name_word(text, x)) {
+                continue;
+            }
             let gram = joined(run);
             // Longer than any speaker may be: no probe can match it.
             if gram.chars().count() > MAX_SPEAKER_CHARS {
@@ -121,7 +144,11 @@ pub fn in_first_person(text: &str, names: &HashSet<String>) -> Option<String> {
     let mut covered = vec![false; w.len()];
     for n in (1..=MAX_NAME_WORDS).rev() {
         for i in 0..w.len().saturating_sub(n - 1) {
-            if covered[i..i + n].iter().any(|c| *c) || !names.contains(&joined(&w[i..i + n])) {
+            let run = &w[i..i + n];
+            if covered[i..i + n].iter().any(|c| *c)
+                || !run.iter().all(|x| is_name_word(text, x))
+                || !names.contains(&joined(run))
+            {
                 continue;
             }
             covered[i..i + n].iter_mut().for_each(|c| *c = true);
@@ -161,8 +188,12 @@ pub async fn dense_text(
     let mut qb = QueryBuilder::<Postgres>::new("SELECT g FROM unnest(");
     qb.push_bind(grams).push(
         "::text[]) AS g WHERE EXISTS (SELECT 1 FROM memories m \
-         WHERE m.speaker <> '' AND lower(m.speaker) = g AND ",
+         WHERE m.speaker <> '' AND lower(m.speaker) = g AND (m.access_level >= ",
     );
+    qb.push_bind(identity.trust.as_i16())
+        .push(" OR m.agent_id = ")
+        .push_bind(identity.agent_id.clone())
+        .push(") AND ");
     push_where(&mut qb, identity, filters, default_decay_floor);
     qb.push(")");
     let mut read = readers.read(timeout_ms).await?;
@@ -181,27 +212,41 @@ mod tests {
     }
 
     #[test]
-    fn grams_are_lowercased_word_runs_without_possessives() {
+    fn grams_are_lowercased_name_runs_without_possessives() {
         let g = grams("When did Caroline's sister, Mary Ann, call?");
-        for want in [
-            "caroline",
-            "sister",
-            "mary ann",
-            "caroline sister mary",
-            "call",
-        ] {
+        for want in ["caroline", "mary ann", "mary", "ann"] {
             assert!(g.contains(&want.to_string()), "{want} missing from {g:?}");
         }
         assert!(!g.iter().any(|x| x.contains("'s")), "{g:?}");
+        for not in ["when", "sister", "call", "caroline sister mary", "did"] {
+            assert!(!g.contains(&not.to_string()), "{not} in {g:?}");
+        }
+    }
+
+    #[test]
+    fn only_capitalised_words_that_are_not_stop_words_can_be_speakers() {
+        // Issue 47, item 6: turns whose speaker was "the" or "where" put
+        // every question of the tenant in the first person.
+        assert!(grams("Where does the client live?").is_empty());
+        assert!(grams("where does bob martinez live").is_empty());
+        let first = |q: &str, n: &[&str]| in_first_person(q, &names(n));
+        assert_eq!(
+            first("Where does the client live?", &["where", "the"]),
+            None
+        );
+        assert_eq!(
+            first("Where did Bob go after the bob sleigh race?", &["bob"]).as_deref(),
+            Some("Where did I go after the bob sleigh race?")
+        );
     }
 
     #[test]
     fn grams_are_bounded() {
-        let long = "word ".repeat(1000) + &(0..500).map(|i| format!("w{i} ")).collect::<String>();
+        let long = "Word ".repeat(1000) + &(0..500).map(|i| format!("W{i} ")).collect::<String>();
         assert!(grams(&long).len() <= MAX_GRAMS);
-        let huge = "x".repeat(MAX_SPEAKER_CHARS + 1);
+        let huge = "X".repeat(MAX_SPEAKER_CHARS + 1);
         assert!(
-            grams(&format!("{huge} said hi"))
+            grams(&format!("{huge} Said Hi"))
                 .iter()
                 .all(|g| !g.contains('x'))
         );

@@ -64,15 +64,25 @@ pub async fn stack_with_keys(
     settings: Settings,
     keys: &[(&str, &str)],
 ) -> anyhow::Result<(Stack, String, Vec<String>)> {
+    let agents: Vec<(&str, &str, &str)> = keys.iter().map(|(t, l)| (*t, *l, "agent-1")).collect();
+    stack_with_agents(settings, &agents).await
+}
+
+/// [`stack_with_keys`] with each key's agent id given: (tenant tag, trust,
+/// agent).
+pub async fn stack_with_agents(
+    settings: Settings,
+    keys: &[(&str, &str, &str)],
+) -> anyhow::Result<(Stack, String, Vec<String>)> {
     let run = uuid::Uuid::new_v4().simple().to_string();
     let extra_keys: Vec<_> = keys
         .iter()
-        .map(|(tag, trust)| {
+        .map(|(tag, trust, agent)| {
             let key = format!("k-{tag}-{}", uuid::Uuid::new_v4().simple());
             (
                 key,
                 format!("t-{tag}-{run}"),
-                "agent-1".into(),
+                agent.to_string(),
                 trust.to_string(),
             )
         })
