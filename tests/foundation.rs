@@ -203,6 +203,35 @@ async fn restart_on_an_existing_data_dir_keeps_data() -> anyhow::Result<()> {
     .await
 }
 
+/// Issue 47, item 18: initdb's `trust` let any local OS user (`nobody`
+/// included) read every tenant's rows over TCP. A fresh data dir is made
+/// the way older ones were (trusting), so this also shows one secured on
+/// start.
+#[tokio::test]
+async fn the_embedded_server_asks_every_connection_for_its_password() -> anyhow::Result<()> {
+    with_own_data_dir("test-password", |s, rt| {
+        let pg = engram_common::pg::EmbeddedPostgres::start(s)?;
+        let hba = std::fs::read_to_string(pg.data_dir().join("pg_hba.conf"))?;
+        assert!(!hba.contains("trust"), "{hba}");
+        let port = pg.port();
+        rt.block_on(async {
+            for who in ["postgres", "postgres:guess", "nobody"] {
+                let url = format!("postgres://{who}@127.0.0.1:{port}/engram");
+                let refused = engram_common::db::connect(&url, 1).await;
+                assert!(refused.is_err(), "{who} got in");
+            }
+            let pool = engram_common::db::connect(&pg.url(), 1).await?;
+            let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&pool).await?;
+            assert_eq!(one, 1);
+            pool.close().await;
+            anyhow::Ok(())
+        })?;
+        drop(pg);
+        Ok(())
+    })
+    .await
+}
+
 /// A parallel test binary (or a second `engram serve`) that adopts the
 /// running server must not stop it on exit: that once turned a whole CI run's
 /// queries into "the database system is shutting down".

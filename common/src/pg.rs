@@ -17,6 +17,15 @@
 //! one. [`EmbeddedPostgres::detach`] leaves the server running on purpose
 //! (the shared test Postgres) and records that by writing the postmaster's
 //! pid into the users file; no handle stops a server so marked.
+//!
+//! Every connection gives a password (issue 47, item 18): initdb's `trust`
+//! let any local OS user (`nobody` included) read every tenant's rows over
+//! TCP. The `postgres` role's password is a random token kept in
+//! `<data dir>/engram.secret` (mode 0600, in the 0700 data dir), and
+//! `pg_hba.conf` asks for it (scram-sha-256) on the socket and on TCP. A
+//! data dir made before that (its `pg_hba.conf` trusts) is secured on its
+//! next start: the password is set over the still-trusted connection, then
+//! `pg_hba.conf` is rewritten and reloaded.
 
 use std::fs::File;
 use std::net::TcpListener;
@@ -29,6 +38,13 @@ use crate::settings::Settings;
 
 const PG_USER: &str = "engram-pg";
 const DB_NAME: &str = "engram";
+
+/// What `pg_hba.conf` says once secured: a password for every connection.
+const HBA: &str = "# Written by engram (common/src/pg.rs): every connection gives the password\n\
+# kept in engram.secret beside this file.\n\
+local all all scram-sha-256\n\
+host all all 127.0.0.1/32 scram-sha-256\n\
+host all all ::1/128 scram-sha-256\n";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
@@ -52,6 +68,8 @@ pub struct EmbeddedPostgres {
     data: PathBuf,
     run_as: Option<(u32, u32)>,
     port: u16,
+    /// The `postgres` role's password ([`secret`]).
+    password: String,
     stopped: bool,
     /// This handle's shared lock on the users file, while it holds the server.
     user_opt: Option<File>,
@@ -104,6 +122,7 @@ impl EmbeddedPostgres {
         // lock exclusively), so we never adopt a server that is going away.
         let user = users_file(&data)?;
         user.lock_shared().map_err(io(&users_path(&data)))?;
+        let password = secret(&data)?;
         if let Some(port) = running_port(&data) {
             tracing::info!(port, data_dir = %data.display(), "adopting running embedded postgres");
             let pg = Self {
@@ -111,10 +130,12 @@ impl EmbeddedPostgres {
                 data,
                 run_as,
                 port,
+                password,
                 stopped: false,
                 user_opt: Some(user),
             };
             pg.wait_ready()?;
+            pg.secure()?;
             return Ok(pg);
         }
         let port = match settings.database.embedded_port {
@@ -157,29 +178,65 @@ impl EmbeddedPostgres {
             data,
             run_as,
             port,
+            password,
             stopped: false,
             user_opt: Some(user),
         };
         pg.wait_ready()?;
+        pg.secure()?;
         Ok(pg)
     }
 
+    /// `sql` run by psql as `postgres` on `db`, giving the password (a
+    /// still-trusting server ignores it).
+    fn psql(&self, sql: &str, db: &str) -> std::io::Result<std::process::Output> {
+        pg_command(&self.bin, "psql", None)
+            .env("PGPASSWORD", &self.password)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", db])
+            .args(["-tAq", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+    }
+
+    /// Makes a server whose `pg_hba.conf` trusts anyone ask for the
+    /// password: set it (over the trusted connection), then rewrite and
+    /// reload `pg_hba.conf`. Nothing to do when no line trusts.
+    fn secure(&self) -> Result<(), PgError> {
+        let path = self.data.join("pg_hba.conf");
+        let hba = std::fs::read_to_string(&path).map_err(|source| PgError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        if !trusts(&hba) {
+            return Ok(());
+        }
+        // The token is hex: nothing in it needs quoting.
+        let set = format!("ALTER ROLE postgres PASSWORD '{}'", self.password);
+        self.run_sql("setting the postgres password", &set)?;
+        std::fs::write(&path, HBA).map_err(|source| PgError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        self.run_sql("reloading pg_hba.conf", "SELECT pg_reload_conf()")?;
+        tracing::info!(data_dir = %self.data.display(), "embedded postgres now asks every connection for its password");
+        Ok(())
+    }
+
+    fn run_sql(&self, what: &'static str, sql: &str) -> Result<(), PgError> {
+        let out = self
+            .psql(sql, "postgres")
+            .map_err(|e| step(what, e.to_string()))?;
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(step(
+                what,
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )),
+        }
+    }
+
     fn wait_ready(&self) -> Result<(), PgError> {
-        let psql = |sql: &str, db: &str| {
-            pg_command(&self.bin, "psql", None)
-                .args([
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    &self.port.to_string(),
-                    "-U",
-                    "postgres",
-                    "-d",
-                    db,
-                ])
-                .args(["-tAq", "-v", "ON_ERROR_STOP=1", "-c", sql])
-                .output()
-        };
+        let psql = |sql: &str, db: &str| self.psql(sql, db);
         // A server found through its pid file may still be starting up (or
         // not listening yet); give it the same 60 s `pg_ctl start -w` gets.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -230,7 +287,10 @@ impl EmbeddedPostgres {
     }
 
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{DB_NAME}", self.port)
+        format!(
+            "postgres://postgres:{}@127.0.0.1:{}/{DB_NAME}",
+            self.password, self.port
+        )
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -442,6 +502,58 @@ pub fn postmaster_pid(data: &Path) -> Option<u32> {
     text.lines().next()?.trim().parse().ok()
 }
 
+/// Whether a `pg_hba.conf` lets any connection in without a password.
+fn trusts(hba: &str) -> bool {
+    (hba.lines())
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .any(|l| l.split_whitespace().any(|w| w == "trust"))
+}
+
+/// `<data dir>/engram.secret`: the `postgres` role's password.
+pub fn secret_path(data: &Path) -> PathBuf {
+    data.join("engram.secret")
+}
+
+/// The password in [`secret_path`], made (a random 64-hex-digit token,
+/// mode 0600) the first time. Two processes starting at once agree: the
+/// file appears whole or not at all (a hard link never replaces one), and
+/// the loser reads the winner's.
+fn secret(data: &Path) -> Result<String, PgError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = secret_path(data);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| PgError::Io { path, source }
+    };
+    if let Ok(s) = std::fs::read_to_string(&path) {
+        return Ok(s.trim().to_string());
+    }
+    let token = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let tmp = data.join(format!("engram.secret.{}", uuid::Uuid::new_v4().simple()));
+    let mut f = (std::fs::OpenOptions::new())
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    f.write_all(token.as_bytes()).map_err(io(&tmp))?;
+    drop(f);
+    let linked = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(token),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::read_to_string(&path)
+            .map(|s| s.trim().to_string())
+            .map_err(io(&path)),
+        Err(e) => Err(io(&path)(e)),
+    }
+}
+
 fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -469,6 +581,33 @@ mod tests {
         assert_eq!(detached_pid(&data), None);
         std::fs::write(users_path(&data), "4242").expect("mark");
         assert_eq!(detached_pid(&data), Some(4242));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_trusting_hba_is_told_from_a_secured_one() {
+        assert!(trusts(
+            "local all all trust\nhost all all 127.0.0.1/32 trust\n"
+        ));
+        assert!(trusts("# c\nhost all all ::1/128 trust # ipv6\n"));
+        assert!(!trusts(HBA));
+        assert!(!trusts("# host all all 0.0.0.0/0 trust\n"));
+    }
+
+    #[test]
+    fn the_secret_is_made_once_and_kept_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("engram-secret-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let first = secret(&dir).expect("made");
+        assert_eq!(first.len(), 64);
+        assert!(first.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(secret(&dir).expect("read"), first);
+        let mode = std::fs::metadata(secret_path(&dir))
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
         let _ = std::fs::remove_dir_all(dir);
     }
 }
