@@ -519,6 +519,77 @@ fn deploy_manifests_parse_as_yaml() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// No deploy file turns on query-text logging: the README's privacy
+/// default (`log.query_text = false`) is what a deployment gets. The k8s
+/// base config map set it to "true" (issue 47, item 20). Checks every YAML
+/// file under deploy/ (a `KEY: value` map, as in a ConfigMap or a compose
+/// `environment`, and a Kubernetes `env` list of `name` / `value`) and every
+/// other file's text (`ENV` in the Dockerfile, scripts).
+#[test]
+fn no_deploy_file_logs_query_text() -> anyhow::Result<()> {
+    const KEY: &str = "ENGRAM__LOG__QUERY_TEXT";
+    assert!(!engram_common::Settings::default().log.query_text);
+    fn off(v: &yaml_rust2::Yaml) -> bool {
+        match v {
+            yaml_rust2::Yaml::Boolean(b) => !b,
+            yaml_rust2::Yaml::String(s) => s.eq_ignore_ascii_case("false"),
+            _ => false,
+        }
+    }
+    /// Where `KEY` is set in this document, with its value.
+    fn settings(doc: &yaml_rust2::Yaml, out: &mut Vec<yaml_rust2::Yaml>) {
+        match doc {
+            yaml_rust2::Yaml::Hash(h) => {
+                for (k, v) in h {
+                    if k.as_str() == Some(KEY) {
+                        out.push(v.clone());
+                    }
+                    if k.as_str() == Some("name") && v.as_str() == Some(KEY) {
+                        out.push(doc["value"].clone());
+                    }
+                    settings(v, out);
+                }
+            }
+            yaml_rust2::Yaml::Array(a) => a.iter().for_each(|d| settings(d, out)),
+            _ => {}
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let (mut dirs, mut seen) = (vec![root], 0);
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let p = entry?.path();
+            if p.is_dir() {
+                dirs.push(p);
+                continue;
+            }
+            let text = std::fs::read_to_string(&p)?;
+            if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                let docs = yaml_rust2::YamlLoader::load_from_str(&text)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+                let mut found = Vec::new();
+                docs.iter().for_each(|d| settings(d, &mut found));
+                for v in &found {
+                    assert!(off(v), "{}: {KEY} is {v:?}", p.display());
+                }
+                seen += found.len();
+            } else {
+                for line in text.lines().filter(|l| l.contains(KEY)) {
+                    let value = line.split(KEY).nth(1).unwrap_or_default();
+                    assert!(
+                        !value.to_ascii_lowercase().contains("true"),
+                        "{}: {line}",
+                        p.display()
+                    );
+                }
+            }
+        }
+    }
+    // The config map states the default outright; the walk found it.
+    assert!(seen >= 1, "the k8s config map sets {KEY}");
+    Ok(())
+}
+
 /// The Foundry HTTP API listens on all interfaces and is published in both
 /// deployments (it defaults to 127.0.0.1:8080, unreachable from outside a
 /// container).

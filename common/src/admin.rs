@@ -28,6 +28,8 @@ use tokio::net::TcpListener;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
+use crate::settings::ListenSettings;
+
 /// How long one probe may take before its component counts as unreachable;
 /// a probe must never make `/ready` hang past a kubelet's own timeout.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -295,28 +297,34 @@ pub async fn serve(
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    serve_with(listener, state, Duration::ZERO, shutdown).await
+    let listen = ListenSettings {
+        drain_delay_ms: 0,
+        ..ListenSettings::default()
+    };
+    serve_with(listener, state, &listen, shutdown).await
 }
 
-/// [`serve`] that keeps answering (503 on `/ready`) for `linger` after
-/// `shutdown`, matching the gRPC servers' `drain_delay` so a kubelet or load
-/// balancer sees "not ready" rather than "connection refused".
+/// [`serve`] that keeps answering (503 on `/ready`) for
+/// `listen.drain_delay_ms` after `shutdown`, matching the gRPC servers'
+/// drain delay so a kubelet or load balancer sees "not ready" rather than
+/// "connection refused"; a request's headers must arrive within
+/// `listen.header_read_timeout_ms` ([`crate::conn::serve_http`]).
 pub async fn serve_with(
     listener: TcpListener,
     state: AdminState,
-    linger: Duration,
+    listen: &ListenSettings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin http listening");
     let s = state.clone();
+    let linger = Duration::from_millis(listen.drain_delay_ms);
     let signal = async move {
         shutdown.await;
         s.start_draining();
         tokio::time::sleep(linger).await;
     };
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(signal)
-        .await?;
+    let header_read = Duration::from_millis(listen.header_read_timeout_ms);
+    crate::conn::serve_http(listener, router(state), header_read, signal).await?;
     Ok(())
 }
 

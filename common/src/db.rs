@@ -179,3 +179,61 @@ pub fn test_settings() -> Settings {
     s.pipeline.cross_encoder = true;
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr as _;
+
+    use sqlx::Connection as _;
+    use sqlx::postgres::{PgConnection, PgSslMode};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// A Postgres that requires TLS is reachable: with `sslmode=require` or
+    /// `verify-full`, the client asks for TLS and, when the server agrees,
+    /// starts a TLS handshake. Built with sqlx's `tls-none`, it failed before
+    /// sending a byte ("SQLx was built without TLS support"). The fake
+    /// server here answers the SSLRequest with `S` and reads the first byte
+    /// that follows: a TLS handshake record (0x16).
+    #[tokio::test]
+    async fn sslmode_require_and_verify_full_start_a_tls_handshake() {
+        for (mode, want) in [
+            ("require", PgSslMode::Require),
+            ("verify-full", PgSslMode::VerifyFull),
+        ] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let port = listener.local_addr().expect("addr").port();
+            let server = tokio::spawn(async move {
+                let (mut sock, _) = listener.accept().await.expect("accept");
+                let mut request = [0u8; 8];
+                sock.read_exact(&mut request).await.expect("ssl request");
+                sock.write_all(b"S").await.expect("answer S");
+                let mut first = [0u8; 1];
+                sock.read_exact(&mut first)
+                    .await
+                    .map(|_| (request, first[0]))
+            });
+            let url = format!("postgres://engram:x@127.0.0.1:{port}/engram?sslmode={mode}");
+            let opts = super::PgConnectOptions::from_str(&url).expect("url parses");
+            // PgSslMode has no PartialEq.
+            let got = format!("{:?}", opts.get_ssl_mode());
+            assert_eq!(got, format!("{want:?}"), "{mode}");
+            let client = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                PgConnection::connect_with(&opts),
+            )
+            .await
+            .expect("the connect attempt ends");
+            let err = client.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(!err.contains("without TLS support"), "{mode}: {err}");
+            let (request, first) = server
+                .await
+                .expect("join")
+                .unwrap_or_else(|e| panic!("{mode}: no handshake after S ({e}); client: {err}"));
+            // SSLRequest: length 8, code 80877103.
+            assert_eq!(request, [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f], "{mode}");
+            assert_eq!(first, 0x16, "{mode}: a TLS handshake record");
+        }
+    }
+}

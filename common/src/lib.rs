@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod bootstrap;
+pub mod conn;
 pub mod convert;
 pub mod db;
 pub mod entities;

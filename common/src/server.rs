@@ -181,6 +181,12 @@ pub struct ServeOptions {
     /// client exploring it never sees internal services that would answer
     /// Unimplemented there.
     pub reflect: Vec<&'static str>,
+    /// How long a connection may go without a call in flight
+    /// (`listen.header_read_timeout_ms`, `listen.idle_timeout_ms`).
+    pub limits: crate::conn::Limits,
+    /// HTTP/2 PINGs to every connection, and how long an answer may take.
+    pub http2_keepalive_interval: Duration,
+    pub http2_keepalive_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -207,6 +213,12 @@ impl From<&ListenSettings> for ServeOptions {
             drain_grace: Duration::from_millis(l.drain_grace_ms),
             tls_opt: None,
             reflect: Vec::new(),
+            limits: crate::conn::Limits {
+                first_call: Duration::from_millis(l.header_read_timeout_ms),
+                idle: Duration::from_millis(l.idle_timeout_ms),
+            },
+            http2_keepalive_interval: Duration::from_millis(l.http2_keepalive_interval_ms),
+            http2_keepalive_timeout: Duration::from_millis(l.http2_keepalive_timeout_ms),
         }
     }
 }
@@ -222,12 +234,20 @@ pub async fn serve(
     serve_with(listener, routes, health, ServeOptions::default(), shutdown).await
 }
 
-/// Accepted connections with TCP_NODELAY. A listener handed in from outside
-/// skips tonic's own socket options, and without NODELAY a reply written in
-/// pieces (headers, body, trailers) waits on the peer's delayed ACK: a flat
-/// ~40 ms on every call.
-fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+/// Accepted connections with TCP_NODELAY, each closed when it goes without
+/// a call in flight for `limits` ([`crate::conn`]). A listener handed in
+/// from outside skips tonic's own socket options, and without NODELAY a
+/// reply written in pieces (headers, body, trailers) waits on the peer's
+/// delayed ACK: a flat ~40 ms on every call.
+fn incoming(
+    listener: TcpListener,
+    limits: crate::conn::Limits,
+) -> impl futures::Stream<Item = std::io::Result<crate::conn::Bounded<tokio::net::TcpStream>>>
++ Send
++ 'static {
+    tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .map(move |accepted| accepted.map(|tcp| crate::conn::Bounded::new(tcp, limits)))
 }
 
 /// [`serve`] with explicit drain timing (`ServeOptions::from(&settings.listen)`).
@@ -283,16 +303,21 @@ pub async fn serve_with(
             tokio::time::sleep(opts.drain_delay).await;
         }
     };
-    let mut builder = Server::builder();
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(Some(opts.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(opts.http2_keepalive_timeout));
     if let Some(tls) = opts.tls_opt.clone() {
         builder = builder.tls_config(tls)?;
     }
     let server = builder
+        // Outermost: a call counts as in flight on its connection until its
+        // response ends, whatever the layers inside make of it.
+        .layer(crate::conn::ActivityLayer)
         .layer(ObserveLayer)
         // Inside the observer, so a panic is counted as the INTERNAL it becomes.
         .layer(CatchPanicLayer::custom(panic_response))
         .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming(listener), signal);
+        .serve_with_incoming_shutdown(incoming(listener, opts.limits), signal);
     tokio::pin!(server);
     let deadline = async {
         draining.notified().await;
@@ -718,6 +743,71 @@ mod tests {
             .map(|r| r.into_inner().status)
     }
 
+    /// A real gRPC server on port 0 with short limits (200 ms to the first
+    /// call, 300 ms idle): a connection that sends nothing, or half the
+    /// HTTP/2 preface, is closed (issue 47, item 17: held 70 s before); a
+    /// health Watch stream, a call in flight, outlives both limits.
+    #[tokio::test]
+    async fn grpc_connections_without_a_call_in_time_are_closed() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (reporter, health) = health();
+        reporter
+            .set_service_status("engram.v1.GraphService", ServingStatus::Serving)
+            .await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let opts = ServeOptions {
+            limits: crate::conn::Limits {
+                first_call: Duration::from_millis(200),
+                idle: Duration::from_millis(300),
+            },
+            drain_grace: Duration::from_millis(500),
+            ..ServeOptions::default()
+        };
+        let server = tokio::spawn(serve_with(
+            listener,
+            Routes::default(),
+            health,
+            opts,
+            async {
+                let _ = rx.await;
+            },
+        ));
+        for sent in [&b""[..], b"PRI * HTTP/2.0\r\n"] {
+            let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            tcp.write_all(sent).await.expect("write");
+            let t0 = Instant::now();
+            let mut rest = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut rest));
+            assert!(read.await.is_ok(), "{sent:?}: still open after 5 s");
+            assert!(t0.elapsed() >= Duration::from_millis(150), "{sent:?}");
+        }
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        let mut watch = tonic_health::pb::health_client::HealthClient::new(ch)
+            .watch(HealthCheckRequest {
+                service: "engram.v1.GraphService".into(),
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        let first = watch.message().await.expect("watch msg").expect("some");
+        assert_eq!(first.status, 1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        reporter
+            .set_service_status("engram.v1.GraphService", ServingStatus::NotServing)
+            .await;
+        let next = watch.message().await.expect("the stream is still open");
+        assert_eq!(next.expect("some").status, 2);
+        drop(watch);
+        let _ = tx.send(());
+        server.await.expect("join").expect("serve");
+    }
+
     /// Shutdown flips health first (a watch sees NOT_SERVING and ends), the
     /// server keeps answering for `drain_delay`, then stops within the grace.
     #[tokio::test]
@@ -732,8 +822,7 @@ mod tests {
         let opts = ServeOptions {
             drain_delay: Duration::from_millis(400),
             drain_grace: Duration::from_secs(2),
-            tls_opt: None,
-            reflect: Vec::new(),
+            ..ServeOptions::default()
         };
         let server = tokio::spawn(serve_with(
             listener,

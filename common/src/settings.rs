@@ -189,6 +189,21 @@ pub struct ListenSettings {
     /// Upper bound on finishing in-flight requests after that; whatever is
     /// still running is then dropped so shutdown never hangs.
     pub drain_grace_ms: u64,
+    /// HTTP (the Foundry API, admin): a request's headers must arrive
+    /// within this of the connection opening or of the previous response,
+    /// which also bounds an idle kept-alive connection. gRPC: a new
+    /// connection's first call (TLS and HTTP/2 handshakes included) must
+    /// start within this. Else the connection is closed
+    /// (common/src/conn.rs).
+    pub header_read_timeout_ms: u64,
+    /// gRPC: a connection with no call in flight for this long after its
+    /// last call ended is closed; a call in flight (a stream included)
+    /// holds it open.
+    pub idle_timeout_ms: u64,
+    /// gRPC: the server pings each connection this often (HTTP/2 PING)...
+    pub http2_keepalive_interval_ms: u64,
+    /// ...and closes it when a ping is not answered within this.
+    pub http2_keepalive_timeout_ms: u64,
 }
 
 impl Default for ListenSettings {
@@ -202,6 +217,10 @@ impl Default for ListenSettings {
             http: "127.0.0.1:8080".into(),
             drain_delay_ms: 0,
             drain_grace_ms: 10_000,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 300_000,
+            http2_keepalive_interval_ms: 30_000,
+            http2_keepalive_timeout_ms: 10_000,
         }
     }
 }
@@ -1204,6 +1223,25 @@ impl Settings {
             ));
         }
         self.auth.validate()?;
+        let l = &self.listen;
+        for (name, v) in [
+            ("listen.header_read_timeout_ms", l.header_read_timeout_ms),
+            ("listen.idle_timeout_ms", l.idle_timeout_ms),
+            (
+                "listen.http2_keepalive_interval_ms",
+                l.http2_keepalive_interval_ms,
+            ),
+            (
+                "listen.http2_keepalive_timeout_ms",
+                l.http2_keepalive_timeout_ms,
+            ),
+        ] {
+            if !(1..=86_400_000).contains(&v) {
+                return Err(SettingsError::Invalid(format!(
+                    "{name} must be in 1..=86400000"
+                )));
+            }
+        }
         let t = &self.tenant;
         if t.requests_per_second == 0 || t.burst == 0 || t.max_concurrent == 0 {
             return Err(SettingsError::Invalid(
@@ -1384,6 +1422,27 @@ mod tests {
         )
         .expect("0 names turns it off");
         assert_eq!(off.pipeline.complement.hop_names, 0);
+    }
+
+    #[test]
+    fn connection_timeouts_are_bounded_and_named() {
+        for key in [
+            "HEADER_READ_TIMEOUT_MS",
+            "IDLE_TIMEOUT_MS",
+            "HTTP2_KEEPALIVE_INTERVAL_MS",
+            "HTTP2_KEEPALIVE_TIMEOUT_MS",
+        ] {
+            let var = format!("ENGRAM__LISTEN__{key}");
+            let err = Settings::from_sources(None, &env(&[(&var, "0")])).expect_err("0");
+            let name = format!("listen.{}", key.to_ascii_lowercase());
+            assert!(err.to_string().contains(&name), "{var}: {err}");
+        }
+        let s = Settings::from_sources(
+            None,
+            &env(&[("ENGRAM__LISTEN__HEADER_READ_TIMEOUT_MS", "200")]),
+        )
+        .expect("200 ms");
+        assert_eq!(s.listen.header_read_timeout_ms, 200);
     }
 
     #[test]

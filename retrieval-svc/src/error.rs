@@ -71,8 +71,16 @@ impl From<Error> for Status {
                 | tonic::Code::ResourceExhausted => {
                     Status::new(status.code(), format!("{service}: {}", status.message()))
                 }
-                tonic::Code::DeadlineExceeded => Status::deadline_exceeded(msg),
-                _ => Status::unavailable(msg),
+                // The downstream's own words (a query, a path, a panic) are
+                // for the log; the caller learns which service and how.
+                tonic::Code::DeadlineExceeded => {
+                    tracing::warn!(service, status = %status, "downstream call ran out of time");
+                    Status::deadline_exceeded(format!("{service} failed: deadline exceeded"))
+                }
+                code => {
+                    tracing::error!(service, status = %status, "downstream call failed");
+                    Status::unavailable(format!("{service} failed: {code:?}"))
+                }
             },
             Error::DownstreamUnavailable { .. } => Status::unavailable(msg),
             // The retry hint also travels as metadata a client can read
@@ -84,7 +92,12 @@ impl From<Error> for Status {
                 }
                 status
             }
-            Error::Internal(_) => Status::internal(msg),
+            // A fixed message, as graph-svc, rerank-svc and search-svc
+            // answer: the detail is logged here, never sent.
+            Error::Internal(detail) => {
+                tracing::error!(error = %detail, "internal error");
+                Status::internal("internal error")
+            }
         }
     }
 }
@@ -107,5 +120,32 @@ mod tests {
         }
         .into();
         assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    }
+
+    /// An internal failure, the gateway's own or a downstream's, answers a
+    /// fixed message naming at most the service and the code: never the
+    /// detail (a query, a path, a secret), which is logged instead (issue
+    /// 47, item 20).
+    #[test]
+    fn internal_details_never_reach_the_caller() {
+        let secret = "SELECT content FROM memories WHERE tenant_id = 'acme' -- password=hunter2";
+        let s: Status = Error::Internal(secret.into()).into();
+        assert_eq!(s.code(), tonic::Code::Internal);
+        assert_eq!(s.message(), "internal error");
+        for (code, want) in [
+            (tonic::Code::Internal, tonic::Code::Unavailable),
+            (tonic::Code::Unknown, tonic::Code::Unavailable),
+            (tonic::Code::DataLoss, tonic::Code::Unavailable),
+            (tonic::Code::DeadlineExceeded, tonic::Code::DeadlineExceeded),
+        ] {
+            let s: Status = Error::Downstream {
+                service: "search",
+                status: Status::new(code, secret),
+            }
+            .into();
+            assert_eq!(s.code(), want, "{code:?}");
+            assert!(s.message().starts_with("search failed"), "{s}");
+            assert!(!s.to_string().contains("hunter2"), "{code:?}: {s}");
+        }
     }
 }

@@ -88,16 +88,46 @@ impl From<Error> for tonic::Status {
                     _ => tonic::Status::internal("database error"),
                 }
             }
+            // The detail (a model path, a task's panic, a query) is for the
+            // log, never for the caller, as in graph-svc and rerank-svc.
             Error::Embedding(m) => {
                 tracing::error!(error = %m, "embedding failed");
-                tonic::Status::internal(format!("embedding failed: {m}"))
+                tonic::Status::internal("embedding failed")
             }
             Error::Internal(m) => {
                 tracing::error!(error = %m, "internal error");
-                tonic::Status::internal(m)
+                tonic::Status::internal("internal error")
             }
         }
     }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Internal failures answer a fixed message; the detail goes to the log
+    /// only (issue 47, item 20: it reached the gateway's callers).
+    #[test]
+    fn internal_details_never_reach_the_caller() {
+        let secret = "SELECT content FROM memories WHERE tenant_id = 'acme' -- password=hunter2";
+        for (e, message) in [
+            (Error::Internal(secret.into()), "internal error"),
+            (Error::Embedding(secret.into()), "embedding failed"),
+            (
+                Error::Database(sqlx::Error::Protocol(secret.into())),
+                "database error",
+            ),
+        ] {
+            let s = tonic::Status::from(e);
+            assert_eq!(s.code(), tonic::Code::Internal);
+            assert_eq!(s.message(), message);
+            assert!(!s.to_string().contains("hunter2"), "{s}");
+        }
+        // The caller's own mistakes still name the field.
+        let s = tonic::Status::from(Error::invalid("ids", "must not be empty"));
+        assert_eq!(s.message(), "ids: must not be empty");
+    }
+}

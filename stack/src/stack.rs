@@ -229,11 +229,11 @@ impl Stack {
             let stop = shutdown.clone().cancelled_owned();
             let state = admin_state.clone();
             // /ready answers 503 for the drain delay so balancers stop routing first.
-            let linger = std::time::Duration::from_millis(settings.listen.drain_delay_ms);
+            let listen = settings.listen.clone();
             tasks.push((
                 Service::Retrieval,
                 tokio::spawn(async move {
-                    admin::serve_with(admin_listener, state, linger, stop).await
+                    admin::serve_with(admin_listener, state, &listen, stop).await
                 }),
             ));
             // Admin is reported under the gateway's name only if it fails; see any_exited.

@@ -4,6 +4,7 @@
 //! drift apart.
 
 use std::future::Future;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -27,23 +28,18 @@ use crate::surfaces::foundry::{self, Agentic, Basic};
 pub const BASIC_PATH: &str = "/api/v1/retrieve/basic";
 pub const AGENTIC_PATH: &str = "/api/v1/retrieve/agentic";
 
-/// Serves the HTTP API on `listener` until `shutdown`.
+/// Serves the HTTP API on `listener` until `shutdown`. A request's headers
+/// must arrive within `listen.header_read_timeout_ms` of the connection
+/// opening or of the previous response, else the connection is closed
+/// (`engram_common::conn::serve_http`).
 pub async fn serve(
     listener: TcpListener,
     gateway: Gateway,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "http api listening");
-    use axum::serve::ListenerExt;
-    // NODELAY: a response written in pieces must not wait on delayed ACKs.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "tcp nodelay not set");
-        }
-    });
-    axum::serve(listener, router(gateway))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let header_read = Duration::from_millis(gateway.settings().listen.header_read_timeout_ms);
+    engram_common::conn::serve_http(listener, router(gateway), header_read, shutdown).await?;
     Ok(())
 }
 
@@ -294,6 +290,31 @@ async fn agentic(State(gw): State<Gateway>, headers: HeaderMap, body: Bytes) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Foundry HTTP port on port 0 with `listen.header_read_timeout_ms`
+    /// at 200: a connection that sends nothing, or half a header, is closed
+    /// (issue 47, item 17: unauthenticated connections were held 70 s).
+    #[tokio::test]
+    async fn a_connection_without_a_header_in_time_is_closed() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut settings = engram_common::Settings::default();
+        settings.listen.header_read_timeout_ms = 200;
+        let gateway = Gateway::new(settings).expect("gateway");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(serve(listener, gateway, std::future::pending()));
+        let partial = format!("POST {BASIC_PATH} HTTP/1.1\r\nHost: x\r\nContent-Ty");
+        for sent in ["", partial.as_str()] {
+            let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            tcp.write_all(sent.as_bytes()).await.expect("write");
+            let mut rest = Vec::new();
+            let read = tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                tcp.read_to_end(&mut rest),
+            );
+            assert!(read.await.is_ok(), "{sent:?}: still open after 5 s");
+        }
+    }
 
     fn field(r: Result<BasicRetrieveRequest, Error>) -> &'static str {
         match r.and_then(Basic::try_from) {
