@@ -287,8 +287,10 @@ impl EmbeddedPostgres {
     }
 
     pub fn url(&self) -> String {
+        // Loopback only (listen_addresses): TLS would only cost a round
+        // trip per new connection (sqlx asks first under `prefer`).
         format!(
-            "postgres://postgres:{}@127.0.0.1:{}/{DB_NAME}",
+            "postgres://postgres:{}@127.0.0.1:{}/{DB_NAME}?sslmode=disable",
             self.password, self.port
         )
     }
