@@ -86,8 +86,10 @@ async fn an_unused_old_memory_fades_ranks_below_fresh_ones_and_only_a_floor_hide
     .execute(&pool)
     .await?;
 
-    let report = engram::commands::decay_once(&ts.stack.settings).await?;
-    assert!(report.updated >= 1, "{report:?}");
+    // The pass may find nothing left to do: another test's search-svc runs
+    // the job every second over the shared database, and may have faded
+    // these rows first. The scores below are what counts.
+    engram::commands::decay_once(&ts.stack.settings).await?;
     assert!(
         score(&pool, &old).await? < 0.1,
         "the old memory did not fade"
