@@ -8,10 +8,15 @@
 //! 64 KB memories is megabytes, an empty one a few hundred bytes), with TTL
 //! eviction and a per-tenant share ([`Share`]) so one tenant's flood of
 //! distinct queries cannot push every other tenant's answers out. moka was
-//! chosen over hand-written maps for its size-aware TinyLFU eviction and
-//! lock-free reads (docs/decisions.md).
+//! chosen over hand-written maps for its size-aware eviction and lock-free
+//! reads (docs/decisions.md). Eviction is least-recently-used, not moka's
+//! default TinyLFU: TinyLFU admits a new entry only when its key was seen
+//! more often than the victim's, and nearly every answer and turn here is
+//! new, so a full cache stopped taking any (issue 47, item 10). A tenant at
+//! its share makes room by dropping its own oldest entries, so its newest
+//! turns are cached, not refused until the old ones expire.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,11 +189,28 @@ impl Share {
         }
     }
 
+    fn holds(&self, tenant: &str) -> bool {
+        self.bytes.lock().contains_key(tenant)
+    }
+
     #[cfg(test)]
     fn used(&self, tenant: &str) -> u64 {
         self.bytes.lock().get(tenant).copied().unwrap_or(0)
     }
 }
+
+/// Each tenant's keys in the order they were stored, so a tenant at its
+/// share drops its own oldest first. A key may outlive its entry (expired,
+/// evicted, replaced); the queues are pruned so they stay within a few
+/// times the entries that can be live.
+#[derive(Default)]
+struct Order {
+    queues: HashMap<Arc<str>, VecDeque<[u8; 32]>>,
+    puts: u64,
+}
+
+/// How often (in puts) the queues of tenants holding nothing are dropped.
+const PRUNE_EVERY: u64 = 1024;
 
 type Store<T> = moka::sync::Cache<[u8; 32], Arc<Stored<T>>>;
 
@@ -200,6 +222,7 @@ fn store<T: Send + Sync + 'static>(max_bytes: u64, ttl: Duration, share: &Share)
         .max_capacity(max_bytes)
         .weigher(|_k: &[u8; 32], v: &Arc<Stored<T>>| v.bytes)
         .time_to_live(ttl)
+        .eviction_policy(moka::policy::EvictionPolicy::lru())
         .eviction_listener(move |_k, v: Arc<Stored<T>>, _cause: RemovalCause| {
             listener.release(&v.tenant, v.bytes);
         })
@@ -214,6 +237,10 @@ fn weigh(encoded: usize) -> u32 {
 struct Shared<T> {
     store: Store<T>,
     share: Share,
+    order: Mutex<Order>,
+    /// Most keys a tenant's queue keeps: as many entries as its share
+    /// could hold at the smallest weight.
+    max_queue: usize,
 }
 
 impl<T: Send + Sync + 'static> Shared<T> {
@@ -221,9 +248,12 @@ impl<T: Send + Sync + 'static> Shared<T> {
         // Saturating float-to-int: a share of 1.0 is the whole cache.
         let limit = (max_bytes as f64 * tenant_share) as u64;
         let share = Share::new(limit.max(1));
+        let max_queue = usize::try_from(limit / ENTRY_OVERHEAD as u64).unwrap_or(usize::MAX);
         Self {
             store: store(max_bytes, ttl, &share),
             share,
+            order: Mutex::default(),
+            max_queue: max_queue.max(1),
         }
     }
 
@@ -231,12 +261,29 @@ impl<T: Send + Sync + 'static> Shared<T> {
         self.store.get(key)
     }
 
-    /// Stores unless the tenant is over its share; a replaced entry's bytes
-    /// come back through the listener.
+    /// Stores, first dropping the tenant's own oldest entries while it is
+    /// over its share (an entry larger than the whole share is not
+    /// stored); a dropped or replaced entry's bytes come back through the
+    /// listener, which moka calls at once on an invalidation.
     fn put(&self, key: [u8; 32], stored: Stored<T>) {
-        if self.share.admit(&stored.tenant, stored.bytes) {
-            self.store.insert(key, Arc::new(stored));
+        let mut order = self.order.lock();
+        order.puts += 1;
+        if order.puts.is_multiple_of(PRUNE_EVERY) {
+            order.queues.retain(|t, _| self.share.holds(t));
         }
+        let queue = order.queues.entry(stored.tenant.clone()).or_default();
+        while !self.share.admit(&stored.tenant, stored.bytes) {
+            let Some(oldest) = queue.pop_front() else {
+                return;
+            };
+            self.store.invalidate(&oldest);
+        }
+        queue.push_back(key);
+        if queue.len() > self.max_queue {
+            queue.pop_front();
+        }
+        drop(order);
+        self.store.insert(key, Arc::new(stored));
     }
 }
 
@@ -697,6 +744,54 @@ mod tests {
             c.get_exact(&k, "t-quiet").map(|r| r.query_id),
             Some("q-quiet".into())
         );
+    }
+
+    #[test]
+    fn a_full_cache_keeps_taking_new_answers() {
+        // Issue 47, item 10: under TinyLFU a full cache admitted no answer
+        // it had not seen before, and nearly every answer is new.
+        let c = Caches::new(CacheLimits {
+            tenant_share: 1.0,
+            ..limits(3 << 20)
+        });
+        let a = id("t1", "a", AccessLevel::Public);
+        let big = RetrieveResponse {
+            query_id: "x".repeat(64 * 1024),
+            ..Default::default()
+        };
+        for i in 0..200 {
+            let k = CacheKey::new(&a, &query(&format!("question {i}")));
+            c.put(&k, "t1", 0, &big, None);
+            c.results.store.run_pending_tasks();
+        }
+        let last = CacheKey::new(&a, &query("question 199"));
+        assert!(
+            c.get_exact(&last, "t1").is_some(),
+            "the newest answer was refused"
+        );
+    }
+
+    #[test]
+    fn a_tenant_at_its_share_drops_its_own_oldest_turn() {
+        // Issue 47, item 10: a busy tenant's new turns were refused until
+        // its old ones expired (600 s).
+        let c = Caches::new(limits(3 << 20));
+        let a = id("t-busy", "a", AccessLevel::Public);
+        let big = RetrieveResponse {
+            query_id: "x".repeat(64 * 1024),
+            ..Default::default()
+        };
+        for i in 0..40 {
+            c.put_turn(&a, &format!("turn-{i}"), c.generation("t-busy"), &big);
+        }
+        c.turns.store.run_pending_tasks();
+        assert!(c.has_turn(&a, "turn-39"), "the newest turn was refused");
+        assert!(
+            !c.has_turn(&a, "turn-0"),
+            "the oldest turn should have made room"
+        );
+        let used = c.turns.share.used("t-busy");
+        assert!(used <= (1 << 20) / 4, "the tenant holds {used} bytes");
     }
 
     #[test]

@@ -115,8 +115,17 @@ const ANSWERS_MAX_BYTES: u64 = 16 << 20;
 const ANSWERS_TTL: Duration = Duration::from_secs(3600);
 
 fn answers() -> Answers {
+    answers_within(ANSWERS_MAX_BYTES)
+}
+
+/// The record of served answers, least recently used out first: moka's
+/// default TinyLFU admits a new key only when it was seen more often than
+/// the one it would evict, and every answer's key is new, so a full record
+/// took none and feedback on them went unchecked (issue 47, item 10).
+fn answers_within(max_bytes: u64) -> Answers {
     moka::sync::Cache::builder()
-        .max_capacity(ANSWERS_MAX_BYTES)
+        .max_capacity(max_bytes)
+        .eviction_policy(moka::policy::EvictionPolicy::lru())
         .weigher(|k: &String, v: &Arc<Answered>| {
             let ids: usize = v.ids.iter().map(|i| i.len() + 24).sum();
             let ids = ids + v.rows.len() * std::mem::size_of::<Option<ranker::Row>>();
@@ -667,4 +676,33 @@ fn answer(
         dropped: if q.explain { dropped } else { Vec::new() },
     };
     (response, counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_record_of_answers_keeps_taking_new_ones() {
+        // Issue 47, item 10: under TinyLFU a full record admitted no new
+        // answer, so feedback on the answers after it went unchecked.
+        let record = answers_within(64 << 10);
+        for i in 0..2_000 {
+            let answered = Answered {
+                tenant: "t".into(),
+                agent_id: "a".into(),
+                trust: AccessLevel::Public,
+                ids: vec!["x".repeat(36); 10],
+                rows: Vec::new(),
+                examples_taken: AtomicBool::new(false),
+            };
+            record.insert(format!("q-{i}"), Arc::new(answered));
+            record.run_pending_tasks();
+        }
+        assert!(
+            record.get("q-1999").is_some(),
+            "the newest answer was refused"
+        );
+        assert!(record.get("q-0").is_none(), "the oldest should have gone");
+    }
 }
