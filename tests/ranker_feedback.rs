@@ -115,6 +115,14 @@ async fn feedback_trains_a_model_the_gateway_swaps_in() -> anyhow::Result<()> {
     let report = engram_lab::ranker::train_from_feedback(&pool, &opts).await?;
     assert_eq!(report.answers, 20);
     assert_eq!(report.identities, 1);
+    // Checked on its held-out answers against the shipped model, which
+    // keeps the fusion's #1 and so never puts the note first.
+    assert_eq!(
+        report.check.winner,
+        engram_lab::ranker::Winner::New,
+        "{:?}",
+        report.check
+    );
 
     // The gateway polls the file every 100 ms; the ranking must change.
     let mut now = was;

@@ -694,7 +694,26 @@ async fn ranker_train(
     db.close().await;
     let report = result?;
     println!("{}", serde_json::to_string_pretty(&report)?);
-    eprintln!("ranker: wrote {} ({})", opts.out.display(), report.version);
+    let c = &report.check;
+    match c.winner {
+        crate::ranker::Winner::New => eprintln!(
+            "ranker: wrote {} ({}): {:.3} on {} held-out answers, {} {:.3}",
+            opts.out.display(),
+            report.version,
+            c.new_quality,
+            c.held_out,
+            c.live,
+            c.live_quality
+        ),
+        crate::ranker::Winner::Live => eprintln!(
+            "ranker: kept {} ({}): the new model {:.3} on {} held-out answers, not above {:.3}",
+            opts.out.display(),
+            c.live,
+            c.new_quality,
+            c.held_out,
+            c.live_quality
+        ),
+    }
     Ok(())
 }
 

@@ -17,7 +17,8 @@ use linfa::prelude::*;
 use linfa_logistic::LogisticRegression;
 use ndarray_linfa::{Array1, Array2};
 use retrieval_svc::lab::{
-    Model, RANK_FEATURES, RankRow, RankSignals, Ranker, rank_features, rank_fusion, weights_for,
+    Model, RANK_FEATURES, RankRow, RankSignals, Ranker, load_ranker, rank_features, rank_fusion,
+    shipped_ranker, weights_for,
 };
 
 use crate::eval::Part;
@@ -321,55 +322,179 @@ const MAX_EXAMPLES: i64 = 500_000;
 /// What a training run used and wrote.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TrainReport {
+    /// Answers with both a helpful and an unhelpful memory, trained on
+    /// or held out.
     pub answers: usize,
     pub examples: usize,
     pub identities: usize,
     /// Answers left out by the per-identity cap.
     pub capped: usize,
+    /// Answers the new model was fitted on (the rest are `check.held_out`).
+    pub trained: usize,
     pub version: String,
     pub weights: Vec<f32>,
+    /// The new model against the live one; `opts.out` was written only
+    /// when the new one won.
+    pub check: Check,
+}
+
+/// One answer in this many is held out of training to check the new model.
+const HELD_OUT_ONE_IN: u64 = 5;
+
+/// Which model serves after a training run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Winner {
+    /// The new model was written to `opts.out`.
+    New,
+    /// The file was left as it was: the live model keeps serving.
+    Live,
+}
+
+/// A new model against the live one on held-out answers, by the mean of
+/// R@2, R@5 and R@10 (`tune::quality`, what `engram tune` judges by).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Check {
+    pub held_out: usize,
+    pub new_quality: f64,
+    /// The live model's version, or "fusion order" when there is none.
+    pub live: String,
+    pub live_quality: f64,
+    pub winner: Winner,
+}
+
+/// Judges `new` against the live model (`live_opt`; the fusion order when
+/// none) on answers the new one was not fitted on. It wins only when
+/// strictly better: a tie, or nothing to judge on, keeps the live one.
+pub fn check(new: &Ranker, live_opt: Option<&Ranker>, held: &[&Labelled]) -> Check {
+    let new_quality = mean_quality(held, |l| order(l, new));
+    let (live, live_quality) = match live_opt {
+        Some(r) => (r.version().to_string(), mean_quality(held, |l| order(l, r))),
+        None => (
+            "fusion order".to_string(),
+            mean_quality(held, |l| l.docs.clone()),
+        ),
+    };
+    let winner = if !held.is_empty() && new_quality > live_quality {
+        Winner::New
+    } else {
+        Winner::Live
+    };
+    Check {
+        held_out: held.len(),
+        new_quality,
+        live,
+        live_quality,
+        winner,
+    }
+}
+
+/// Which answers are held out, given their split hashes: those in one
+/// bucket of [`HELD_OUT_ONE_IN`] (the same answer in every run, so a model
+/// this trainer wrote was never fitted on the answers it is judged on),
+/// and with two or more answers never none or all of them: the lowest hash
+/// is held out when none is, the highest trained on when all are.
+fn held_out(hashes: &[u64]) -> Vec<bool> {
+    let mut out: Vec<bool> = hashes.iter().map(|h| h % HELD_OUT_ONE_IN == 0).collect();
+    if hashes.len() < 2 {
+        return out;
+    }
+    let by_hash = |i: &usize| hashes[*i];
+    if !out.contains(&true)
+        && let Some(i) = (0..hashes.len()).min_by_key(by_hash)
+    {
+        out[i] = true;
+    }
+    if !out.contains(&false)
+        && let Some(i) = (0..hashes.len()).max_by_key(by_hash)
+    {
+        out[i] = false;
+    }
+    out
+}
+
+/// An answer's split hash: of its tenant and query id, stable across runs.
+fn split_hash(tenant: &str, query_id: &str) -> u64 {
+    use sha2::Digest;
+    let d = sha2::Sha256::new()
+        .chain_update(tenant.as_bytes())
+        .chain_update([0u8])
+        .chain_update(query_id.as_bytes())
+        .finalize();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// Fits a model on the answers not held out and checks it on the rest
+/// against `live_opt`. Needs two informative answers: one to fit, one to
+/// judge by.
+fn fit_checked(
+    informative: &[&Answer],
+    live_opt: Option<&Ranker>,
+    spec: &FitSpec<'_>,
+) -> anyhow::Result<(Ranker, Check, usize)> {
+    anyhow::ensure!(
+        informative.len() >= 2,
+        "too little feedback to learn from: {} answer(s) with both a helpful and an unhelpful \
+         memory, and a new model needs one to fit on and one to be checked on",
+        informative.len()
+    );
+    let hashes: Vec<u64> = informative.iter().map(|a| a.split_hash).collect();
+    let mut train = Vec::new();
+    let mut held = Vec::new();
+    for (a, out) in informative.iter().zip(held_out(&hashes)) {
+        if out { &mut held } else { &mut train }.push(to_labelled(a));
+    }
+    let train_refs: Vec<&Labelled> = train.iter().collect();
+    let held_refs: Vec<&Labelled> = held.iter().collect();
+    let model = fit(&train_refs, spec)?;
+    let checked = check(&model, live_opt, &held_refs);
+    Ok((model, checked, train.len()))
+}
+
+/// The model the gateway serves from `out` now: the file when it loads,
+/// else the shipped one (what a gateway uses without a model file); none
+/// only when not even that loads, and then the fusion order serves.
+fn live_model(out: &std::path::Path) -> Option<Ranker> {
+    let file_opt = out.exists().then(|| load_ranker(out)).and_then(|r| {
+        r.map_err(|e| tracing::warn!(error = %e, "the live ranker does not load; judging against the shipped one"))
+            .ok()
+    });
+    file_opt.or_else(|| shipped_ranker().ok())
 }
 
 /// One answer's stored examples.
 struct Answer {
     identity: (String, String),
+    /// Of tenant and query id: picks the held-out answers ([`held_out`]).
+    split_hash: u64,
     rows: Vec<RankRow>,
     relevant: Vec<bool>,
+}
+
+impl Answer {
+    /// Both a helpful and an unhelpful memory: something to learn.
+    fn informative(&self) -> bool {
+        self.relevant.contains(&true) && self.relevant.contains(&false)
+    }
 }
 
 type ExampleRow = (String, String, String, Vec<f32>, bool);
 
 /// Trains the Stage 4 ranker from the feedback examples in Postgres
-/// (migrations/0003_ranker_examples.sql) and writes it to `opts.out`
-/// atomically (a gateway polling the file never reads half of it).
+/// (migrations/0003_ranker_examples.sql), checks it on held-out answers
+/// against the model in `opts.out` (the shipped one when there is none)
+/// and, only when it is better there, writes it to `opts.out` atomically
+/// (a gateway polling the file never reads half of it).
 pub async fn train_from_feedback(
     pool: &sqlx::PgPool,
     opts: &TrainOptions,
 ) -> anyhow::Result<TrainReport> {
-    let rows: Vec<ExampleRow> = sqlx::query_as(
-        "SELECT tenant_id, agent_id, query_id, features, relevant FROM ranker_examples \
-         WHERE ($1::text IS NULL OR tenant_id = $1) \
-           AND (cardinality($3::text[]) = 0 OR tenant_id = ANY($3)) \
-           AND ($4::timestamptz IS NULL OR created_at >= $4) \
-         ORDER BY created_at DESC, id DESC LIMIT $2",
-    )
-    .bind(&opts.tenant_opt)
-    .bind(MAX_EXAMPLES)
-    .bind(&opts.tenants)
-    .bind(opts.since_opt)
-    .fetch_all(pool)
-    .await
-    .context("cannot read ranker_examples")?;
+    let rows = read_examples(pool, opts).await?;
     let answers = group_answers(rows);
     let (kept, capped) = cap_per_identity(answers, opts.identity_share);
-    let labelled: Vec<Labelled> = kept.iter().map(to_labelled).collect();
-    let informative: Vec<&Labelled> = (labelled.iter())
-        .filter(|l| !l.gold.is_empty() && l.gold.len() < l.docs.len())
-        .collect();
-    anyhow::ensure!(
-        !informative.is_empty(),
-        "no feedback to learn from: no answer has both a helpful and an unhelpful memory"
-    );
+    let informative: Vec<&Answer> = kept.iter().filter(|a| a.informative()).collect();
     let scope = opts.tenant_opt.as_deref().unwrap_or("all-tenants");
     let version = format!(
         "engram-ranker-feedback-{scope}-{}",
@@ -390,21 +515,54 @@ pub async fn train_from_feedback(
         trained_on: &trained_on,
         keep_fused_first: false,
     };
-    let model = fit(&informative, &spec)?;
-    let tmp = opts.out.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(model.model())? + "\n")
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, &opts.out)
-        .with_context(|| format!("cannot write {}", opts.out.display()))?;
+    let live_opt = live_model(&opts.out);
+    let (model, check, trained) = fit_checked(&informative, live_opt.as_ref(), &spec)?;
+    tracing::info!(
+        winner = ?check.winner, new = check.new_quality, live = %check.live,
+        live_quality = check.live_quality, held_out = check.held_out, "ranker checked"
+    );
+    if check.winner == Winner::New {
+        write_model(&model, &opts.out)?;
+    }
     let identities: std::collections::HashSet<_> = kept.iter().map(|a| &a.identity).collect();
     Ok(TrainReport {
         answers: informative.len(),
-        examples: informative.iter().map(|l| l.docs.len()).sum(),
+        examples: informative.iter().map(|a| a.rows.len()).sum(),
         identities: identities.len(),
         capped,
+        trained,
         version,
         weights: model.model().weights.clone(),
+        check,
     })
+}
+
+async fn read_examples(
+    pool: &sqlx::PgPool,
+    opts: &TrainOptions,
+) -> anyhow::Result<Vec<ExampleRow>> {
+    sqlx::query_as(
+        "SELECT tenant_id, agent_id, query_id, features, relevant FROM ranker_examples \
+         WHERE ($1::text IS NULL OR tenant_id = $1) \
+           AND (cardinality($3::text[]) = 0 OR tenant_id = ANY($3)) \
+           AND ($4::timestamptz IS NULL OR created_at >= $4) \
+         ORDER BY created_at DESC, id DESC LIMIT $2",
+    )
+    .bind(&opts.tenant_opt)
+    .bind(MAX_EXAMPLES)
+    .bind(&opts.tenants)
+    .bind(opts.since_opt)
+    .fetch_all(pool)
+    .await
+    .context("cannot read ranker_examples")
+}
+
+/// Writes through a temporary file and a rename.
+fn write_model(model: &Ranker, out: &std::path::Path) -> anyhow::Result<()> {
+    let tmp = out.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(model.model())? + "\n")
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display()))
 }
 
 /// Rows (newest first) grouped per answer; rows of another feature set
@@ -416,11 +574,13 @@ fn group_answers(rows: Vec<ExampleRow>) -> Vec<Answer> {
         let Ok(row) = RankRow::try_from(features.as_slice()) else {
             continue;
         };
+        let split_hash = split_hash(&tenant, &query_id);
         let key = (tenant.clone(), query_id);
         let a = by.entry(key.clone()).or_insert_with(|| {
             order.push(key);
             Answer {
                 identity: (tenant, agent),
+                split_hash,
                 rows: Vec::new(),
                 relevant: Vec::new(),
             }
@@ -457,14 +617,21 @@ fn cap_per_identity(answers: Vec<Answer>, share: f64) -> (Vec<Answer>, usize) {
     (kept, capped)
 }
 
+/// The answer as Stage 4 got it, in fused order (stored rows come newest
+/// first): the live model's rule for the fusion's #1 and the fusion order
+/// itself are judged on the right candidate.
 fn to_labelled(a: &Answer) -> Labelled {
+    let mut idx: Vec<usize> = (0..a.rows.len()).collect();
+    if let Some(c) = RANK_FEATURES.iter().position(|n| *n == "fused_rr") {
+        idx.sort_by(|&i, &j| a.rows[j][c].total_cmp(&a.rows[i][c]));
+    }
     Labelled {
         dataset: "feedback",
-        docs: (0..a.rows.len()).collect(),
-        rows: a.rows.clone(),
-        gold: (a.relevant.iter().enumerate())
-            .filter(|(_, r)| **r)
-            .map(|(i, _)| i)
+        docs: (0..idx.len()).collect(),
+        rows: idx.iter().map(|&i| a.rows[i]).collect(),
+        gold: (idx.iter().enumerate())
+            .filter(|(_, i)| a.relevant.get(**i).copied().unwrap_or(false))
+            .map(|(pos, _)| pos)
             .collect(),
     }
 }
@@ -514,6 +681,7 @@ mod tests {
     fn answer(agent: &str) -> Answer {
         Answer {
             identity: ("t".into(), agent.into()),
+            split_hash: 0,
             rows: vec![[0.0; RANK_FEATURES.len()]],
             relevant: vec![true],
         }
@@ -557,5 +725,120 @@ mod tests {
         let report = cross_fitted(&data, &["fused_rr", "term_cover"]).expect("report");
         assert_eq!(report["a"]["questions"], 10);
         assert_eq!(report["choice"], "learned");
+    }
+
+    /// Three candidates stored newest first (the reverse of fused order),
+    /// `cover` the term coverage of the fused #1, #2 and #3.
+    fn three(split_hash: u64, gold_pos: usize, cover: [f32; 3]) -> Answer {
+        let row = |pos: usize| {
+            let mut r = [0.0; RANK_FEATURES.len()];
+            r[6] = 1.0 / (pos + 1) as f32;
+            r[8] = cover[pos];
+            r
+        };
+        Answer {
+            identity: ("t".into(), "a".into()),
+            split_hash,
+            rows: (0..3).rev().map(row).collect(),
+            relevant: (0..3).rev().map(|p| p == gold_pos).collect(),
+        }
+    }
+
+    fn fusion_model() -> Ranker {
+        Ranker::new(Model {
+            version: "live".into(),
+            features: vec!["fused_rr".into()],
+            mean: vec![0.0],
+            scale: vec![1.0],
+            weights: vec![1.0],
+            intercept: 0.0,
+            trained_on: String::new(),
+            keep_fused_first: false,
+        })
+        .expect("model")
+    }
+
+    const SPEC: FitSpec<'static> = FitSpec {
+        features: &["fused_rr", "term_cover"],
+        version: "new",
+        trained_on: "",
+        keep_fused_first: false,
+    };
+
+    /// Twenty answers: hashes 1..=20, so 5, 10, 15 and 20 are held out.
+    fn answers(train_gold: (usize, [f32; 3]), held_gold: (usize, [f32; 3])) -> Vec<Answer> {
+        (1..=20u64)
+            .map(|h| {
+                let (pos, cover) = if h % HELD_OUT_ONE_IN == 0 {
+                    held_gold
+                } else {
+                    train_gold
+                };
+                three(h, pos, cover)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_new_model_that_loses_on_held_out_answers_keeps_the_live_one() {
+        // Trained on: gold is the fused #3 that covers the question's terms;
+        // held out: gold is the fused #1 that covers none of them.
+        let data = answers((2, [0.0, 0.5, 1.0]), (0, [0.0, 0.5, 1.0]));
+        let refs: Vec<&Answer> = data.iter().collect();
+        let live = fusion_model();
+        let (_, c, trained) = fit_checked(&refs, Some(&live), &SPEC).expect("fit");
+        assert_eq!((trained, c.held_out), (16, 4));
+        assert!(c.new_quality < c.live_quality, "{c:?}");
+        assert_eq!(c.winner, Winner::Live);
+        assert_eq!(c.live, "live");
+    }
+
+    #[test]
+    fn a_new_model_better_on_held_out_answers_wins_and_a_tie_does_not() {
+        let data = answers((2, [0.0, 0.5, 1.0]), (2, [0.0, 0.5, 1.0]));
+        let refs: Vec<&Answer> = data.iter().collect();
+        let live = fusion_model();
+        let (_, c, _) = fit_checked(&refs, Some(&live), &SPEC).expect("fit");
+        assert!(c.new_quality > c.live_quality, "{c:?}");
+        assert_eq!(c.winner, Winner::New);
+        let (_, c, _) = fit_checked(&refs, None, &SPEC).expect("fit");
+        assert_eq!((c.live.as_str(), c.winner), ("fusion order", Winner::New));
+        // Gold at the fused #1 everywhere: both rank it first, a tie.
+        let data = answers((0, [1.0, 0.5, 0.0]), (0, [1.0, 0.5, 0.0]));
+        let refs: Vec<&Answer> = data.iter().collect();
+        let (_, c, _) = fit_checked(&refs, Some(&live), &SPEC).expect("fit");
+        assert_eq!(c.new_quality, c.live_quality);
+        assert_eq!(c.winner, Winner::Live);
+        let none = check(&live, Some(&live), &[]);
+        assert_eq!(none.winner, Winner::Live, "nothing to judge on");
+    }
+
+    #[test]
+    fn one_answer_in_five_is_held_out_the_same_in_every_run() {
+        let hashes: Vec<u64> = (0..1000)
+            .map(|i| split_hash("t", &format!("q{i}")))
+            .collect();
+        let again: Vec<u64> = (0..1000)
+            .map(|i| split_hash("t", &format!("q{i}")))
+            .collect();
+        assert_eq!(hashes, again);
+        let held = held_out(&hashes).iter().filter(|h| **h).count();
+        assert!((150..250).contains(&held), "{held} of 1000");
+        assert_eq!(held_out(&[1, 2, 3]), vec![true, false, false], "never none");
+        assert_eq!(held_out(&[5, 10]), vec![true, false], "never all");
+        assert_eq!(held_out(&[5]), vec![true]);
+        let one = [three(1, 0, [0.0; 3])];
+        let refs: Vec<&Answer> = one.iter().collect();
+        assert!(
+            fit_checked(&refs, None, &SPEC).is_err(),
+            "one answer cannot be checked"
+        );
+    }
+
+    #[test]
+    fn stored_rows_are_judged_in_fused_order() {
+        let l = to_labelled(&three(1, 0, [0.0, 0.5, 1.0]));
+        assert_eq!(l.rows[0][6], 1.0);
+        assert_eq!(l.gold, vec![0]);
     }
 }

@@ -31,7 +31,7 @@ pub mod lab {
     pub use crate::pipeline::fusion::{StrategyList, rank_fusion, rrf, weights_for};
     pub use crate::pipeline::ranker::{
         Model, NAMES as RANK_FEATURES, Ranker, Row as RankRow, Signals as RankSignals,
-        features as rank_features,
+        features as rank_features, load_file as load_ranker, shipped as shipped_ranker,
     };
     pub use crate::pipeline::route::classify;
     pub use crate::pipeline::validate::passage;
