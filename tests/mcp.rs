@@ -52,7 +52,14 @@ fn main() -> ExitCode {
             tenant: None,
         };
         let settings = engram_common::db::test_settings();
-        let served = rt.block_on(engram::mcp::run(settings, McpArgs { http: None, key }));
+        let served = rt.block_on(engram::mcp::run(
+            settings,
+            McpArgs {
+                http: None,
+                allow_origins: Vec::new(),
+                key,
+            },
+        ));
         return match served {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -51,6 +51,11 @@ pub struct McpArgs {
     /// only: every HTTP client acts with this server's API key.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<SocketAddr>,
+    /// With --http: a browser origin allowed besides loopback ones
+    /// (`scheme://host[:port]`, `:*` for any port); repeatable. A request
+    /// with any other `Origin` header is refused with 403.
+    #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
+    pub allow_origins: Vec<String>,
     #[command(flatten)]
     pub key: KeyArgs,
 }
@@ -592,25 +597,109 @@ pub async fn run(settings: Settings, args: McpArgs) -> anyhow::Result<()> {
             running.waiting().await?;
             Ok(())
         }
-        Some(addr) => serve_http(server, addr).await,
+        Some(addr) => {
+            let opts = HttpOptions {
+                allowed_origins: args.allow_origins,
+                header_read: std::time::Duration::from_millis(
+                    settings.listen.header_read_timeout_ms,
+                ),
+            };
+            serve_http(server, addr, opts).await
+        }
     }
 }
 
-/// Streamable HTTP at `/mcp` on a loopback address until Ctrl-C.
-pub async fn serve_http(server: EngramMcp, addr: SocketAddr) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    serve_http_on(server, listener, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await
+/// How the streamable HTTP transport is served.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// Browser origins allowed besides the loopback ones ([`LOOPBACK_ORIGINS`]).
+    pub allowed_origins: Vec<String>,
+    /// A request's headers must arrive within this of the connection
+    /// opening or of the previous response (`listen.header_read_timeout_ms`).
+    pub header_read: std::time::Duration,
 }
 
-/// Streamable HTTP at `/mcp` on `listener` (loopback only) until
-/// `shutdown`; rmcp's default `Host` check (loopback names only) guards
-/// against DNS rebinding.
+impl Default for HttpOptions {
+    fn default() -> Self {
+        Self {
+            allowed_origins: Vec::new(),
+            header_read: std::time::Duration::from_millis(
+                engram_common::settings::ListenSettings::default().header_read_timeout_ms,
+            ),
+        }
+    }
+}
+
+/// Origins always allowed: pages served from this machine's loopback
+/// names, on any port. Any other `Origin` is a page elsewhere reaching the
+/// port through the browser (DNS rebinding, or a plain cross-origin POST),
+/// and the MCP spec says the server must refuse it.
+pub const LOOPBACK_ORIGINS: [&str; 6] = [
+    "http://localhost:*",
+    "http://127.0.0.1:*",
+    "http://[::1]:*",
+    "https://localhost:*",
+    "https://127.0.0.1:*",
+    "https://[::1]:*",
+];
+
+/// Streamable HTTP at `/mcp` on a loopback address until Ctrl-C.
+pub async fn serve_http(
+    server: EngramMcp,
+    addr: SocketAddr,
+    opts: HttpOptions,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let stop = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    serve_http_with(server, listener, opts, stop).await
+}
+
+/// [`serve_http_with`] with the default options: loopback origins only.
 pub async fn serve_http_on(
     server: EngramMcp,
     listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    serve_http_with(server, listener, HttpOptions::default(), shutdown).await
+}
+
+/// An `--allow-origin` value, `scheme://host[:port]` (`:*` for any port),
+/// http or https, with nothing after the authority, as rmcp matches it:
+/// without a port, the scheme's own (RFC 6454). rmcp skips an entry it
+/// cannot parse, so a typo would silently allow nothing.
+fn allowed_origin(origin: &str) -> anyhow::Result<String> {
+    let bad = |why: &str| anyhow::anyhow!("--allow-origin {origin:?}: {why}");
+    let (default_port, rest) = match origin.split_once("://") {
+        Some(("http", rest)) => (80, rest),
+        Some(("https", rest)) => (443, rest),
+        _ => return Err(bad("must start with http:// or https://")),
+    };
+    if rest.is_empty() || rest.starts_with(':') {
+        return Err(bad("has no host"));
+    }
+    if rest.contains(['/', '?', '#', '@']) || rest.chars().any(char::is_whitespace) {
+        return Err(bad("must be scheme://host[:port], nothing after the port"));
+    }
+    let after_host = rest.rsplit_once(']').map_or(rest, |(_, tail)| tail);
+    Ok(if after_host.contains(':') {
+        origin.to_string()
+    } else {
+        format!("{origin}:{default_port}")
+    })
+}
+
+/// Streamable HTTP at `/mcp` on `listener` (loopback only) until
+/// `shutdown`. rmcp's default `Host` check (loopback names only) and the
+/// `Origin` check (loopback origins and `opts.allowed_origins`; a request
+/// without `Origin`, from a client that is no browser, passes) guard
+/// against DNS rebinding; connections are bounded as on the other HTTP
+/// ports (`engram_common::conn::serve_http`).
+pub async fn serve_http_with(
+    server: EngramMcp,
+    listener: tokio::net::TcpListener,
+    opts: HttpOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -623,7 +712,13 @@ pub async fn serve_http_on(
             "--http {addr}: the MCP HTTP transport has no authentication of its own (every client acts with this server's API key); serve it on a loopback address"
         );
     }
-    let config = StreamableHttpServerConfig::default();
+    let extra: Vec<String> = (opts.allowed_origins.iter())
+        .map(|o| allowed_origin(o))
+        .collect::<anyhow::Result<_>>()?;
+    let origins = LOOPBACK_ORIGINS.iter().map(|o| o.to_string());
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_origins(origins.chain(extra))
+        .enforce_origin_validation();
     let stop = config.cancellation_token.clone();
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
@@ -632,11 +727,128 @@ pub async fn serve_http_on(
     );
     let router = axum::Router::new().nest_service("/mcp", service);
     eprintln!("engram mcp: streamable HTTP at http://{addr}/mcp");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            stop.cancel();
-        })
-        .await?;
+    let shutdown = async move {
+        shutdown.await;
+        stop.cancel();
+    };
+    engram_common::conn::serve_http(listener, router, opts.header_read, shutdown).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// An MCP server on a loopback port (its gateway never called: an
+    /// `initialize` needs none), stopped when the sender is dropped.
+    async fn start(opts: HttpOptions) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = EngramMcp::new("http://127.0.0.1:9", "k").expect("server");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve_http_with(server, listener, opts, async move {
+            let _ = stopped.await;
+        }));
+        (addr, stop)
+    }
+
+    /// The status of an `initialize` POST carrying `origin_opt`.
+    async fn initialize(addr: SocketAddr, origin_opt: Option<&str>) -> u16 {
+        let body = json!({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "0"}}
+        })
+        .to_string();
+        let origin = origin_opt.map_or(String::new(), |o| format!("Origin: {o}\r\n"));
+        let req = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\n{origin}\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        tcp.write_all(req.as_bytes()).await.expect("write");
+        let mut head = [0u8; 12];
+        tcp.read_exact(&mut head).await.expect("status line");
+        let line = String::from_utf8_lossy(&head).to_string();
+        line[9..12].parse().expect("status")
+    }
+
+    #[tokio::test]
+    async fn a_foreign_origin_is_refused_and_loopback_or_none_is_served() {
+        let opts = HttpOptions {
+            allowed_origins: vec!["https://app.example.com".into()],
+            ..HttpOptions::default()
+        };
+        let (addr, _stop) = start(opts).await;
+        for origin in [
+            "http://evil.example",
+            "http://localhost.evil.example",
+            "http://app.example.com",
+            "https://app.example.com:8443",
+            "null",
+        ] {
+            assert_eq!(initialize(addr, Some(origin)).await, 403, "{origin}");
+        }
+        for origin_opt in [
+            None,
+            Some("http://localhost"),
+            Some("http://localhost:5173"),
+            Some("http://127.0.0.1:8080"),
+            Some("http://[::1]:3000"),
+            Some("https://localhost:3000"),
+            Some("https://app.example.com"),
+            Some("https://app.example.com:443"),
+        ] {
+            assert_eq!(initialize(addr, origin_opt).await, 200, "{origin_opt:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_without_a_header_in_time_is_closed() {
+        let opts = HttpOptions {
+            header_read: Duration::from_millis(200),
+            ..HttpOptions::default()
+        };
+        let (addr, _stop) = start(opts).await;
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        tcp.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127")
+            .await
+            .expect("write");
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "still open after 5 s");
+    }
+
+    #[test]
+    fn an_allowed_origin_must_be_scheme_host_and_port() {
+        for (given, kept) in [
+            ("https://app.example.com", "https://app.example.com:443"),
+            ("http://host", "http://host:80"),
+            ("http://host:8080", "http://host:8080"),
+            ("http://host:*", "http://host:*"),
+            ("http://[::1]", "http://[::1]:80"),
+            ("http://[::1]:3000", "http://[::1]:3000"),
+        ] {
+            assert_eq!(allowed_origin(given).expect(given), kept);
+        }
+        for bad in [
+            "app.example.com",
+            "ftp://x",
+            "https://",
+            "https://x/path",
+            "http://:80",
+            "https://u@x",
+        ] {
+            let e = allowed_origin(bad).expect_err(bad).to_string();
+            assert!(e.contains("--allow-origin"), "{e}");
+        }
+    }
 }
