@@ -1,8 +1,7 @@
 //! When and how an attempt is retried: a weak answer (no records, or
-//! confidence under [`LOW_CONFIDENCE`]) is asked again with consolidated
-//! memories included and, from the third attempt, one route up; what the
-//! caller set stays a hard filter, and a plan identical to the last one is
-//! never repeated.
+//! confidence under [`LOW_CONFIDENCE`]) is asked again one route up, with
+//! consolidated memories included; what the caller set stays a hard
+//! filter, and a plan identical to the last one is never repeated.
 
 use engram_proto::Filters;
 
@@ -14,9 +13,13 @@ pub const LOW_CONFIDENCE: f32 = 0.05;
 /// The route of retry `attempt` (>= 1) and whether the evidence fuses it,
 /// given the route the best attempt resolved to and the previous attempt's
 /// plan (`None` when a downstream was degraded in it, so repeating it may
-/// help). From the third attempt on the route goes one step up; a plan
-/// identical to the previous one goes up instead of running again, and when
-/// there is no step up left there is nothing new to try (`None`).
+/// help). A retry goes one route step up: after a whole attempt, the same
+/// strategies again with only consolidated memories let in returned the
+/// same weak answer at full cost for any tenant that has none (issue 47,
+/// item 20); from the third attempt on it goes up even after a degraded
+/// one. A plan identical to the previous one goes up instead of running
+/// again, and when there is no step up left there is nothing new to try
+/// (`None`).
 pub fn escalate(
     attempt: u32,
     mut route: Route,
@@ -24,7 +27,7 @@ pub fn escalate(
     filters: &Filters,
     previous_opt: Option<&(Route, bool, Filters)>,
 ) -> Option<(Route, bool)> {
-    if attempt >= 2 {
+    if attempt >= 2 || previous_opt.is_some() {
         route = route.next_up();
         by_evidence = false;
     }
@@ -88,14 +91,15 @@ mod tests {
         );
         // A degraded previous attempt (no plan recorded) may be repeated.
         assert_eq!(after(1, Simple, true, &f, None), Some((Simple, true)));
-        // Broadened filters make it a different plan.
+        // The second attempt goes up a route
+        // (`the_second_attempt_runs_other_strategies`).
         let wider = Filters {
             include_consolidated: true,
             ..Filters::default()
         };
         assert_eq!(
-            after(1, Simple, true, &wider, Some((Simple, true))),
-            Some((Simple, true))
+            after(1, MultiHop, false, &wider, Some((MultiHop, false))),
+            Some((Exploratory, false))
         );
         // The third attempt goes up from the best route, past a repeat...
         assert_eq!(
@@ -106,6 +110,45 @@ mod tests {
         assert_eq!(
             after(2, MultiHop, false, &f, Some((Exploratory, false))),
             None
+        );
+    }
+
+    /// A whole first attempt's strategies are not run again with only
+    /// consolidated memories let in (its answer, for a tenant with none):
+    /// attempt 2 goes a route up. Only at the top route, where no other
+    /// strategy is left, may the consolidated memories be the one change.
+    #[test]
+    fn the_second_attempt_runs_other_strategies() {
+        use Route::*;
+        let first = Filters::default();
+        let wider = broaden(&first);
+        for (route, evidence, up) in [
+            (Simple, true, MultiHop),
+            (Simple, false, MultiHop),
+            (MultiHop, true, Exploratory),
+            (MultiHop, false, Exploratory),
+            (Exploratory, true, Exploratory),
+        ] {
+            let whole = (route, evidence, first.clone());
+            let next = escalate(1, route, evidence, &wider, Some(&whole));
+            assert_eq!(
+                next,
+                Some((up, false)),
+                "after {route:?}, evidence {evidence}"
+            );
+            assert_ne!(next, Some((route, evidence)), "attempt 1 again");
+        }
+        let whole = (Exploratory, false, first.clone());
+        assert_eq!(
+            escalate(1, Exploratory, false, &wider, Some(&whole)),
+            Some((Exploratory, false)),
+            "nothing above exploratory: only the consolidated memories are new"
+        );
+        let caller_wide = (Exploratory, false, wider.clone());
+        assert_eq!(
+            escalate(1, Exploratory, false, &wider, Some(&caller_wide)),
+            None,
+            "the caller already let them in: nothing new to try"
         );
     }
 
