@@ -321,6 +321,38 @@ async fn a_chain_follows_the_current_value() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A hop follows the fact that means what the question still leaves
+/// unsaid, not the one the keyword index ranks first: the employer's name
+/// shares "country" with the question, the citizenship fact shares no word
+/// (pipeline/chain.rs `by_meaning`).
+#[tokio::test]
+async fn a_hop_follows_the_fact_the_question_still_asks_for() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let nation = fact("Ertem Eğilmez holds citizenship of Sweden.", 4);
+    let employer = fact("Ertem Eğilmez is employed by Country Road Films.", 5);
+    let all = vec![
+        fact("Ertem Eğilmez directed The Famous Mrs. Fair.", 1),
+        fact("Ertem Eğilmez lives in Izmir.", 2),
+        fact("Tony Scott is employed by Country Road Films.", 3),
+        nation.clone(),
+        employer.clone(),
+    ];
+    write(&mut c, &all).await?;
+
+    let q = "Which country is the director of The Famous Mrs. Fair a citizen of?";
+    let got = ids(&ask(&mut c, q).await?);
+    let at = |id: &str| got.iter().position(|g| g == id);
+    let said: Vec<&str> = (got.iter())
+        .filter_map(|id| all.iter().find(|m| &m.id == id))
+        .map(|m| m.content.as_str())
+        .collect();
+    let found = at(&nation.id).filter(|&p| p < 3);
+    assert!(found.is_some(), "{said:?}");
+    assert!(at(&employer.id).is_none_or(|p| Some(p) > found), "{said:?}");
+    Ok(())
+}
+
 /// An assistant's notes about a user: the keyword list matches the
 /// question's small words ("carry", "days") in a note about something else
 /// entirely, and that note must not lead the one the question means
