@@ -39,6 +39,18 @@ async fn ask(c: &mut Client, text: &str) -> anyhow::Result<RetrieveResponse> {
     Ok(c.retrieval.retrieve(req).await?.into_inner())
 }
 
+/// `want` is in the first three of `got`, and `below` is not above it.
+fn in_top_3_and_above(got: &[String], all: &[Memory], want: &Memory, below: &Memory) {
+    let at = |id: &str| got.iter().position(|g| g == id);
+    let said: Vec<&str> = (got.iter())
+        .filter_map(|id| all.iter().find(|m| &m.id == id))
+        .map(|m| m.content.as_str())
+        .collect();
+    let found = at(&want.id).filter(|&p| p < 3);
+    assert!(found.is_some(), "{said:?}");
+    assert!(at(&below.id).is_none_or(|p| Some(p) > found), "{said:?}");
+}
+
 fn ids(r: &RetrieveResponse) -> Vec<String> {
     (r.records.iter())
         .filter_map(|s| s.memory.as_ref().map(|m| m.id.clone()))
@@ -310,14 +322,7 @@ async fn a_chain_follows_the_current_value() -> anyhow::Result<()> {
 
     let q = "In which country is the city where Val Guest lives?";
     let got = ids(&ask(&mut c, q).await?);
-    let at = |id: &str| got.iter().position(|g| g == id);
-    let said: Vec<&str> = (got.iter())
-        .filter_map(|id| all.iter().find(|m| &m.id == id))
-        .map(|m| m.content.as_str())
-        .collect();
-    let found = at(&city.id).filter(|&p| p < 3);
-    assert!(found.is_some(), "{said:?}");
-    assert!(at(&old_city.id).is_none_or(|p| Some(p) > found), "{said:?}");
+    in_top_3_and_above(&got, &all, &city, &old_city);
     Ok(())
 }
 
@@ -342,14 +347,7 @@ async fn a_hop_follows_the_fact_the_question_still_asks_for() -> anyhow::Result<
 
     let q = "Which country is the director of The Famous Mrs. Fair a citizen of?";
     let got = ids(&ask(&mut c, q).await?);
-    let at = |id: &str| got.iter().position(|g| g == id);
-    let said: Vec<&str> = (got.iter())
-        .filter_map(|id| all.iter().find(|m| &m.id == id))
-        .map(|m| m.content.as_str())
-        .collect();
-    let found = at(&nation.id).filter(|&p| p < 3);
-    assert!(found.is_some(), "{said:?}");
-    assert!(at(&employer.id).is_none_or(|p| Some(p) > found), "{said:?}");
+    in_top_3_and_above(&got, &all, &nation, &employer);
     Ok(())
 }
 

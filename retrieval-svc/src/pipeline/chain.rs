@@ -178,14 +178,11 @@ async fn hop(
 /// or all of them when none is left.
 fn forward(finds: Vec<Checked>, want: Want<'_>) -> Vec<Checked> {
     let back = |c: &Checked| {
-        let value: HashSet<&str> = want.value.iter().map(String::as_str).collect();
         (names(&c.cand.memory, &HashSet::new()))
-            .any(|n| !value.contains(n.as_str()) && want.earlier.contains(&n))
+            .any(|n| !want.value.contains(&n) && want.earlier.contains(&n))
     };
-    match finds.iter().all(back) {
-        true => finds,
-        false => finds.into_iter().filter(|c| !back(c)).collect(),
-    }
+    let (on, passed): (Vec<Checked>, Vec<Checked>) = finds.into_iter().partition(|c| !back(c));
+    if on.is_empty() { passed } else { on }
 }
 
 /// The finds by how close each is in meaning to the words still unsaid
@@ -229,13 +226,7 @@ async fn by_meaning(ctx: &Ctx<'_>, finds: Vec<Checked>, want: Want<'_>) -> Vec<C
 /// Whether the memory names the value before any other name: it tells
 /// something about the value, not about another thing that has it.
 fn value_side(m: &Memory, value: &[String]) -> bool {
-    let first_other = (names(m, &HashSet::new()))
-        .position(|n| !value.contains(&n))
-        .unwrap_or(usize::MAX);
-    let first_value = (names(m, &HashSet::new()))
-        .position(|n| value.contains(&n))
-        .unwrap_or(usize::MAX);
-    first_value < first_other
+    (names(m, &HashSet::new()).next()).is_some_and(|n| value.contains(&n))
 }
 
 /// The finds, those saying more of the unsaid words first (stable).
