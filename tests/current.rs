@@ -381,3 +381,31 @@ async fn a_note_far_from_the_questions_meaning_does_not_lead() -> anyhow::Result
     assert_eq!(got.first(), Some(&phone.id), "{got:?}");
     Ok(())
 }
+
+/// An assistant writing down a change rewords the fact ("Lena's on an
+/// iPhone 15 now"), so no words align with the older note; the note that
+/// says it is news, as close to the question as the older one, comes first
+/// (pipeline/change.rs); a question about the past still finds the older one.
+#[tokio::test]
+async fn a_reworded_note_that_says_it_is_news_leads_the_older_one() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let old = fact("Her phone is a Google Pixel 7, number ending 0193.", 20);
+    let new = fact("Lena's on an iPhone 15 now, same number.", 90);
+    let notes = vec![
+        fact("Lena's manager at work is Greg Pollard.", 10),
+        old.clone(),
+        fact("Coffee order: oat milk flat white, extra hot.", 30),
+        fact("Dentist is Dr. Okafor at Belmont Dental.", 40),
+        fact("Her husband Tom teaches chemistry at a high school.", 50),
+        new.clone(),
+    ];
+    write(&mut c, &notes).await?;
+
+    let r = ask(&mut c, "What handset does she carry these days?").await?;
+    in_top_3_and_above(&ids(&r), &notes, &new, &old);
+    let r = ask(&mut c, "What phone did she have before?").await?;
+    let got = ids(&r);
+    assert!(got.iter().take(3).any(|id| id == &old.id), "{got:?}");
+    Ok(())
+}

@@ -11,6 +11,7 @@ pub mod abstain;
 pub mod assemble;
 pub mod cache;
 pub mod chain;
+pub mod change;
 pub mod complement;
 pub mod ctx;
 pub mod current;
@@ -575,14 +576,16 @@ impl Pipeline {
             Vec::new()
         } else {
             let t = Instant::now();
-            let (near, moved, pairs) = stage_span("current").in_scope(|| {
+            let (near, moved, news, pairs) = stage_span("current").in_scope(|| {
                 let near = subject::near_first(&mut ranked);
                 let moved = subject::order(&ctx.query.text, &mut ranked);
-                (near, moved, current::run(&ctx.query, &mut ranked))
+                let news = change::changes_first(&ctx.query.text, &mut ranked);
+                (near, moved, news, current::run(&ctx.query, &mut ranked))
             });
             ctx.timed("current", t);
             trace.counts.push(("near_first_moves", near));
             trace.counts.push(("subject_moves", moved));
+            trace.counts.push(("change_moves", news));
             trace.counts.push(("versions", pairs.len()));
             let chain = chain::run(ctx, &mut trace, &mut ranked, filters)
                 .instrument(stage_span("chain"))

@@ -85,7 +85,7 @@ pub fn order(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize {
 /// Puts the memory of place `from[i]` at place `i` for the first
 /// `from.len()` places; the scores stay with the places, so they still fall
 /// with rank. Returns how many places changed hands.
-fn move_places(ranked: &mut Vec<(Checked, f32)>, from: &[usize]) -> usize {
+pub(super) fn move_places(ranked: &mut Vec<(Checked, f32)>, from: &[usize]) -> usize {
     let n = from.len();
     let moved = (0..n).filter(|&i| from[i] != i).count();
     if moved == 0 {
@@ -115,7 +115,7 @@ fn about(c: &Checked, names: &HashSet<String>) -> bool {
 
 /// The memory's cosine to the question from the dense list (0 when dense
 /// search did not return it: it was farther than all it did return).
-fn cosine(c: &Checked) -> f32 {
+pub(super) fn cosine(c: &Checked) -> f32 {
     (c.cand.fused.hits.iter())
         .filter(|h| h.strategy == VECTOR)
         .map(|h| h.score)
@@ -123,13 +123,13 @@ fn cosine(c: &Checked) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::pipeline::fusion::Fused;
     use crate::pipeline::search::Candidate;
     use engram_proto::{Memory, StrategyHit};
 
-    fn fact(id: &str, content: &str, cos: Option<f32>) -> (Checked, f32) {
+    pub(in crate::pipeline) fn fact(id: &str, content: &str, cos: Option<f32>) -> (Checked, f32) {
         let hits = (cos.iter())
             .map(|&score| StrategyHit {
                 strategy: VECTOR.into(),
