@@ -57,7 +57,6 @@ const MARKER_PAIRS: &[(&str, &str)] = &[
     ("as", "of"),
     ("went", "up"),
     ("went", "down"),
-    ("goes", "to"),
 ];
 
 /// Whether the words mark a change: a marker, a marker pair, or "from X
