@@ -1,6 +1,7 @@
 //! The CLI commands.
 
 use std::collections::BTreeSet;
+use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::Context;
@@ -8,6 +9,7 @@ use engram_common::Settings;
 use engram_proto::{RetrievalMode, RetrieveRequest, UpsertRequest};
 use engram_stack::client::{Client, INGEST_BATCH, INGEST_IN_FLIGHT};
 use engram_stack::stack::{self, Service, Stack, StackOptions};
+use engram_stack::{out, outln};
 use futures::StreamExt;
 
 use crate::{demo, ingest};
@@ -63,27 +65,14 @@ pub async fn up(settings: Settings, services_opt: Option<Vec<String>>) -> anyhow
             .collect::<anyhow::Result<BTreeSet<_>>>()?;
     }
     let mut stack = Stack::start(settings, opts).await?;
-    for (svc, addr) in &stack.addrs {
-        println!("{:<9} grpc://{addr}", svc.name());
-    }
-    println!(
-        "{:<9} http://{} (/health /ready /metrics)",
-        "admin", stack.admin_addr
-    );
-    if let Some(a) = stack.http_addr_opt {
-        println!("{:<9} http://{a}/api/v1/", "http");
-    }
-    if let Some(key) = &stack.api_key_opt {
-        println!("dev API key (tenant default, trust sensitive): {key}");
-        println!(
-            "  saved to {}",
-            stack.settings.home.join("dev-api-key").display()
-        );
+    // The services keep running when nobody reads the banner
+    // (`engram up | head -3`): a failed write is only logged.
+    if let Err(e) = out::print(&banner(&stack)) {
+        tracing::warn!(error = %e, "cannot print the start-up banner");
     }
     if let Some(url) = stack.database_url_opt() {
         tracing::info!(database = %redact_url(url), "database ready");
     }
-    println!("engram is up; Ctrl-C to stop");
     tokio::select! {
         _ = shutdown_signal() => {}
         (svc, res) = stack.any_exited() => {
@@ -93,6 +82,30 @@ pub async fn up(settings: Settings, services_opt: Option<Vec<String>>) -> anyhow
     }
     stack.shutdown().await;
     Ok(())
+}
+
+/// What `engram up` prints once the services listen: their addresses and
+/// the dev key it created, if any.
+fn banner(stack: &Stack) -> String {
+    let mut b = String::new();
+    for (svc, addr) in &stack.addrs {
+        let _ = writeln!(b, "{:<9} grpc://{addr}", svc.name());
+    }
+    let _ = writeln!(
+        b,
+        "{:<9} http://{} (/health /ready /metrics)",
+        "admin", stack.admin_addr
+    );
+    if let Some(a) = stack.http_addr_opt {
+        let _ = writeln!(b, "{:<9} http://{a}/api/v1/", "http");
+    }
+    if let Some(key) = &stack.api_key_opt {
+        let _ = writeln!(b, "dev API key (tenant default, trust sensitive): {key}");
+        let path = stack.settings.home.join("dev-api-key");
+        let _ = writeln!(b, "  saved to {}", path.display());
+    }
+    b.push_str("engram is up; Ctrl-C to stop\n");
+    b
 }
 
 /// `engram demo`: everything on ephemeral ports, sample loaded, queries printed.
@@ -117,7 +130,7 @@ pub async fn demo(settings: Settings) -> anyhow::Result<()> {
     let stack = Stack::start(settings, opts).await?;
     let result = demo_on(&stack, &key).await;
     stack.shutdown().await;
-    print!("{}", result?);
+    out::print(&result?)?;
     Ok(())
 }
 
@@ -174,14 +187,14 @@ pub async fn ingest(settings: Settings, file: &Path, conn: Conn) -> anyhow::Resu
         eprintln!();
     }
     let edges = client.add_edges(&batch.edges).await?;
-    println!(
+    outln!(
         "ingested {} from {}: {} created, {} updated, {} unchanged; {edges} edges",
         tally.written(),
         file.display(),
         tally.created,
         tally.updated,
         tally.unchanged
-    );
+    )?;
     Ok(())
 }
 
@@ -301,7 +314,7 @@ pub async fn query(
                 })
             })
             .collect();
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "query_id": r.query_id, "route": r.route, "records": records,
@@ -309,9 +322,9 @@ pub async fn query(
                 "evidence_score": r.evidence_score,
                 "dropped": r.dropped.iter().map(|d| serde_json::json!({"id": d.memory_id, "stage": d.stage, "reason": d.reason})).collect::<Vec<_>>(),
             })
-        );
+        )?;
     } else {
-        print!("{}", demo::render(text, &r));
+        out::print(&demo::render(text, &r))?;
     }
     Ok(())
 }
@@ -327,10 +340,11 @@ pub async fn decay(settings: Settings, once: bool) -> anyhow::Result<()> {
         );
     }
     let r = decay_once(&settings).await?;
-    println!(
+    outln!(
         "decay: {} memories scanned, {} updated",
-        r.scanned, r.updated
-    );
+        r.scanned,
+        r.updated
+    )?;
     Ok(())
 }
 
@@ -366,10 +380,11 @@ pub async fn index_facts(
         search_svc::facts::backfill(&db.pool, &embeddings, tenant, batch, timeout_ms).await;
     db.close().await;
     let r = result?;
-    println!(
+    outln!(
         "index-facts: {} memories without sentences scanned, {} indexed",
-        r.scanned, r.indexed
-    );
+        r.scanned,
+        r.indexed
+    )?;
     Ok(())
 }
 
