@@ -1,8 +1,8 @@
 //! The `engram` binary as a user runs it (cargo builds it for this test:
 //! `CARGO_BIN_EXE_engram`), against a real stack on port 0 and the test
 //! Postgres: a reader that stops early (`engram memories list | head`)
-//! ends every printing command quietly and with success (issue 50,
-//! item 5).
+//! ends every printing command quietly and with success, and a missing id
+//! fails naming it (issue 50, item 5).
 
 use std::process::{Output, Stdio};
 
@@ -113,6 +113,20 @@ async fn a_reader_that_stops_early_ends_every_printing_command_quietly() -> anyh
     let listed = cli.run(&["memories", "list", "--all"]).await?;
     assert!(listed.status.success(), "{}", stderr(&listed));
     assert_eq!(String::from_utf8(listed.stdout)?.lines().count(), 40);
+    cli.stack.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn get_of_a_missing_id_exits_non_zero_naming_it() -> anyhow::Result<()> {
+    let cli = Cli::start().await?;
+    let missing = uuid::Uuid::new_v4().to_string();
+    let out = cli.run(&["memories", "get", &missing]).await?;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("1 of 1 ids not found"), "{err}");
+    assert!(err.contains(&missing), "{err}");
+    assert!(out.stdout.is_empty());
     cli.stack.shutdown().await;
     Ok(())
 }
