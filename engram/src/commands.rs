@@ -145,7 +145,8 @@ pub async fn demo_on(stack: &Stack, key: &str) -> anyhow::Result<String> {
     );
     for q in demo::QUERIES {
         let r = demo::run_query(&mut client, q).await?;
-        out.push_str(&demo::render(q, &r));
+        let texts = demo::conflict_texts(&mut client, &r).await;
+        out.push_str(&demo::render_with(q, &r, &texts));
     }
     let r = demo::run_agentic(&mut client, DEMO_TENANT, demo::BRIDGE_QUERY).await?;
     out.push_str(&demo::render_agentic(demo::BRIDGE_QUERY, &r));
@@ -301,6 +302,7 @@ pub async fn query(
         .await
         .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?
         .into_inner();
+    let texts = demo::conflict_texts(&mut client, &r).await;
     if json {
         let records: Vec<serde_json::Value> = r
             .records
@@ -324,7 +326,7 @@ pub async fn query(
             })
         )?;
     } else {
-        out::print(&demo::render(text, &r))?;
+        out::print(&demo::render_with(text, &r, &texts))?;
     }
     Ok(())
 }
