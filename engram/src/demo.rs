@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use engram_proto::{
     AgenticRetrieveRequest, ConflictPair, ConflictResolution, FoundryResponse, GetRequest, Memory,
-    QueryRoute, RetrieveRequest, RetrieveResponse, UpsertRequest,
+    QueryRoute, RetrieveRequest, RetrieveResponse, SkipReason, UpsertRequest,
 };
 use engram_stack::client::Client;
 
@@ -123,14 +123,11 @@ pub fn render(query: &str, r: &RetrieveResponse) -> String {
 /// [`render`] with the conflicts' memories named from `texts`.
 pub fn render_with(query: &str, r: &RetrieveResponse, texts: &Texts) -> String {
     let mut out = String::new();
-    let route = QueryRoute::try_from(r.route)
-        .map(|x| x.as_str_name())
-        .unwrap_or("?");
     let _ = writeln!(out, "\n> {query}");
     let _ = writeln!(
         out,
-        "  route={} candidates={} confidence={:.2} evidence={:.2}{} latency={:.1}ms{}{}",
-        route.trim_start_matches("QUERY_ROUTE_").to_lowercase(),
+        "  route={} candidates={} confidence={:.2} evidence={:.2}{} latency={:.1}ms{}",
+        route_label(r),
         r.total_candidates,
         r.retrieval_confidence,
         r.evidence_score,
@@ -145,19 +142,6 @@ pub fn render_with(query: &str, r: &RetrieveResponse, texts: &Texts) -> String {
         } else {
             format!(" degraded={}", r.degraded_stages.join(","))
         },
-        if r.skip_reason != 0 {
-            format!(
-                " skip={}",
-                engram_proto::SkipReason::try_from(r.skip_reason)
-                    .map(|s| s
-                        .as_str_name()
-                        .trim_start_matches("SKIP_REASON_")
-                        .to_lowercase())
-                    .unwrap_or_default()
-            )
-        } else {
-            String::new()
-        }
     );
     render_records(&mut out, r);
     for c in &r.conflicts {
@@ -170,6 +154,35 @@ pub fn render_with(query: &str, r: &RetrieveResponse, texts: &Texts) -> String {
         }
     }
     out
+}
+
+/// Whether `r` is a cached answer: the gateway reports one as route
+/// `skip` with skip reason `cache_hit` (retrieval-svc pipeline/cache.rs).
+pub fn is_cached(r: &RetrieveResponse) -> bool {
+    r.skip_reason == SkipReason::CacheHit as i32
+}
+
+/// The route as it happened: a cached answer is `cached` (no route ran
+/// for it; the gateway says `skip` and keeps no record of the route that
+/// first found it), a skip names its reason.
+pub fn route_label(r: &RetrieveResponse) -> String {
+    if is_cached(r) {
+        return "cached (a recent identical request's answer; nothing searched)".into();
+    }
+    let route = QueryRoute::try_from(r.route)
+        .map(|x| x.as_str_name().trim_start_matches("QUERY_ROUTE_"))
+        .unwrap_or("?")
+        .to_lowercase();
+    match SkipReason::try_from(r.skip_reason) {
+        Ok(SkipReason::None) | Err(_) => route,
+        Ok(reason) => format!(
+            "{route} ({})",
+            reason
+                .as_str_name()
+                .trim_start_matches("SKIP_REASON_")
+                .to_lowercase()
+        ),
+    }
 }
 
 fn render_records(out: &mut String, r: &RetrieveResponse) {
@@ -376,6 +389,29 @@ mod tests {
         let unresolved = answer_with_a_conflict("");
         let line = render_conflict(&texts_in_records(&unresolved), &unresolved.conflicts[0]);
         assert!(line.contains("-> recency, no winner"), "{line}");
+    }
+
+    #[test]
+    fn a_cached_answer_says_cached_not_skip() {
+        let cached = RetrieveResponse {
+            route: QueryRoute::Skip as i32,
+            skip_reason: SkipReason::CacheHit as i32,
+            ..Default::default()
+        };
+        let text = render("q", &cached);
+        assert!(text.contains("route=cached"), "{text}");
+        assert!(!text.contains("skip"), "{text}");
+        let skipped = RetrieveResponse {
+            route: QueryRoute::Skip as i32,
+            skip_reason: SkipReason::NoRetrievalNeeded as i32,
+            ..Default::default()
+        };
+        assert_eq!(route_label(&skipped), "skip (no_retrieval_needed)");
+        let searched = RetrieveResponse {
+            route: QueryRoute::MultiHop as i32,
+            ..Default::default()
+        };
+        assert_eq!(route_label(&searched), "multi_hop");
     }
 
     #[test]
