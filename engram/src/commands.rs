@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use engram_common::Settings;
-use engram_proto::{RetrievalMode, RetrieveRequest, UpsertRequest};
+use engram_proto::{RetrievalMode, RetrieveRequest, RetrieveResponse, UpsertRequest};
 use engram_stack::client::{Client, INGEST_BATCH, INGEST_IN_FLIGHT};
 use engram_stack::stack::{self, Service, Stack, StackOptions};
 use engram_stack::{out, outln};
@@ -304,31 +304,47 @@ pub async fn query(
         .into_inner();
     let texts = demo::conflict_texts(&mut client, &r).await;
     if json {
-        let records: Vec<serde_json::Value> = r
-            .records
-            .iter()
-            .map(|rec| {
-                let m = rec.memory.clone().unwrap_or_default();
-                let p = rec.provenance.clone().unwrap_or_default();
-                serde_json::json!({
-                    "id": m.id, "content": m.content, "score": rec.score, "citation": p.citation,
-                    "strategies": p.strategies.iter().map(|s| serde_json::json!({"strategy": s.strategy, "rank": s.rank, "score": s.score})).collect::<Vec<_>>(),
-                })
-            })
-            .collect();
-        outln!(
-            "{}",
-            serde_json::json!({
-                "query_id": r.query_id, "route": r.route, "records": records,
-                "latency_ms": r.latency_ms, "nothing_relevant": r.nothing_relevant,
-                "evidence_score": r.evidence_score,
-                "dropped": r.dropped.iter().map(|d| serde_json::json!({"id": d.memory_id, "stage": d.stage, "reason": d.reason})).collect::<Vec<_>>(),
-            })
-        )?;
+        outln!("{}", query_json(&r, &texts))?;
     } else {
         out::print(&demo::render_with(text, &r, &texts))?;
     }
     Ok(())
+}
+
+/// `engram query --json`: the answer as one JSON object. `conflicts`
+/// carries what the text output shows of each pair (each memory's text
+/// from `texts`, null when unknown); `cached` says the gateway answered
+/// from its cache (it reports that as route skip).
+pub fn query_json(r: &RetrieveResponse, texts: &demo::Texts) -> serde_json::Value {
+    let records: Vec<serde_json::Value> = r
+        .records
+        .iter()
+        .map(|rec| {
+            let m = rec.memory.clone().unwrap_or_default();
+            let p = rec.provenance.clone().unwrap_or_default();
+            serde_json::json!({
+                "id": m.id, "content": m.content, "score": rec.score, "citation": p.citation,
+                "strategies": p.strategies.iter().map(|s| serde_json::json!({"strategy": s.strategy, "rank": s.rank, "score": s.score})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let conflicts: Vec<serde_json::Value> = (r.conflicts.iter())
+        .map(|c| {
+            serde_json::json!({
+                "memory_a": c.memory_a, "memory_b": c.memory_b,
+                "memory_a_text": texts.get(&c.memory_a), "memory_b_text": texts.get(&c.memory_b),
+                "resolution": demo::resolution_name(c), "winner_id": c.winner_id,
+                "edge_type": c.edge_type, "reason": c.reason, "score": c.score,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "query_id": r.query_id, "route": r.route, "cached": demo::is_cached(r),
+        "records": records, "conflicts": conflicts,
+        "latency_ms": r.latency_ms, "nothing_relevant": r.nothing_relevant,
+        "evidence_score": r.evidence_score,
+        "dropped": r.dropped.iter().map(|d| serde_json::json!({"id": d.memory_id, "stage": d.stage, "reason": d.reason})).collect::<Vec<_>>(),
+    })
 }
 
 /// `engram decay --once`: one full pass of search-svc's decay job
@@ -419,3 +435,42 @@ fn redact_url(url: &str) -> String {
 }
 
 pub use stack::dev_api_key;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engram_proto::{ConflictPair, ConflictResolution, QueryRoute, SkipReason};
+
+    #[test]
+    fn query_json_carries_the_conflicts_and_says_cached() {
+        let r = RetrieveResponse {
+            route: QueryRoute::Skip as i32,
+            skip_reason: SkipReason::CacheHit as i32,
+            conflicts: vec![ConflictPair {
+                memory_a: "a".into(),
+                memory_b: "b".into(),
+                resolution: ConflictResolution::Recency as i32,
+                winner_id: "a".into(),
+                edge_type: "same_slot".into(),
+                reason: "values differ: Porto, Lisbon".into(),
+                score: 0.75,
+            }],
+            ..Default::default()
+        };
+        let texts = demo::Texts::from([("a".to_string(), "Priya lives in Porto.".to_string())]);
+        let v = query_json(&r, &texts);
+        assert_eq!(v["cached"], true);
+        assert_eq!(
+            v["conflicts"],
+            serde_json::json!([{
+                "memory_a": "a", "memory_b": "b",
+                "memory_a_text": "Priya lives in Porto.", "memory_b_text": null,
+                "resolution": "recency", "winner_id": "a",
+                "edge_type": "same_slot", "reason": "values differ: Porto, Lisbon", "score": 0.75,
+            }])
+        );
+        let fresh = query_json(&RetrieveResponse::default(), &texts);
+        assert_eq!(fresh["cached"], false);
+        assert_eq!(fresh["conflicts"], serde_json::json!([]));
+    }
+}

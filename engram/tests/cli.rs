@@ -1,8 +1,9 @@
 //! The `engram` binary as a user runs it (cargo builds it for this test:
 //! `CARGO_BIN_EXE_engram`), against a real stack on port 0 and the test
 //! Postgres: a reader that stops early (`engram memories list | head`)
-//! ends every printing command quietly and with success, and a missing id
-//! fails naming it (issue 50, item 5).
+//! ends every printing command quietly and with success, a missing id
+//! fails naming it, and `engram query` shows conflicts and cache hits as
+//! they are (issue 50, item 5).
 
 use std::process::{Output, Stdio};
 
@@ -15,6 +16,7 @@ struct Cli {
     stack: Stack,
     uri: String,
     key: String,
+    tenant: String,
 }
 
 impl Cli {
@@ -28,11 +30,21 @@ impl Cli {
             services: Service::ALL.into_iter().collect(),
             ephemeral_ports: true,
             dev_api_key: false,
-            extra_keys: vec![(key.clone(), tenant, "agent-1".into(), "sensitive".into())],
+            extra_keys: vec![(
+                key.clone(),
+                tenant.clone(),
+                "agent-1".into(),
+                "sensitive".into(),
+            )],
         };
         let stack = Stack::start(settings, opts).await?;
         let uri = (stack.gateway_uri()).ok_or_else(|| anyhow::anyhow!("no gateway"))?;
-        Ok(Self { stack, uri, key })
+        Ok(Self {
+            stack,
+            uri,
+            key,
+            tenant,
+        })
     }
 
     async fn client(&self) -> anyhow::Result<Client> {
@@ -127,6 +139,47 @@ async fn get_of_a_missing_id_exits_non_zero_naming_it() -> anyhow::Result<()> {
     assert!(err.contains("1 of 1 ids not found"), "{err}");
     assert!(err.contains(&missing), "{err}");
     assert!(out.stdout.is_empty());
+    cli.stack.shutdown().await;
+    Ok(())
+}
+
+/// The demo's sample holds two memories joined by a `contradicts` edge
+/// (Alice's morning and afternoon meetings); asked about them, the answer
+/// carries the pair.
+const MEETINGS: &str = "When does Alice prefer to have meetings?";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn query_shows_conflicts_by_text_in_json_and_a_cache_hit_as_cached() -> anyhow::Result<()> {
+    let cli = Cli::start().await?;
+    let mut client = cli.client().await?;
+    engram::demo::load_sample(&mut client, &cli.tenant).await?;
+
+    let out = cli.run(&["query", MEETINGS, "--json"]).await?;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let conflicts = v["conflicts"].as_array().cloned().unwrap_or_default();
+    assert!(!conflicts.is_empty(), "no conflicts in {v}");
+    for field in ["memory_a", "memory_b", "resolution", "winner_id", "reason"] {
+        assert!(conflicts[0].get(field).is_some(), "{field} missing: {v}");
+    }
+    assert_eq!(v["cached"], false, "{v}");
+
+    // The text output, asked again: the gateway answers from its cache.
+    let again = cli.run(&["query", MEETINGS, "--json"]).await?;
+    let v: serde_json::Value = serde_json::from_slice(&again.stdout)?;
+    assert_eq!(v["cached"], true, "{v}");
+    let text = cli.run(&["query", MEETINGS]).await?;
+    let text = String::from_utf8(text.stdout)?;
+    assert!(text.contains("route=cached"), "{text}");
+    assert!(!text.contains("route=skip"), "{text}");
+    let conflict = (text.lines())
+        .find(|l| l.contains("conflict"))
+        .ok_or_else(|| anyhow::anyhow!("no conflict line in {text}"))?;
+    assert!(conflict.contains("\"Alice"), "{conflict}");
+    let ids = [&conflicts[0]["memory_a"], &conflicts[0]["memory_b"]];
+    for id in ids.iter().filter_map(|id| id.as_str()) {
+        assert!(!conflict.contains(id), "a raw id in {conflict}");
+    }
     cli.stack.shutdown().await;
     Ok(())
 }
