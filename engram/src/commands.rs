@@ -1,13 +1,15 @@
 //! The CLI commands.
 
 use std::collections::BTreeSet;
+use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::Context;
 use engram_common::Settings;
-use engram_proto::{RetrievalMode, RetrieveRequest, UpsertRequest};
+use engram_proto::{RetrievalMode, RetrieveRequest, RetrieveResponse, UpsertRequest};
 use engram_stack::client::{Client, INGEST_BATCH, INGEST_IN_FLIGHT};
 use engram_stack::stack::{self, Service, Stack, StackOptions};
+use engram_stack::{out, outln};
 use futures::StreamExt;
 
 use crate::{demo, ingest};
@@ -63,27 +65,14 @@ pub async fn up(settings: Settings, services_opt: Option<Vec<String>>) -> anyhow
             .collect::<anyhow::Result<BTreeSet<_>>>()?;
     }
     let mut stack = Stack::start(settings, opts).await?;
-    for (svc, addr) in &stack.addrs {
-        println!("{:<9} grpc://{addr}", svc.name());
-    }
-    println!(
-        "{:<9} http://{} (/health /ready /metrics)",
-        "admin", stack.admin_addr
-    );
-    if let Some(a) = stack.http_addr_opt {
-        println!("{:<9} http://{a}/api/v1/", "http");
-    }
-    if let Some(key) = &stack.api_key_opt {
-        println!("dev API key (tenant default, trust sensitive): {key}");
-        println!(
-            "  saved to {}",
-            stack.settings.home.join("dev-api-key").display()
-        );
+    // The services keep running when nobody reads the banner
+    // (`engram up | head -3`): a failed write is only logged.
+    if let Err(e) = out::print(&banner(&stack)) {
+        tracing::warn!(error = %e, "cannot print the start-up banner");
     }
     if let Some(url) = stack.database_url_opt() {
         tracing::info!(database = %redact_url(url), "database ready");
     }
-    println!("engram is up; Ctrl-C to stop");
     tokio::select! {
         _ = shutdown_signal() => {}
         (svc, res) = stack.any_exited() => {
@@ -93,6 +82,30 @@ pub async fn up(settings: Settings, services_opt: Option<Vec<String>>) -> anyhow
     }
     stack.shutdown().await;
     Ok(())
+}
+
+/// What `engram up` prints once the services listen: their addresses and
+/// the dev key it created, if any.
+fn banner(stack: &Stack) -> String {
+    let mut b = String::new();
+    for (svc, addr) in &stack.addrs {
+        let _ = writeln!(b, "{:<9} grpc://{addr}", svc.name());
+    }
+    let _ = writeln!(
+        b,
+        "{:<9} http://{} (/health /ready /metrics)",
+        "admin", stack.admin_addr
+    );
+    if let Some(a) = stack.http_addr_opt {
+        let _ = writeln!(b, "{:<9} http://{a}/api/v1/", "http");
+    }
+    if let Some(key) = &stack.api_key_opt {
+        let _ = writeln!(b, "dev API key (tenant default, trust sensitive): {key}");
+        let path = stack.settings.home.join("dev-api-key");
+        let _ = writeln!(b, "  saved to {}", path.display());
+    }
+    b.push_str("engram is up; Ctrl-C to stop\n");
+    b
 }
 
 /// `engram demo`: everything on ephemeral ports, sample loaded, queries printed.
@@ -117,7 +130,7 @@ pub async fn demo(settings: Settings) -> anyhow::Result<()> {
     let stack = Stack::start(settings, opts).await?;
     let result = demo_on(&stack, &key).await;
     stack.shutdown().await;
-    print!("{}", result?);
+    out::print(&result?)?;
     Ok(())
 }
 
@@ -132,7 +145,8 @@ pub async fn demo_on(stack: &Stack, key: &str) -> anyhow::Result<String> {
     );
     for q in demo::QUERIES {
         let r = demo::run_query(&mut client, q).await?;
-        out.push_str(&demo::render(q, &r));
+        let texts = demo::conflict_texts(&mut client, &r).await;
+        out.push_str(&demo::render_with(q, &r, &texts));
     }
     let r = demo::run_agentic(&mut client, DEMO_TENANT, demo::BRIDGE_QUERY).await?;
     out.push_str(&demo::render_agentic(demo::BRIDGE_QUERY, &r));
@@ -174,14 +188,14 @@ pub async fn ingest(settings: Settings, file: &Path, conn: Conn) -> anyhow::Resu
         eprintln!();
     }
     let edges = client.add_edges(&batch.edges).await?;
-    println!(
+    outln!(
         "ingested {} from {}: {} created, {} updated, {} unchanged; {edges} edges",
         tally.written(),
         file.display(),
         tally.created,
         tally.updated,
         tally.unchanged
-    );
+    )?;
     Ok(())
 }
 
@@ -288,32 +302,49 @@ pub async fn query(
         .await
         .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?
         .into_inner();
+    let texts = demo::conflict_texts(&mut client, &r).await;
     if json {
-        let records: Vec<serde_json::Value> = r
-            .records
-            .iter()
-            .map(|rec| {
-                let m = rec.memory.clone().unwrap_or_default();
-                let p = rec.provenance.clone().unwrap_or_default();
-                serde_json::json!({
-                    "id": m.id, "content": m.content, "score": rec.score, "citation": p.citation,
-                    "strategies": p.strategies.iter().map(|s| serde_json::json!({"strategy": s.strategy, "rank": s.rank, "score": s.score})).collect::<Vec<_>>(),
-                })
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({
-                "query_id": r.query_id, "route": r.route, "records": records,
-                "latency_ms": r.latency_ms, "nothing_relevant": r.nothing_relevant,
-                "evidence_score": r.evidence_score,
-                "dropped": r.dropped.iter().map(|d| serde_json::json!({"id": d.memory_id, "stage": d.stage, "reason": d.reason})).collect::<Vec<_>>(),
-            })
-        );
+        outln!("{}", query_json(&r, &texts))?;
     } else {
-        print!("{}", demo::render(text, &r));
+        out::print(&demo::render_with(text, &r, &texts))?;
     }
     Ok(())
+}
+
+/// `engram query --json`: the answer as one JSON object. `conflicts`
+/// carries what the text output shows of each pair (each memory's text
+/// from `texts`, null when unknown); `cached` says the gateway answered
+/// from its cache (it reports that as route skip).
+pub fn query_json(r: &RetrieveResponse, texts: &demo::Texts) -> serde_json::Value {
+    let records: Vec<serde_json::Value> = r
+        .records
+        .iter()
+        .map(|rec| {
+            let m = rec.memory.clone().unwrap_or_default();
+            let p = rec.provenance.clone().unwrap_or_default();
+            serde_json::json!({
+                "id": m.id, "content": m.content, "score": rec.score, "citation": p.citation,
+                "strategies": p.strategies.iter().map(|s| serde_json::json!({"strategy": s.strategy, "rank": s.rank, "score": s.score})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let conflicts: Vec<serde_json::Value> = (r.conflicts.iter())
+        .map(|c| {
+            serde_json::json!({
+                "memory_a": c.memory_a, "memory_b": c.memory_b,
+                "memory_a_text": texts.get(&c.memory_a), "memory_b_text": texts.get(&c.memory_b),
+                "resolution": demo::resolution_name(c), "winner_id": c.winner_id,
+                "edge_type": c.edge_type, "reason": c.reason, "score": c.score,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "query_id": r.query_id, "route": r.route, "cached": demo::is_cached(r),
+        "records": records, "conflicts": conflicts,
+        "latency_ms": r.latency_ms, "nothing_relevant": r.nothing_relevant,
+        "evidence_score": r.evidence_score,
+        "dropped": r.dropped.iter().map(|d| serde_json::json!({"id": d.memory_id, "stage": d.stage, "reason": d.reason})).collect::<Vec<_>>(),
+    })
 }
 
 /// `engram decay --once`: one full pass of search-svc's decay job
@@ -327,10 +358,11 @@ pub async fn decay(settings: Settings, once: bool) -> anyhow::Result<()> {
         );
     }
     let r = decay_once(&settings).await?;
-    println!(
+    outln!(
         "decay: {} memories scanned, {} updated",
-        r.scanned, r.updated
-    );
+        r.scanned,
+        r.updated
+    )?;
     Ok(())
 }
 
@@ -366,10 +398,11 @@ pub async fn index_facts(
         search_svc::facts::backfill(&db.pool, &embeddings, tenant, batch, timeout_ms).await;
     db.close().await;
     let r = result?;
-    println!(
+    outln!(
         "index-facts: {} memories without sentences scanned, {} indexed",
-        r.scanned, r.indexed
-    );
+        r.scanned,
+        r.indexed
+    )?;
     Ok(())
 }
 
@@ -402,3 +435,42 @@ fn redact_url(url: &str) -> String {
 }
 
 pub use stack::dev_api_key;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engram_proto::{ConflictPair, ConflictResolution, QueryRoute, SkipReason};
+
+    #[test]
+    fn query_json_carries_the_conflicts_and_says_cached() {
+        let r = RetrieveResponse {
+            route: QueryRoute::Skip as i32,
+            skip_reason: SkipReason::CacheHit as i32,
+            conflicts: vec![ConflictPair {
+                memory_a: "a".into(),
+                memory_b: "b".into(),
+                resolution: ConflictResolution::Recency as i32,
+                winner_id: "a".into(),
+                edge_type: "same_slot".into(),
+                reason: "values differ: Porto, Lisbon".into(),
+                score: 0.75,
+            }],
+            ..Default::default()
+        };
+        let texts = demo::Texts::from([("a".to_string(), "Priya lives in Porto.".to_string())]);
+        let v = query_json(&r, &texts);
+        assert_eq!(v["cached"], true);
+        assert_eq!(
+            v["conflicts"],
+            serde_json::json!([{
+                "memory_a": "a", "memory_b": "b",
+                "memory_a_text": "Priya lives in Porto.", "memory_b_text": null,
+                "resolution": "recency", "winner_id": "a",
+                "edge_type": "same_slot", "reason": "values differ: Porto, Lisbon", "score": 0.75,
+            }])
+        );
+        let fresh = query_json(&RetrieveResponse::default(), &texts);
+        assert_eq!(fresh["cached"], false);
+        assert_eq!(fresh["conflicts"], serde_json::json!([]));
+    }
+}

@@ -8,6 +8,7 @@ use engram_common::convert::ts_to_chrono;
 use engram_proto::{
     ConflictDecision, DetectedConflict, ListConflictsRequest, ReviewConflictRequest,
 };
+use engram_stack::outln;
 use std::io::Write;
 
 use crate::memories::{KeyArgs, Session, status_error};
@@ -125,8 +126,8 @@ async fn review(
         .map_err(status_error)?
         .into_inner();
     match r.conflict {
-        Some(c) => println!("confirmed: {}", as_text(&c)),
-        None => println!("rejected: {new_id} no longer updates {old_id}"),
+        Some(c) => outln!("confirmed: {}", as_text(&c))?,
+        None => outln!("rejected: {new_id} no longer updates {old_id}")?,
     }
     Ok(())
 }

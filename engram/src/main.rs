@@ -142,6 +142,8 @@ fn main() -> ExitCode {
     engram_common::telemetry::shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `engram memories list | head`: the reader had what it wanted.
+        Err(e) if engram_stack::out::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("engram: {e:#}");
             ExitCode::FAILURE

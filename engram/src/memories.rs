@@ -500,14 +500,7 @@ pub async fn run(settings: Settings, command: MemoriesCommand) -> anyhow::Result
 /// `Ok` when `r` failed only because the reader of our output closed it.
 pub fn quiet_on_broken_pipe(r: anyhow::Result<()>) -> anyhow::Result<()> {
     match r {
-        Err(e)
-            if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-            }) =>
-        {
-            Ok(())
-        }
+        Err(e) if engram_stack::out::is_broken_pipe(&e) => Ok(()),
         other => other,
     }
 }

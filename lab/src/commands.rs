@@ -9,6 +9,7 @@ use engram_common::Settings;
 use engram_proto::{RetrievalMode, RetrieveRequest};
 use engram_stack::client::Client;
 use engram_stack::stack::{self, Service, Stack, StackOptions};
+use engram_stack::{out, outln};
 
 /// The lab's subcommands, with their flags as `engram` has always taken them.
 #[derive(Debug, clap::Subcommand)]
@@ -525,9 +526,9 @@ async fn eval(settings: Settings, dataset: EvalDataset) -> anyhow::Result<()> {
     stack.shutdown().await;
     let tally = result?;
     if common.json {
-        println!("{}", ev::report_json(name, &tally));
+        outln!("{}", ev::report_json(name, &tally))?;
     } else {
-        print!("{}", ev::report_table(name, &tally));
+        out::print(&ev::report_table(name, &tally))?;
     }
     Ok(())
 }
@@ -677,7 +678,7 @@ async fn tune(
             "by_dataset": r,
         })),
     });
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    outln!("{}", serde_json::to_string_pretty(&report)?)?;
     Ok(())
 }
 
@@ -693,7 +694,7 @@ async fn ranker_train(
     let result = crate::ranker::train_from_feedback(&db.pool, opts).await;
     db.close().await;
     let report = result?;
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    outln!("{}", serde_json::to_string_pretty(&report)?)?;
     let c = &report.check;
     match c.winner {
         crate::ranker::Winner::New => eprintln!(
@@ -812,7 +813,7 @@ async fn abstain(settings: Settings, limit: usize) -> anyhow::Result<()> {
     stack.shutdown().await;
     let rows = result?;
     let report = crate::abstain::report(&rows, &configured);
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    outln!("{}", serde_json::to_string_pretty(&report)?)?;
     Ok(())
 }
 
@@ -919,9 +920,9 @@ async fn bench(mut settings: Settings, shape: BenchShape, json: bool) -> anyhow:
     target.shutdown().await;
     let report = result?;
     if json {
-        println!("{report}");
+        outln!("{report}")?;
     } else {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     }
     Ok(())
 }

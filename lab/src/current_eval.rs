@@ -311,7 +311,7 @@ pub async fn run(
     }
     .await;
     stack.shutdown().await;
-    print_report(&result?, json);
+    engram_stack::out::print(&report_text(&result?, json))?;
     Ok(())
 }
 
@@ -367,7 +367,8 @@ async fn ask(
     Ok(t)
 }
 
-fn print_report(report: &BTreeMap<String, Tally>, json: bool) {
+/// What `engram eval current` prints: one JSON object, or a table per set.
+fn report_text(report: &BTreeMap<String, Tally>, json: bool) -> String {
     if json {
         let out: BTreeMap<_, BTreeMap<_, _>> = (report.iter())
             .map(|(set, t)| {
@@ -377,16 +378,20 @@ fn print_report(report: &BTreeMap<String, Tally>, json: bool) {
                 (set.clone(), m)
             })
             .collect();
-        println!("{}", serde_json::json!({"dataset": "current", "sets": out}));
-        return;
+        return format!(
+            "{}\n",
+            serde_json::json!({"dataset": "current", "sets": out})
+        );
     }
+    let mut text = String::new();
     for (set, t) in report {
-        println!("{set}");
+        text.push_str(&format!("{set}\n"));
         for (k, (h, n)) in &t.0 {
             let pct = 100.0 * *h as f64 / (*n).max(1) as f64;
-            println!("  {k:<22} {pct:5.1} %  ({h}/{n})");
+            text.push_str(&format!("  {k:<22} {pct:5.1} %  ({h}/{n})\n"));
         }
     }
+    text
 }
 
 /// One question's answer as a JSON line for study outside the build: each

@@ -49,6 +49,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use engram_common::Settings;
 use engram_stack::client::Client;
+use engram_stack::outln;
 use engram_stack::stack::Service;
 use serde_json::json;
 
@@ -147,7 +148,7 @@ pub async fn run(mut settings: Settings, args: SoakArgs) -> anyhow::Result<()> {
     .await;
     dep.shutdown().await;
     let report = result?;
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    outln!("{}", serde_json::to_string_pretty(&report)?)?;
     eprint!("{}", table(&report));
     Ok(())
 }

@@ -17,6 +17,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use engram_common::Settings;
+use engram_stack::outln;
 use linfa::prelude::*;
 use linfa_logistic::LogisticRegression;
 use ndarray_linfa::{Array1, Array2};
@@ -419,9 +420,9 @@ pub async fn run(
         report["held_out"] = scored_report(&held_out, &scores, threshold);
     }
     if json {
-        println!("{report}");
+        outln!("{report}")?;
     } else {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     }
     Ok(())
 }

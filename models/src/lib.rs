@@ -259,13 +259,39 @@ pub(crate) mod test_support {
         engram_home().join("models/minilm-l6-dq-int8-v1/model.onnx")
     }
 
+    /// `ENGRAM_CROSS_ENCODER_DIR`, else the model in the `shared/` folder
+    /// (`ENGRAM_SHARED_DIR`, else the one beside the checkout).
     pub fn cross_encoder_dir() -> PathBuf {
-        std::env::var_os("ENGRAM_CROSS_ENCODER_DIR")
+        if let Some(dir) = std::env::var_os("ENGRAM_CROSS_ENCODER_DIR") {
+            return PathBuf::from(dir);
+        }
+        std::env::var_os("ENGRAM_SHARED_DIR")
             .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join("../../shared/models/engram-ce-minilm-l6")
-            })
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
+            .join("models/engram-ce-minilm-l6")
+    }
+
+    /// [`cross_encoder_dir`] when it is there. The cross-encoder is
+    /// optional and a clone has no `shared/` folder: without it the calling
+    /// test says on stderr that it skips and why, and gets None (it then
+    /// returns). The same words as `engram_common::bootstrap::present_or_skip`
+    /// (this crate does not depend on engram-common); written to the stderr
+    /// handle so libtest's capture does not hide them.
+    pub fn cross_encoder_dir_or_skip() -> Option<PathBuf> {
+        use std::io::Write as _;
+        let dir = cross_encoder_dir();
+        if dir.exists() {
+            return Some(dir);
+        }
+        let thread = std::thread::current();
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped {}: it needs the optional cross-encoder at {}, which is missing \
+             (a clone has no shared/ folder beside it; ENGRAM_SHARED_DIR names another)",
+            thread.name().unwrap_or("a test"),
+            dir.display()
+        );
+        None
     }
 }
 

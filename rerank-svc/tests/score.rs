@@ -29,28 +29,40 @@ fn settings() -> Settings {
         .unwrap_or_else(|| manifest().join("../.engram"));
     let mut s = Settings::default();
     s.models.onnxruntime_path_opt = Some(home.join("py/onnxruntime/capi/libonnxruntime.so.1.31.1"));
-    s.models.cross_encoder_dir_opt = Some(
-        std::env::var_os("ENGRAM_CROSS_ENCODER_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| manifest().join("../../shared/models/engram-ce-minilm-l6")),
-    );
+    s.models.cross_encoder_dir_opt = Some(cross_encoder_dir());
     s.models.intra_threads = 2;
     s.home = home;
     s.auth.internal_token_opt = Some(TOKEN.into());
     s
 }
 
-/// One model for the whole test binary.
-fn model() -> Arc<CrossEncoder> {
+/// `ENGRAM_CROSS_ENCODER_DIR`, else the model in the `shared/` folder
+/// (`ENGRAM_SHARED_DIR`, else the one beside the checkout).
+fn cross_encoder_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ENGRAM_CROSS_ENCODER_DIR") {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("ENGRAM_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| manifest().join("../../shared"))
+        .join("models/engram-ce-minilm-l6")
+}
+
+/// One model for the whole test binary; None, and the calling test skips
+/// saying why, in a clone without the optional cross-encoder.
+fn model() -> Option<Arc<CrossEncoder>> {
     static MODEL: OnceLock<Arc<CrossEncoder>> = OnceLock::new();
-    MODEL
-        .get_or_init(|| {
-            Arc::new(
-                rerank_svc::load_model(&settings())
-                    .expect("cross-encoder and onnx runtime (installed by the CI script)"),
-            )
-        })
-        .clone()
+    let dir = cross_encoder_dir();
+    if !engram_common::bootstrap::present_or_skip(&dir, "the optional cross-encoder") {
+        return None;
+    }
+    let model = MODEL.get_or_init(|| {
+        Arc::new(
+            rerank_svc::load_model(&settings())
+                .expect("cross-encoder and onnx runtime (installed by the CI script)"),
+        )
+    });
+    Some(model.clone())
 }
 
 struct Server {
@@ -122,7 +134,8 @@ async fn health(s: &Server) -> i32 {
 
 #[tokio::test]
 async fn relevant_passages_score_above_unrelated_ones_in_order() {
-    let s = start(settings(), Ok(model())).await;
+    let Some(model) = model() else { return };
+    let s = start(settings(), Ok(model)).await;
     assert_eq!(health(&s).await, ServingStatus::Serving as i32);
     let mut c = client(&s);
     let cases = [
@@ -168,7 +181,8 @@ async fn relevant_passages_score_above_unrelated_ones_in_order() {
 
 #[tokio::test]
 async fn empty_list_oversize_passage_and_bounds() {
-    let s = start(settings(), Ok(model())).await;
+    let Some(model) = model() else { return };
+    let s = start(settings(), Ok(model)).await;
     let mut c = client(&s);
     let r = c.score(request("anything", &[], 0)).await.expect("empty");
     assert!(r.into_inner().scores.is_empty());
@@ -208,7 +222,8 @@ async fn empty_list_oversize_passage_and_bounds() {
 
 #[tokio::test]
 async fn missing_internal_token_is_unauthenticated() {
-    let s = start(settings(), Ok(model())).await;
+    let Some(model) = model() else { return };
+    let s = start(settings(), Ok(model)).await;
     let mut c = client(&s);
     let mut r = request("q", &["p"], 0);
     r.metadata_mut()
@@ -226,9 +241,10 @@ async fn missing_internal_token_is_unauthenticated() {
 
 #[tokio::test]
 async fn full_queue_is_resource_exhausted_at_once() {
+    let Some(model) = model() else { return };
     let mut settings = settings();
     settings.rerank.queue_capacity = 0;
-    let s = start(settings, Ok(model())).await;
+    let s = start(settings, Ok(model)).await;
     let passage =
         "The bridge was widened in 1903 to carry trams, and again in 1968 for cars. ".repeat(8);
     let passages: Vec<&str> = vec![passage.as_str(); 40];
@@ -309,7 +325,8 @@ fn nice_of_threads(name: &str) -> Vec<i64> {
 
 #[tokio::test]
 async fn the_model_runs_on_a_thread_of_lower_priority() {
-    let s = start(settings(), Ok(model())).await;
+    let Some(model) = model() else { return };
+    let s = start(settings(), Ok(model)).await;
     let scored = client(&s)
         .score(request(
             "who painted it",
@@ -334,7 +351,8 @@ async fn the_model_runs_on_a_thread_of_lower_priority() {
 
 #[tokio::test]
 async fn a_request_that_cannot_finish_before_its_deadline_is_skipped_at_once() {
-    let s = start(settings(), Ok(model())).await;
+    let Some(model) = model() else { return };
+    let s = start(settings(), Ok(model)).await;
     let passage = "The ferry crossed twice a day until the tunnel opened in 1988. ".repeat(6);
     let q = "when did the tunnel open?";
     // One measured request teaches the service what a pair costs.

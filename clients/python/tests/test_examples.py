@@ -25,6 +25,9 @@ def test_quickstart(engram, capsys):
     top = load("quickstart").main(engram, topic=f"green tea {w}")
     assert w in top
     assert "1. " in capsys.readouterr().out
+    # It cleaned up: nothing of it is left in the tenant, in any namespace.
+    newest = engram.list_memories(page_size=1000, newest_first=True, include_historical=True)
+    assert not [m for m in newest.memories if w in m.content], "quickstart left its memory"
 
 
 def test_agent_loop(engram):
