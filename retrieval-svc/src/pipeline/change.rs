@@ -77,7 +77,11 @@ pub fn changes_first(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize 
         return 0;
     }
     let n = ranked.len().min(TOP);
-    let note = |i: usize| is_note(&ranked[i].0.cand.memory);
+    // Each place's memory judged once: the loop below asks again and again.
+    let notes: Vec<bool> = (ranked.iter().take(n))
+        .map(|(c, _)| is_note(&c.cand.memory))
+        .collect();
+    let note = |i: usize| notes[i];
     let best = ((0..n).filter(|&i| note(i)))
         .map(|i| cosine(&ranked[i].0))
         .fold(0.0, f32::max);
@@ -107,10 +111,20 @@ pub fn changes_first(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::subject::tests::fact;
+    use crate::pipeline::subject::tests::{fact, ids};
 
-    fn ids(r: &[(Checked, f32)]) -> Vec<&str> {
-        r.iter().map(|(c, _)| c.cand.memory.id.as_str()).collect()
+    /// The older phone note and the newer one that says it is news.
+    fn phones() -> Vec<(Checked, f32)> {
+        vec![
+            at(
+                fact("pixel", "Her phone is a Google Pixel 7.", Some(0.51)),
+                10,
+            ),
+            at(
+                fact("iphone", "Lena's on an iPhone 15 now.", Some(0.46)),
+                20,
+            ),
+        ]
     }
 
     fn at(mut f: (Checked, f32), secs: i64) -> (Checked, f32) {
@@ -136,17 +150,8 @@ mod tests {
 
     #[test]
     fn a_near_note_that_marks_a_change_rises_above_older_ones() {
-        let mut r = vec![
-            at(
-                fact("pixel", "Her phone is a Google Pixel 7.", Some(0.51)),
-                10,
-            ),
-            at(
-                fact("iphone", "Lena's on an iPhone 15 now.", Some(0.46)),
-                20,
-            ),
-            at(fact("tea", "Green tea now, no coffee.", Some(0.2)), 30),
-        ];
+        let mut r = phones();
+        r.push(at(fact("tea", "Green tea now, no coffee.", Some(0.2)), 30));
         assert_eq!(changes_first("What handset does she carry?", &mut r), 2);
         // "tea" marks a change too but is far from the question.
         assert_eq!(ids(&r), ["iphone", "pixel", "tea"]);
@@ -154,18 +159,7 @@ mod tests {
 
     #[test]
     fn past_questions_older_markers_and_higher_levels_stay() {
-        let rows = || {
-            vec![
-                at(
-                    fact("pixel", "Her phone is a Google Pixel 7.", Some(0.51)),
-                    10,
-                ),
-                at(
-                    fact("iphone", "Lena's on an iPhone 15 now.", Some(0.46)),
-                    20,
-                ),
-            ]
-        };
+        let rows = phones;
         let mut r = rows();
         assert_eq!(changes_first("What phone did she have before?", &mut r), 0);
         let mut r = rows();

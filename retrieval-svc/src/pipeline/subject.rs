@@ -160,7 +160,7 @@ pub(super) mod tests {
         (c, 0.0)
     }
 
-    fn ids(r: &[(Checked, f32)]) -> Vec<&str> {
+    pub(in crate::pipeline) fn ids(r: &[(Checked, f32)]) -> Vec<&str> {
         r.iter().map(|(c, _)| c.cand.memory.id.as_str()).collect()
     }
 
