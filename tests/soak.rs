@@ -30,6 +30,12 @@ fn errors(v: &serde_json::Value) -> u64 {
 async fn scenarios_hold_their_deterministic_targets() -> anyhow::Result<()> {
     let mut settings = engram_tests::settings().await?;
     settings.listen.drain_delay_ms = 0;
+    // The production downstream bounds: the slow phase delays each call by
+    // twice its bound and must see it cut, not waited for.
+    settings.pipeline = engram_common::settings::PipelineSettings {
+        cross_encoder: settings.pipeline.cross_encoder,
+        ..Default::default()
+    };
     // Phases of seconds, not the 5 s default: a breaker still open from
     // the previous fault would make the next one a double fault.
     settings.downstream.breaker_open_ms = 300;

@@ -21,7 +21,7 @@ struct Cli {
 
 impl Cli {
     async fn start() -> anyhow::Result<Self> {
-        let mut settings = engram_common::db::test_settings();
+        let mut settings = engram_common::db::patient_test_settings();
         settings.database.url_opt = Some(engram_common::db::test_database_url().await?);
         settings.database.max_connections = 8;
         let key = format!("k-cli-{}", uuid::Uuid::new_v4().simple());

@@ -7,7 +7,7 @@ use engram_common::Settings;
 
 /// Settings for a test stack: workspace `.engram` home, shared test database.
 pub async fn settings() -> anyhow::Result<Settings> {
-    let mut s = engram_common::db::test_settings();
+    let mut s = engram_common::db::patient_test_settings();
     s.database.url_opt = Some(engram_common::db::test_database_url().await?);
     s.database.max_connections = 8;
     Ok(s)
