@@ -70,12 +70,17 @@ pub async fn run(
     ranked: &mut Vec<(Checked, f32)>,
     filters: &Filters,
 ) -> usize {
+    let shape = relates(&ctx.query.text);
+    if shape == Shape::Clause && !trace.is_degraded(KEYWORD) {
+        let moved = start_by_clause(ctx, ranked).await;
+        trace.counts.push(("chain_start_moves", usize::from(moved)));
+    }
     let Some(first) = ranked.first().map(|(c, _)| c.cand.memory.clone()) else {
         return 0;
     };
     let (_, terms) = query_words(&ctx.query.text);
     let mut unsaid = unsaid_by(&terms, &first);
-    let min_unsaid = match relates(&ctx.query.text) {
+    let min_unsaid = match shape {
         Shape::None => usize::MAX,
         Shape::Clause => 1,
         Shape::Link => MIN_UNSAID,
@@ -308,6 +313,90 @@ fn relates(question: &str) -> Shape {
     }
 }
 
+/// Notes among which a clause question's first fact is chosen.
+const START_POOL: usize = 3;
+
+/// The relative clause through which a question names its thing, in
+/// lower case: "In which country is the city where Val Guest lives?" →
+/// "val guest lives" (the words after "the city where", to the end).
+fn clause_of(question: &str) -> Option<String> {
+    let lower = question.to_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !(c.is_alphanumeric() || c == '\''))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let at = (words.windows(3)).position(|w| {
+        w[0] == "the" && w[1].chars().all(char::is_alphabetic) && CLAUSE_LINKS.contains(&w[2])
+    })?;
+    let clause = words.get(at + 3..).filter(|c| !c.is_empty())?;
+    Some(clause.join(" "))
+}
+
+/// For a question that names its thing by a relative clause, the chain
+/// starts from the fact that means the clause ("Val Guest's home is in
+/// Memphis" for "the city where Val Guest lives"), not from whichever
+/// fact about the same subject the fusion ranked first ("Val Guest is a
+/// citizen of Saudi Arabia" is as near the whole question, which asks for
+/// a country). Among the first [`START_POOL`] places, the notes naming one
+/// of the question's names are compared with the clause by cosine; the
+/// closest takes the first place. One embed and one vectors read; any
+/// failure keeps the order. Returns whether it moved one.
+async fn start_by_clause(ctx: &Ctx<'_>, ranked: &mut [(Checked, f32)]) -> bool {
+    let Some(clause) = clause_of(&ctx.query.text) else {
+        return false;
+    };
+    let (named, _) = query_words(&ctx.query.text);
+    let pool: Vec<usize> = (0..ranked.len().min(START_POOL))
+        .filter(|&i| {
+            let m = &ranked[i].0.cand.memory;
+            is_note(m) && !lower_words(&m.content.replace("'s", "")).is_disjoint(&named)
+        })
+        .collect();
+    if pool.len() < 2 || pool[0] != 0 {
+        return false;
+    }
+    let deadline = stage_deadline(ctx.deadline);
+    let req = EmbedRequest {
+        texts: vec![clause],
+    };
+    let Ok(resp) = call_until(&ctx.ds.embed, &ctx.identity, deadline, req).await else {
+        return false;
+    };
+    let Some(asked) = resp.embeddings.into_iter().next().map(|e| e.values) else {
+        return false;
+    };
+    let ids = (pool.iter())
+        .map(|&i| ranked[i].0.cand.memory.id.clone())
+        .collect();
+    let Vectors::Read(vectors) = read_vectors(ctx, ids, deadline).await else {
+        return false;
+    };
+    let near = |i: usize| {
+        (vectors.get(&ranked[i].0.cand.memory.id)).map_or(f32::MIN, |v| cosine(&asked, v))
+    };
+    let best = pool
+        .iter()
+        .copied()
+        .max_by(|&a, &b| near(a).total_cmp(&near(b)));
+    match best {
+        Some(b) if b > 0 && near(b) > near(0) => {
+            move_first(ranked, b);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Moves `ranked[at]` to the first place; scores stay with the places, so
+/// they still fall with rank.
+fn move_first(ranked: &mut [(Checked, f32)], at: usize) {
+    let scores: Vec<f32> = ranked.iter().map(|(_, s)| *s).collect();
+    ranked[..=at].rotate_right(1);
+    for ((_, s), score) in ranked.iter_mut().zip(scores) {
+        *s = score;
+    }
+}
+
 /// The names a fact adds to `seen`, a possessive's "'s" cut ("Val
 /// Guest's home is in Memphis" adds "memphis"), each once.
 fn value_of(m: &Memory, seen: &HashSet<String>) -> Vec<String> {
@@ -349,6 +438,16 @@ fn sorted(words: &HashSet<String>) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clause_is_the_words_after_its_link() {
+        let q = "In which country is the city where Val Guest lives?";
+        assert_eq!(clause_of(q).as_deref(), Some("val guest lives"));
+        let q = "Who is the spouse of the man who directed Kiss of Death?";
+        assert_eq!(clause_of(q).as_deref(), Some("directed kiss of death"));
+        assert_eq!(clause_of("Where does Lena live?"), None);
+        assert_eq!(clause_of("Name the city where"), None);
+    }
 
     fn memory(id: &str, content: &str) -> Memory {
         Memory {
