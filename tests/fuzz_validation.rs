@@ -556,6 +556,7 @@ mod base {
             include_embedding: false,
             omit_entities: false,
             vectors_only: false,
+            ..Default::default()
         }
     }
     pub fn delete() -> pb::DeleteRequest {
@@ -1453,6 +1454,7 @@ async fn present_all(
                     include_embedding: false,
                     omit_entities: false,
                     vectors_only: false,
+                    ..Default::default()
                 });
                 match cred.value.parse() {
                     Ok(v) => {

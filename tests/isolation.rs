@@ -297,6 +297,7 @@ async fn raw_vectors_and_higher_supersedes_targets_never_leave_the_service() -> 
                 include_embedding: true,
                 omit_entities: false,
                 vectors_only: false,
+                ..Default::default()
             },
         )
     };
@@ -322,6 +323,7 @@ async fn raw_vectors_and_higher_supersedes_targets_never_leave_the_service() -> 
             include_embedding: true,
             omit_entities: true,
             vectors_only: true,
+            ..Default::default()
         },
     );
     let seen = mem.get(hostile).await?.into_inner().memories;

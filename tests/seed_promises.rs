@@ -150,6 +150,7 @@ async fn as_of_returns_the_version_of_that_time_in_every_mode() -> anyhow::Resul
             include_embedding: false,
             omit_entities: false,
             vectors_only: false,
+            ..Default::default()
         })
         .await?
         .into_inner()

@@ -605,6 +605,7 @@ async fn validation_defaults_and_demand_counters() -> anyhow::Result<()> {
                 include_embedding: false,
                 omit_entities: false,
                 vectors_only: false,
+                ..Default::default()
             },
         ))
         .await?

@@ -271,7 +271,8 @@ pub struct QueryOptions {
     /// Also superseded, retracted and decayed memories.
     #[arg(long)]
     pub include_historical: bool,
-    /// List what was dropped and why (JSON output only).
+    /// List what was dropped and why (JSON output only), and each edited
+    /// record's earlier versions.
     #[arg(long)]
     pub explain: bool,
     #[arg(long)]
@@ -323,7 +324,8 @@ pub fn query_json(r: &RetrieveResponse, texts: &demo::Texts) -> serde_json::Valu
             let m = rec.memory.clone().unwrap_or_default();
             let p = rec.provenance.clone().unwrap_or_default();
             serde_json::json!({
-                "id": m.id, "content": m.content, "score": rec.score, "citation": p.citation,
+                "id": m.id, "content": m.content, "version": m.version, "score": rec.score, "citation": p.citation,
+                "history": m.history.iter().map(|v| serde_json::json!({"version": v.version, "content": v.content, "recorded_at": v.recorded_at.as_ref().map(|t| t.seconds), "replaced_at": v.replaced_at.as_ref().map(|t| t.seconds)})).collect::<Vec<_>>(),
                 "strategies": p.strategies.iter().map(|s| serde_json::json!({"strategy": s.strategy, "rank": s.rank, "score": s.score})).collect::<Vec<_>>(),
             })
         })

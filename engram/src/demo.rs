@@ -208,7 +208,23 @@ fn render_records(out: &mut String, r: &RetrieveResponse) {
                 .map(|r| format!("{r:.2}"))
                 .unwrap_or_else(|| "n/a".into()),
         );
+        for v in &m.history {
+            let _ = writeln!(
+                out,
+                "     before (v{}, {}): {}",
+                v.version,
+                day(&v.replaced_at),
+                v.content
+            );
+        }
     }
+}
+
+/// The UTC date of an optional timestamp, `?` when unset.
+fn day(t: &Option<prost_types::Timestamp>) -> String {
+    (t.as_ref())
+        .and_then(|t| chrono::DateTime::from_timestamp(t.seconds, 0))
+        .map_or("?".into(), |d| d.format("until %Y-%m-%d").to_string())
 }
 
 /// A conflict's resolution by name: `recency`, `confidence`, `unresolved`.

@@ -294,9 +294,8 @@ impl Session {
         for chunk in ids.chunks(ID_BATCH) {
             let req = GetRequest {
                 ids: chunk.to_vec(),
-                include_embedding: false,
-                omit_entities: false,
-                vectors_only: false,
+                include_history: true,
+                ..Default::default()
             };
             let r = self.client.memories.get(req).await.map_err(status_error)?;
             out.extend(r.into_inner().memories);
@@ -468,6 +467,18 @@ pub fn show_line(m: &Memory) -> serde_json::Value {
         }
         if let Some(t) = time(m.retracted_at.as_ref().and_then(ts_to_chrono)) {
             o.insert("retracted_at".into(), t.into());
+        }
+        if !m.history.is_empty() {
+            let at = |t: &Option<prost_types::Timestamp>| time(t.as_ref().and_then(ts_to_chrono));
+            let history = (m.history.iter())
+                .map(|h| {
+                    serde_json::json!({
+                        "version": h.version, "title": h.title, "content": h.content,
+                        "recorded_at": at(&h.recorded_at), "replaced_at": at(&h.replaced_at),
+                    })
+                })
+                .collect::<Vec<_>>();
+            o.insert("history".into(), history.into());
         }
     }
     v

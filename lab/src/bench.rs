@@ -667,6 +667,7 @@ pub(crate) async fn ensure_corpus(
             include_embedding: false,
             omit_entities: false,
             vectors_only: false,
+            ..Default::default()
         })
         .await?
         .into_inner();

@@ -501,6 +501,7 @@ pub async fn ensure_ingested(
             include_embedding: false,
             omit_entities: false,
             vectors_only: false,
+            ..Default::default()
         })
         .await?
         .into_inner();

@@ -268,6 +268,7 @@ pub async fn missing(client: &mut Client, ids: &[String]) -> anyhow::Result<Vec<
                 include_embedding: false,
                 omit_entities: false,
                 vectors_only: false,
+                ..Default::default()
             })
             .await?
             .into_inner();

@@ -34,7 +34,7 @@ pub async fn search(
     let mut read = readers.read(timeout_ms).await?;
     let mut found = ScoredRow::fetch_all(qb, &mut read).await?;
     let at = filters.as_of_ingestion_opt;
-    for_reader(
+    let unreadable = for_reader(
         &mut read,
         identity,
         at,
@@ -42,6 +42,7 @@ pub async fn search(
     )
     .await?;
     read.finish().await?;
+    found.retain(|r| !unreadable.contains(&r.memory.id));
     let mut rows: Vec<(MemoryRow, f32)> = found
         .into_iter()
         .map(|r| (r.memory, (1.0 - r.score) as f32))

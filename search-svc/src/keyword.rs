@@ -136,7 +136,7 @@ pub async fn search(
     let mut read = readers.read(timeout_ms).await?;
     let mut rows = ScoredRow::fetch_all(qb, &mut read).await?;
     let at = filters.as_of_ingestion_opt;
-    for_reader(
+    let unreadable = for_reader(
         &mut read,
         identity,
         at,
@@ -144,6 +144,7 @@ pub async fn search(
     )
     .await?;
     read.finish().await?;
+    rows.retain(|r| !unreadable.contains(&r.memory.id));
     Ok(Hits {
         rows: (rows.into_iter())
             .map(|r| (r.memory, r.score as f32))
@@ -218,8 +219,9 @@ impl Indexed<'_> {
         // 100K) bought nothing.
         let mut rows: Vec<MemoryRow> = qb.build_query_as().fetch_all(&mut *read).await?;
         let at = self.filters.as_of_ingestion_opt;
-        for_reader(&mut read, self.identity, at, rows.iter_mut()).await?;
+        let unreadable = for_reader(&mut read, self.identity, at, rows.iter_mut()).await?;
         read.finish().await?;
+        rows.retain(|r| !unreadable.contains(&r.id));
         let mut by_id: HashMap<Uuid, MemoryRow> = rows.into_iter().map(|r| (r.id, r)).collect();
         Ok(hits
             .iter()

@@ -84,20 +84,27 @@ pub async fn hide_unreadable_supersedes<'a>(
 /// a memory edited since reads with the title, content and version it had
 /// then. Every search read with filters calls it on its rows, inside the
 /// read's own transaction; no query without `as_of_ingestion`.
+///
+/// Returns the memories the reader must not see as of then: the version
+/// of then was written at a level above the reader's trust (an edit
+/// lowered it since, migration 0012). The caller drops them.
 pub async fn as_recorded_at<'a>(
     conn: &mut sqlx::PgConnection,
     identity: &Identity,
     at_opt: Option<DateTime<Utc>>,
     rows: impl IntoIterator<Item = &'a mut MemoryRow>,
-) -> Result<(), sqlx::Error> {
-    let Some(at) = at_opt else { return Ok(()) };
+) -> Result<HashSet<Uuid>, sqlx::Error> {
+    let mut unreadable = HashSet::new();
+    let Some(at) = at_opt else {
+        return Ok(unreadable);
+    };
     let mut rows: Vec<&mut MemoryRow> = rows.into_iter().collect();
     let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
     if ids.is_empty() {
-        return Ok(());
+        return Ok(unreadable);
     }
-    let then: Vec<(Uuid, i32, String, String)> = sqlx::query_as(
-        "SELECT memory_id, version, title, content FROM memory_versions \
+    let then: Vec<(Uuid, i32, String, String, i16)> = sqlx::query_as(
+        "SELECT memory_id, version, title, content, access_level FROM memory_versions \
          WHERE tenant_id = $1 AND memory_id = ANY($2) AND recorded_at <= $3 AND replaced_at > $3",
     )
     .bind(&identity.tenant)
@@ -105,23 +112,28 @@ pub async fn as_recorded_at<'a>(
     .bind(at)
     .fetch_all(conn)
     .await?;
-    for (id, version, title, content) in then {
+    for (id, version, title, content, level) in then {
+        if level > identity.trust.as_i16() {
+            unreadable.insert(id);
+            continue;
+        }
         if let Some(r) = rows.iter_mut().find(|r| r.id == id) {
             (r.version, r.title, r.content) = (version, title, content);
         }
     }
-    Ok(())
+    Ok(unreadable)
 }
 
 /// What every filtered read does to its rows before they leave its
 /// transaction: [`hide_unreadable_supersedes`], then [`as_recorded_at`]
-/// for a read as of an ingestion time.
+/// for a read as of an ingestion time. Returns the ids to drop (see
+/// [`as_recorded_at`]).
 pub async fn for_reader<'a>(
     conn: &mut sqlx::PgConnection,
     identity: &Identity,
     as_of_ingestion_opt: Option<DateTime<Utc>>,
     rows: impl IntoIterator<Item = &'a mut MemoryRow>,
-) -> Result<(), sqlx::Error> {
+) -> Result<HashSet<Uuid>, sqlx::Error> {
     let mut rows: Vec<&mut MemoryRow> = rows.into_iter().collect();
     hide_unreadable_supersedes(&mut *conn, identity, rows.iter_mut().map(|r| &mut **r)).await?;
     as_recorded_at(conn, identity, as_of_ingestion_opt, rows).await
@@ -211,6 +223,7 @@ impl MemoryRow {
                 speaker,
                 caption,
             }),
+            history: Vec::new(),
         }
     }
 }

@@ -231,6 +231,7 @@ impl NewMemory {
             embedding,
             tenant_id: _,
             turn,
+            history: _,
         } = m;
         let id = if id.is_empty() {
             Uuid::new_v4()
@@ -439,6 +440,8 @@ pub struct GetQuery {
     pub include_embedding: bool,
     pub omit_entities: bool,
     pub vectors_only: bool,
+    pub include_history: bool,
+    pub as_of_ingestion_opt: Option<DateTime<Utc>>,
 }
 
 impl TryFrom<pb::GetRequest> for GetQuery {
@@ -449,12 +452,16 @@ impl TryFrom<pb::GetRequest> for GetQuery {
             include_embedding,
             omit_entities,
             vectors_only,
+            include_history,
+            as_of_ingestion,
         } = r;
         Ok(Self {
             ids: id_list("ids", ids)?,
             include_embedding,
             omit_entities,
             vectors_only,
+            include_history,
+            as_of_ingestion_opt: timestamp("as_of_ingestion", as_of_ingestion)?,
         })
     }
 }

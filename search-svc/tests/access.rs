@@ -107,6 +107,7 @@ fn results_never_exceed_trust_or_cross_tenants() {
                             include_embedding: true,
                             omit_entities: true,
                             vectors_only,
+                            ..Default::default()
                         },
                         &me,
                     ))

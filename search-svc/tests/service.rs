@@ -87,6 +87,7 @@ async fn upsert_then_dense_and_keyword_search_find_it() {
                     include_embedding: false,
                     omit_entities,
                     vectors_only: false,
+                    ..Default::default()
                 },
                 &me,
             ))
@@ -168,6 +169,7 @@ async fn upsert_is_idempotent_and_versions_content_changes() {
                 include_embedding: true,
                 omit_entities: false,
                 vectors_only: false,
+                ..Default::default()
             },
             &me,
         ))
@@ -186,6 +188,7 @@ async fn upsert_is_idempotent_and_versions_content_changes() {
                 include_embedding: true,
                 omit_entities: true,
                 vectors_only: true,
+                ..Default::default()
             },
             who,
         )

@@ -341,11 +341,34 @@ pub fn context_entry(m: &Memory, others: &[ScoredMemory], conflicts: &[ConflictP
     {
         e.push_str(&format!("_Outdated: valid until {}._\n", day(until)));
     }
+    e.push_str(&edits(m));
     e.push_str(said(m).trim());
     if let Some(t) = m.turn.as_ref().filter(|t| !t.caption.is_empty()) {
         e.push_str(&format!(" [shared: {}]", t.caption));
     }
     e.push('\n');
+    e
+}
+
+/// Earlier versions shown per entry (the latest ones): a memory edited a
+/// hundred times must not fill the block with its past.
+const EDITS_SHOWN: usize = 3;
+
+/// A note per earlier content of a memory edited in place (history.rs
+/// read them), the latest [`EDITS_SHOWN`], oldest first: its version, the
+/// recorded time it held and its first words.
+fn edits(m: &Memory) -> String {
+    let skip = m.history.len().saturating_sub(EDITS_SHOWN);
+    let mut e = String::new();
+    for v in &m.history[skip..] {
+        let from = v.recorded_at.as_ref().map(day).unwrap_or_default();
+        let to = v.replaced_at.as_ref().map(day).unwrap_or_default();
+        e.push_str(&format!(
+            "_Edited: v{} (recorded {from} until {to}) said: \"{}\"._\n",
+            v.version,
+            short(&v.content)
+        ));
+    }
     e
 }
 
@@ -597,5 +620,39 @@ mod tests {
             alone.contains("_Outdated: valid until 2025-04-16._"),
             "{alone}"
         );
+    }
+
+    #[test]
+    fn an_edited_memory_shows_its_last_earlier_versions_oldest_first() {
+        let day0 = 1_736_150_400; // 2025-01-06
+        let at = |d: i64| {
+            Some(Timestamp {
+                seconds: day0 + 86_400 * d,
+                nanos: 0,
+            })
+        };
+        let said = ["Pixel 5", "Pixel 6", "Pixel 7", "Pixel 8"];
+        let history = (said.iter().enumerate())
+            .map(|(i, s)| engram_proto::MemoryVersion {
+                version: i as i32 + 1,
+                content: format!("Lena's phone is a {s}."),
+                recorded_at: at(i as i64 * 10),
+                replaced_at: at(i as i64 * 10 + 10),
+                ..Default::default()
+            })
+            .collect();
+        let m = Memory {
+            content: "Lena's on an iPhone 15 now.".into(),
+            version: 5,
+            history,
+            ..mem("phone", day0, 1.0)
+        };
+        let entry = context_entry(&m, &[], &[]);
+        let want = "_Edited: v2 (recorded 2025-01-16 until 2025-01-26) said: \"Lena's phone is a Pixel 6.\"._\n\
+             _Edited: v3 (recorded 2025-01-26 until 2025-02-05) said: \"Lena's phone is a Pixel 7.\"._\n\
+             _Edited: v4 (recorded 2025-02-05 until 2025-02-15) said: \"Lena's phone is a Pixel 8.\"._\n\
+             Lena's on an iPhone 15 now.";
+        assert!(entry.contains(want), "{entry}");
+        assert!(!entry.contains("Pixel 5"), "{entry}");
     }
 }

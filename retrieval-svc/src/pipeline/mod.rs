@@ -19,6 +19,7 @@ pub mod distill;
 pub mod evidence;
 pub mod feedback;
 pub mod fusion;
+pub mod history;
 pub mod hop;
 pub mod ranker;
 pub mod retry;
@@ -594,10 +595,14 @@ impl Pipeline {
             pairs
         };
         let ask_conflicts = !step.is_raw() && !found.no_contradictions;
-        let (records, mut conflicts) = assemble::run(ctx, &mut trace, ranked, ask_conflicts)
+        let (mut records, mut conflicts) = assemble::run(ctx, &mut trace, ranked, ask_conflicts)
             .instrument(stage_span("assemble"))
             .await;
         conflicts.extend(versions);
+        let edited = history::run(ctx, &mut trace, &mut records, filters)
+            .instrument(stage_span("history"))
+            .await;
+        trace.counts.push(("history", edited));
         Ok(Attempt {
             route,
             confidence: assemble::confidence_of(&records, found.max_rrf),
@@ -636,7 +641,7 @@ fn check_feedback(a: &Answered, identity: &Identity, feedback: &Feedback) -> Res
 /// or cut-short answer reports half its confidence.
 fn answer(
     ctx: &mut Ctx<'_>,
-    best: Attempt,
+    mut best: Attempt,
     retry_count: u32,
     query_id: String,
     ceiling_hit: bool,
@@ -651,6 +656,12 @@ fn answer(
     } else {
         (String::new(), 0)
     };
+    // Earlier versions were read for the block; only `explain` returns them.
+    if !q.explain {
+        for m in best.records.iter_mut().filter_map(|r| r.memory.as_mut()) {
+            m.history.clear();
+        }
+    }
     let StageTrace {
         counts,
         degraded,

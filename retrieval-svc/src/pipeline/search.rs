@@ -379,12 +379,12 @@ pub async fn run(
         // waited 7 ms p50 behind the other queries' work).
         let ids = fused.iter().map(|f| f.id.clone()).collect();
         let (_, vectors) = tokio::join!(
-            pool.fetch_missing(ctx, &fused, deadline),
+            pool.fetch_missing(ctx, &fused, filters, deadline),
             read_vectors(ctx, ids, deadline)
         );
         pool.out.vectors = vectors;
     } else {
-        pool.fetch_missing(ctx, &fused, deadline).await;
+        pool.fetch_missing(ctx, &fused, filters, deadline).await;
     }
     Ok(pool.into_candidates(fused))
 }
@@ -427,6 +427,7 @@ pub async fn read_vectors(ctx: &Ctx<'_>, ids: Vec<String>, deadline: Instant) ->
         include_embedding: true,
         omit_entities: true,
         vectors_only: true,
+        ..Default::default()
     };
     match call_until(&ctx.ds.get, &ctx.identity, deadline, req).await {
         Ok(resp) => Vectors::Read(
@@ -829,7 +830,15 @@ impl Pool {
     }
 
     /// Fetches the fused memories no list carried (graph hits are ids).
-    async fn fetch_missing(&mut self, ctx: &Ctx<'_>, fused: &[Fused], deadline: Instant) {
+    /// An as-of read fetches them as recorded then, as the search lists
+    /// carry them (search-svc rows.rs `as_recorded_at`).
+    async fn fetch_missing(
+        &mut self,
+        ctx: &Ctx<'_>,
+        fused: &[Fused],
+        filters: &Filters,
+        deadline: Instant,
+    ) {
         let missing: Vec<String> = fused
             .iter()
             .filter(|f| !self.memories.contains_key(&f.id))
@@ -843,6 +852,8 @@ impl Pool {
             include_embedding: false,
             omit_entities: true,
             vectors_only: false,
+            as_of_ingestion: filters.as_of_ingestion,
+            ..Default::default()
         };
         match call_until(&ctx.ds.get, &ctx.identity, deadline, req).await {
             Ok(resp) => {

@@ -332,6 +332,7 @@ impl Expansion<'_> {
             include_embedding: false,
             omit_entities: false,
             vectors_only: false,
+            ..Default::default()
         };
         match call_until(&self.gw.downstreams().get, identity, self.deadline, req).await {
             Ok(g) => g

@@ -134,6 +134,7 @@ impl WorkingWrite {
             embedding,
             tenant_id: _,
             turn: _,
+            history: _,
         } = m;
         let id = if id.is_empty() {
             uuid::Uuid::new_v4().to_string()
