@@ -213,15 +213,15 @@ fn render_records(out: &mut String, r: &RetrieveResponse) {
                 out,
                 "     before (v{}, {}): {}",
                 v.version,
-                day(&v.replaced_at),
+                until(&v.replaced_at),
                 v.content
             );
         }
     }
 }
 
-/// The UTC date of an optional timestamp, `?` when unset.
-fn day(t: &Option<prost_types::Timestamp>) -> String {
+/// "until" and the UTC date of an optional timestamp, `?` when unset.
+fn until(t: &Option<prost_types::Timestamp>) -> String {
     (t.as_ref())
         .and_then(|t| chrono::DateTime::from_timestamp(t.seconds, 0))
         .map_or("?".into(), |d| d.format("until %Y-%m-%d").to_string())

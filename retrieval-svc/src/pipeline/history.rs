@@ -54,7 +54,7 @@ pub async fn run(
 fn edited(records: &[ScoredMemory]) -> Vec<String> {
     (records.iter())
         .filter_map(|r| r.memory.as_ref())
-        .filter(|m| m.version > 1 && m.history.is_empty())
+        .filter(|m| m.version > 1)
         .map(|m| m.id.clone())
         .collect()
 }
