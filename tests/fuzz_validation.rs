@@ -572,6 +572,15 @@ mod base {
             }],
         }
     }
+    pub fn delete_edges() -> pb::DeleteEdgesRequest {
+        pb::DeleteEdgesRequest {
+            edges: vec![pb::EdgeKey {
+                src_id: uuid(),
+                dst_id: uuid(),
+                edge_type: "contradicts".into(),
+            }],
+        }
+    }
     pub fn review_conflict() -> pb::ReviewConflictRequest {
         pb::ReviewConflictRequest {
             new_id: uuid(),
@@ -705,7 +714,7 @@ macro_rules! target {
 }
 
 /// Every request search-svc validates, by name.
-fn search_svc_targets() -> [Target; 11] {
+fn search_svc_targets() -> [Target; 12] {
     use engram_proto as pb;
     use search_svc::conflicts::{ConflictQuery, Review};
     use search_svc::list::ListQuery;
@@ -715,6 +724,12 @@ fn search_svc_targets() -> [Target; 11] {
         target!("Delete", pb::DeleteRequest, v::DeleteIds, base::delete()),
         target!("Get", pb::GetRequest, v::GetQuery, base::ids()),
         target!("AddEdges", pb::AddEdgesRequest, v::EdgeBatch, base::edges()),
+        target!(
+            "DeleteEdges",
+            pb::DeleteEdgesRequest,
+            v::EdgeKeys,
+            base::delete_edges()
+        ),
         target!(
             "VectorSearch",
             pb::VectorSearchRequest,
@@ -906,6 +921,7 @@ enum Rpc {
     Delete,
     Get,
     AddEdges,
+    DeleteEdges,
     ListMemories,
     ListConflicts,
     ReviewConflict,
@@ -915,13 +931,14 @@ enum Rpc {
     Agentic,
 }
 
-const RPCS: [Rpc; 13] = [
+const RPCS: [Rpc; 14] = [
     Rpc::Retrieve,
     Rpc::Feedback,
     Rpc::Upsert,
     Rpc::Delete,
     Rpc::Get,
     Rpc::AddEdges,
+    Rpc::DeleteEdges,
     Rpc::ListMemories,
     Rpc::ListConflicts,
     Rpc::ReviewConflict,
@@ -963,6 +980,7 @@ async fn send(mut c: Clients, rpc: Rpc, bytes: &[u8]) -> Option<Sent> {
         Rpc::Delete => call!(c.memory, delete, pb::DeleteRequest, bytes, &k),
         Rpc::Get => call!(c.memory, get, pb::GetRequest, bytes, &k),
         Rpc::AddEdges => call!(c.memory, add_edges, pb::AddEdgesRequest, bytes, &k),
+        Rpc::DeleteEdges => call!(c.memory, delete_edges, pb::DeleteEdgesRequest, bytes, &k),
         Rpc::ListMemories => call!(c.memory, list_memories, pb::ListMemoriesRequest, bytes, &k),
         Rpc::ListConflicts => call!(
             c.memory,
@@ -1026,6 +1044,7 @@ fn wire(c: &Case, rpc: Rpc, tenant: &str) -> Vec<u8> {
         Rpc::Delete => c.bytes(&base::delete()),
         Rpc::Get => c.bytes(&base::ids()),
         Rpc::AddEdges => c.bytes(&base::edges()),
+        Rpc::DeleteEdges => c.bytes(&base::delete_edges()),
         Rpc::ListMemories => c.bytes(&engram_proto::ListMemoriesRequest::default()),
         Rpc::ListConflicts => c.bytes(&engram_proto::ListConflictsRequest::default()),
         Rpc::ReviewConflict => c.bytes(&base::review_conflict()),

@@ -555,6 +555,43 @@ async fn records_carry_their_rank_and_conflicts_their_edge_type_on_the_real_stac
         "{:?}",
         r.conflicts
     );
+
+    // The edge can be taken back (issue 47, item 20): once graph-svc has
+    // the change, the pair is no longer reported.
+    let deleted = c
+        .memories
+        .delete_edges(engram_proto::DeleteEdgesRequest {
+            edges: vec![engram_proto::EdgeKey {
+                src_id: a.clone(),
+                dst_id: b.clone(),
+                edge_type: "contradicts".into(),
+            }],
+        })
+        .await?
+        .into_inner()
+        .deleted;
+    assert_eq!(deleted, 1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = c
+            .retrieval
+            .retrieve(RetrieveRequest {
+                text: "where is the office coffee machine?".into(),
+                no_cache: true,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        if !r.conflicts.iter().any(|p| p.edge_type == "contradicts") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still reported 10 s after the delete: {:?}",
+            r.conflicts
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
     ts.shutdown().await;
     Ok(())
 }

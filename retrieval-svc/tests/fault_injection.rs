@@ -131,6 +131,15 @@ impl SearchService for FakeSearch {
         check(&r)?;
         Ok(Response::new(AddEdgesResponse { added: 1 }))
     }
+    async fn delete_edges(
+        &self,
+        r: Request<engram_proto::DeleteEdgesRequest>,
+    ) -> Result<Response<engram_proto::DeleteEdgesResponse>, Status> {
+        check(&r)?;
+        Ok(Response::new(engram_proto::DeleteEdgesResponse {
+            deleted: 1,
+        }))
+    }
     async fn vector_search(
         &self,
         r: Request<VectorSearchRequest>,

@@ -53,8 +53,8 @@ pub use error::Error;
 pub use keyword::Scoring;
 
 use validate::{
-    DeleteIds, EdgeBatch, EmbedTexts, FeedbackBatch, GetQuery, KeywordQuery, SearchFilters,
-    UpsertBatch, VectorQuery,
+    DeleteIds, EdgeBatch, EdgeKeys, EmbedTexts, FeedbackBatch, GetQuery, KeywordQuery,
+    SearchFilters, UpsertBatch, VectorQuery,
 };
 
 pub const SERVICE_NAME: &str = "engram.v1.SearchService";
@@ -362,6 +362,19 @@ impl SearchService for SearchSvc {
             .await
             .map_err(|e| self.noted(e))?;
         Ok(Response::new(pb::AddEdgesResponse { added }))
+    }
+
+    async fn delete_edges(
+        &self,
+        req: Request<pb::DeleteEdgesRequest>,
+    ) -> Result<Response<pb::DeleteEdgesResponse>, Status> {
+        let (_slot, identity, keys) = self.open::<_, EdgeKeys>(req)?;
+        self.writable().await?;
+        let timeout_ms = self.inner.timeouts.write_ms;
+        let deleted = writes::delete_edges(&self.inner.pool, &identity, keys, timeout_ms)
+            .await
+            .map_err(|e| self.noted(e))?;
+        Ok(Response::new(pb::DeleteEdgesResponse { deleted }))
     }
 
     async fn vector_search(

@@ -2,6 +2,8 @@
 //! whole into a checked domain type, so handlers never see unchecked input and
 //! a bad field is reported by name (`memories[3].content: ...`).
 
+use std::collections::BTreeSet;
+
 use chrono::{DateTime, Utc};
 use engram_common::AccessLevel;
 use engram_common::convert::{struct_to_json, ts_to_chrono};
@@ -522,6 +524,47 @@ impl TryFrom<pb::AddEdgesRequest> for EdgeBatch {
             });
         }
         Ok(Self(out))
+    }
+}
+
+/// The edges a DeleteEdges names, checked and deduplicated in (src, dst,
+/// type) order: the order concurrent deletes lock them in.
+#[derive(Debug)]
+pub struct EdgeKeys(pub Vec<(Uuid, Uuid, String)>);
+
+impl TryFrom<pb::DeleteEdgesRequest> for EdgeKeys {
+    type Error = Error;
+    fn try_from(r: pb::DeleteEdgesRequest) -> Result<Self> {
+        let pb::DeleteEdgesRequest { edges } = r;
+        if edges.is_empty() {
+            return Err(Error::invalid("edges", "must not be empty"));
+        }
+        if edges.len() > MAX_BATCH {
+            return Err(Error::invalid(
+                "edges",
+                format!("must have at most {MAX_BATCH} items"),
+            ));
+        }
+        let mut out = BTreeSet::new();
+        for (i, e) in edges.into_iter().enumerate() {
+            let pb::EdgeKey {
+                src_id,
+                dst_id,
+                edge_type,
+            } = e;
+            let src = parse_uuid(&format!("edges[{i}].src_id"), &src_id)?;
+            let dst = parse_uuid(&format!("edges[{i}].dst_id"), &dst_id)?;
+            let field = format!("edges[{i}].edge_type");
+            check_label(&field, &edge_type)?;
+            if edge_type == "supersedes" {
+                return Err(Error::invalid(
+                    field,
+                    "a supersedes edge follows the memory's supersedes field and is not deleted alone",
+                ));
+            }
+            out.insert((src, dst, edge_type));
+        }
+        Ok(Self(out.into_iter().collect()))
     }
 }
 

@@ -12,10 +12,12 @@
 //! graph-svc consumes exactly this format.
 //!
 //! Concurrency: the embedding is computed before the transaction (never
-//! holding row locks over inference); inside it the existing rows are locked
-//! in id order and re-checked, and if another writer changed the content in
-//! between, the batch is retried from the start. Deadlocks and serialization
-//! failures are retried too.
+//! holding row locks over inference); inside it the batch first takes one
+//! transaction advisory lock per (tenant, id), all in one global order
+//! (`lock_ids`), then locks the existing rows and re-checks them; if another
+//! writer changed the content in between, the batch is retried from the
+//! start. Deadlocks and serialization failures are retried too, and when
+//! they outlast the retries the caller gets ABORTED ("retry"), not INTERNAL.
 //!
 //! Keyword search's BM25 statistics (`term_stats`, `doc_stats`) change in
 //! the same transaction as the rows they count: upsert and delete add the
@@ -42,7 +44,9 @@ use crate::embed::Embeddings;
 use crate::error::{Error, Result};
 use crate::facts::{self, Planned};
 use crate::turns;
-use crate::validate::{DeleteIds, EdgeBatch, FeedbackBatch, NewMemory, RankExample, UpsertBatch};
+use crate::validate::{
+    DeleteIds, EdgeBatch, EdgeKeys, FeedbackBatch, NewMemory, RankExample, UpsertBatch,
+};
 
 pub const CHANNEL: &str = "engram_changes";
 const MAX_NOTIFY_BYTES: usize = 7000;
@@ -184,7 +188,37 @@ pub async fn upsert(
             Err(e) => return Err(e),
         }
     }
-    Err(last_err.unwrap_or_else(|| Error::Conflict("upsert kept conflicting; retry".into())))
+    Err(match last_err {
+        Some(Error::Conflict(m)) => Error::Conflict(m),
+        Some(e) => Error::Conflict(format!(
+            "upsert kept conflicting with concurrent writes ({e}); retry"
+        )),
+        None => Error::Conflict("upsert kept conflicting; retry".into()),
+    })
+}
+
+/// Serializes this transaction against every other write of the same ids.
+///
+/// Row locks alone do not order overlapping batches: a batch locks the
+/// rows that exist when it starts and inserts the new ones after, so two
+/// batches that each saw a different id committed by a third locked in
+/// opposite orders and deadlocked (8 writers over 40 shared ids exhausted
+/// the retries: search-svc/tests/service.rs
+/// `concurrent_overlapping_batches_end_with_exact_rows`). One advisory lock
+/// per (tenant, id), taken first and in the order of its key, is a single
+/// global order. The key includes the tenant, so another tenant naming the
+/// same ids waits on different keys.
+async fn lock_ids(tx: &mut Transaction<'_, Postgres>, tenant: &str, ids: &[Uuid]) -> Result<()> {
+    sqlx::query(
+        "SELECT count(pg_advisory_xact_lock(k)) FROM \
+         (SELECT DISTINCT hashtextextended($1 || '/' || i::text, 0) AS k \
+          FROM unnest($2::uuid[]) AS i ORDER BY k) AS keys",
+    )
+    .bind(tenant)
+    .bind(ids)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 /// The fact index's sentences of every memory whose content is new or
@@ -363,6 +397,7 @@ async fn write_batch(
 ) -> Result<Vec<pb::UpsertResult>> {
     let ids: Vec<Uuid> = sorted.iter().map(|(_, m)| m.id).collect();
     let mut tx = bounds::begin_write(pool, timeout_ms, bounds::WRITE_ACQUIRE).await?;
+    lock_ids(&mut tx, &identity.tenant, &ids).await?;
     let locked: HashMap<Uuid, Existing> = sqlx::query_as::<_, Existing>(EXISTING_LOCK_SQL)
         .bind(&ids)
         .fetch_all(&mut *tx)
@@ -899,6 +934,52 @@ pub async fn add_edges(
     tx.commit().await?;
     tracing::debug!(tenant = %identity.tenant, count = added, "added edges");
     Ok(u32::try_from(added).unwrap_or(u32::MAX))
+}
+
+/// Removes the caller's own edges among `keys` whose ends it may read (the
+/// rest are skipped, like [`delete`], so nothing reveals what exists).
+/// Edges engram detected are left to ReviewConflict, which also records
+/// the rejection. Both ends of every removed edge are notified: graph-svc
+/// re-reads the edges at a changed memory, so the edge leaves the graph.
+pub async fn delete_edges(
+    pool: &PgPool,
+    identity: &Identity,
+    keys: EdgeKeys,
+    timeout_ms: u64,
+) -> Result<u32> {
+    let (mut src, mut dst, mut ty) = (Vec::new(), Vec::new(), Vec::new());
+    for (s, d, t) in keys.0 {
+        src.push(s);
+        dst.push(d);
+        ty.push(t);
+    }
+    let mut tx = bounds::begin_write(pool, timeout_ms, bounds::WRITE_ACQUIRE).await?;
+    let gone: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "DELETE FROM edges e USING unnest($3::uuid[], $4::uuid[], $5::text[]) AS k(s, d, t) \
+         WHERE e.src_id = k.s AND e.dst_id = k.d AND e.edge_type = k.t \
+           AND e.tenant_id = $1 AND e.origin = 'caller' \
+           AND EXISTS (SELECT 1 FROM memories m WHERE m.id = e.src_id AND m.tenant_id = $1 AND m.access_level <= $2) \
+           AND EXISTS (SELECT 1 FROM memories m WHERE m.id = e.dst_id AND m.tenant_id = $1 AND m.access_level <= $2) \
+         RETURNING e.src_id, e.dst_id",
+    )
+    .bind(&identity.tenant)
+    .bind(identity.trust.as_i16())
+    .bind(&src)
+    .bind(&dst)
+    .bind(&ty)
+    .fetch_all(&mut *tx)
+    .await?;
+    if !gone.is_empty() {
+        let ends: Vec<Uuid> = (gone.iter())
+            .flat_map(|(s, d)| [*s, *d])
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        notify(&mut tx, &identity.tenant, "edges", &ends).await?;
+    }
+    tx.commit().await?;
+    tracing::debug!(tenant = %identity.tenant, count = gone.len(), "deleted edges");
+    Ok(u32::try_from(gone.len()).unwrap_or(u32::MAX))
 }
 
 pub async fn store_feedback(

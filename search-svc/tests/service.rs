@@ -1060,3 +1060,122 @@ async fn writes_fail_fast_with_unavailable_while_the_database_is_down() {
     );
     let _ = stop.send(());
 }
+
+/// A `contradicts` edge a client added could never be removed (issue 47,
+/// item 20). DeleteEdges removes the caller's own edges between memories
+/// it may read, and nothing else: not another tenant's, not one that ends
+/// at a memory above the caller's level, not engram's detected ones, and
+/// never a `supersedes` edge, which follows the memory's field.
+#[tokio::test]
+async fn delete_edges_removes_only_what_the_caller_added_and_may_read() {
+    let mut h = start().await;
+    let t = tenant();
+    let me = ident(&t, "a", AccessLevel::Internal);
+    let high = ident(&t, "a", AccessLevel::Sensitive);
+    let (x, y, secret) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    upsert(
+        &mut h.client,
+        &me,
+        vec![
+            mem(&x.to_string(), "", "The coffee machine is on floor 3."),
+            mem(&y.to_string(), "", "The coffee machine is on floor 5."),
+        ],
+    )
+    .await;
+    upsert(
+        &mut h.client,
+        &high,
+        vec![pb::Memory {
+            access_level: pb::AccessLevel::Sensitive as i32,
+            ..mem(&secret.to_string(), "", "classified")
+        }],
+    )
+    .await;
+    let edge = |s: Uuid, d: Uuid, ty: &str| pb::Edge {
+        src_id: s.to_string(),
+        dst_id: d.to_string(),
+        edge_type: ty.into(),
+        weight: 0.0,
+    };
+    let key = |s: Uuid, d: Uuid, ty: &str| pb::EdgeKey {
+        src_id: s.to_string(),
+        dst_id: d.to_string(),
+        edge_type: ty.into(),
+    };
+    let added = h
+        .client
+        .add_edges(req(
+            pb::AddEdgesRequest {
+                edges: vec![
+                    edge(x, y, "contradicts"),
+                    edge(x, y, "related"),
+                    edge(x, secret, "related"),
+                ],
+            },
+            &high,
+        ))
+        .await
+        .expect("edges")
+        .into_inner();
+    assert_eq!(added.added, 3);
+    sqlx::query("UPDATE edges SET origin = 'detected' WHERE src_id = $1 AND edge_type = 'related' AND dst_id = $2")
+        .bind(x)
+        .bind(y)
+        .execute(&h.pool)
+        .await
+        .expect("mark detected");
+    let delete = |who: &Identity, keys: Vec<pb::EdgeKey>| {
+        let mut c = h.client.clone();
+        let r = req(pb::DeleteEdgesRequest { edges: keys }, who);
+        async move { c.delete_edges(r).await }
+    };
+    let count = |r: Result<tonic::Response<pb::DeleteEdgesResponse>, tonic::Status>| {
+        r.expect("delete edges").into_inner().deleted
+    };
+
+    // Another tenant naming the same edge removes nothing.
+    let stranger = ident(&tenant(), "a", AccessLevel::Sensitive);
+    assert_eq!(
+        count(delete(&stranger, vec![key(x, y, "contradicts")]).await),
+        0
+    );
+    // An edge to a memory above the caller's level stays, unreported.
+    assert_eq!(count(delete(&me, vec![key(x, secret, "related")]).await), 0);
+    // engram's detected edges are reviewed with ReviewConflict, not here.
+    assert_eq!(count(delete(&me, vec![key(x, y, "related")]).await), 0);
+    // A supersedes edge is refused, naming the field and the rule.
+    let err = delete(&me, vec![key(x, y, "contradicts"), key(y, x, "supersedes")])
+        .await
+        .expect_err("supersedes");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("edges[1].edge_type:"),
+        "{}",
+        err.message()
+    );
+    let err = delete(&me, vec![]).await.expect_err("empty");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    // The owner's own edge goes, once (the repeat counts once).
+    let twice = vec![key(x, y, "contradicts"), key(x, y, "contradicts")];
+    assert_eq!(count(delete(&me, twice).await), 1);
+    assert_eq!(count(delete(&me, vec![key(x, y, "contradicts")]).await), 0);
+
+    let left: Vec<(Uuid, String, String)> = sqlx::query_as(
+        "SELECT dst_id, edge_type, origin FROM edges WHERE src_id = $1 ORDER BY edge_type, dst_id",
+    )
+    .bind(x)
+    .fetch_all(&h.pool)
+    .await
+    .expect("edges left");
+    let mut want = vec![
+        (y, "related".to_string(), "detected".to_string()),
+        (secret, "related".to_string(), "caller".to_string()),
+    ];
+    want.sort_by(|a, b| (&a.1, a.0).cmp(&(&b.1, b.0)));
+    assert_eq!(left, want);
+    // The sensitive caller may remove the edge to its sensitive memory.
+    assert_eq!(
+        count(delete(&high, vec![key(x, secret, "related")]).await),
+        1
+    );
+}

@@ -10,9 +10,10 @@ use engram_common::text::{MAX_NAMESPACE_CHARS, check_label, check_timestamp};
 use engram_proto::listing_service_client::ListingServiceClient;
 use engram_proto::memory_service_server::MemoryService;
 use engram_proto::{
-    AddEdgesRequest, AddEdgesResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse,
-    ListConflictsRequest, ListConflictsResponse, ListMemoriesRequest, ListMemoriesResponse,
-    ReviewConflictRequest, ReviewConflictResponse, TimeRange, UpsertRequest, UpsertResponse,
+    AddEdgesRequest, AddEdgesResponse, DeleteEdgesRequest, DeleteEdgesResponse, DeleteRequest,
+    DeleteResponse, GetRequest, GetResponse, ListConflictsRequest, ListConflictsResponse,
+    ListMemoriesRequest, ListMemoriesResponse, ReviewConflictRequest, ReviewConflictResponse,
+    TimeRange, UpsertRequest, UpsertResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -71,6 +72,16 @@ impl MemoryService for Memory {
         let identity = self.0.authenticate(request.metadata())?;
         let _permit = self.0.admit_write(&identity)?;
         let r = writes::add_edges(&self.0, identity, request.into_inner()).await?;
+        Ok(Response::new(r))
+    }
+
+    async fn delete_edges(
+        &self,
+        request: Request<DeleteEdgesRequest>,
+    ) -> Result<Response<DeleteEdgesResponse>, Status> {
+        let identity = self.0.authenticate(request.metadata())?;
+        let _permit = self.0.admit_write(&identity)?;
+        let r = writes::delete_edges(&self.0, identity, request.into_inner()).await?;
         Ok(Response::new(r))
     }
 

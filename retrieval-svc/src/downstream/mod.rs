@@ -19,10 +19,11 @@ use engram_proto::rerank_service_client::RerankServiceClient;
 use engram_proto::search_service_client::SearchServiceClient;
 use engram_proto::{
     AddEdgesRequest, AddEdgesResponse, ContradictionsRequest, ContradictionsResponse,
-    DeleteRequest, DeleteResponse, EmbedRequest, EmbedResponse, GetRequest, GetResponse,
-    KeywordSearchRequest, NeighborsRequest, NeighborsResponse, PprRequest, PprResponse,
-    ScoreRequest, ScoreResponse, SearchResponse, StoreFeedbackRequest, StoreFeedbackResponse,
-    UpsertRequest, UpsertResponse, VectorSearchRequest,
+    DeleteEdgesRequest, DeleteEdgesResponse, DeleteRequest, DeleteResponse, EmbedRequest,
+    EmbedResponse, GetRequest, GetResponse, KeywordSearchRequest, NeighborsRequest,
+    NeighborsResponse, PprRequest, PprResponse, ScoreRequest, ScoreResponse, SearchResponse,
+    StoreFeedbackRequest, StoreFeedbackResponse, UpsertRequest, UpsertResponse,
+    VectorSearchRequest,
 };
 use tokio::time::Instant;
 use tonic::Status;
@@ -204,6 +205,7 @@ pub struct Downstreams {
     pub upsert: Down<UpsertRequest, UpsertResponse>,
     pub delete: Down<DeleteRequest, DeleteResponse>,
     pub add_edges: Down<AddEdgesRequest, AddEdgesResponse>,
+    pub delete_edges: Down<DeleteEdgesRequest, DeleteEdgesResponse>,
     pub store_feedback: Down<StoreFeedbackRequest, StoreFeedbackResponse>,
     pub ppr: Down<PprRequest, PprResponse>,
     pub contradictions: Down<ContradictionsRequest, ContradictionsResponse>,
@@ -233,7 +235,7 @@ fn list_gate(tenant: &TenantLimitSettings) -> FairGate {
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Calls in flight to each of search-svc's write RPCs (upsert, delete,
-/// add_edges), all tenants together.
+/// add_edges, delete_edges), all tenants together.
 const WRITE_CONCURRENCY: usize = 16;
 
 /// One tenant's share of each write stack, taken before the call: at most
@@ -247,6 +249,7 @@ const WRITE_CONCURRENCY: usize = 16;
 pub struct WriteGates {
     pub upsert: FairGate,
     pub delete: FairGate,
+    /// AddEdges and DeleteEdges together.
     pub add_edges: FairGate,
 }
 
@@ -338,6 +341,11 @@ impl Downstreams {
                 ("search.add_edges", S, write, false, WRITE_CONCURRENCY),
                 &search,
                 |mut c, r| Box::pin(async move { c.add_edges(r).await }),
+            ),
+            delete_edges: b.add(
+                ("search.delete_edges", S, write, false, WRITE_CONCURRENCY),
+                &search,
+                |mut c, r| Box::pin(async move { c.delete_edges(r).await }),
             ),
             store_feedback: b.add(
                 ("search.store_feedback", S, Duration::from_secs(2), false, 4),

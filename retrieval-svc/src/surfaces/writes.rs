@@ -9,8 +9,8 @@ use tokio::time::Instant;
 
 use engram_common::{AccessLevel, Identity};
 use engram_proto::{
-    AddEdgesRequest, AddEdgesResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse,
-    UpsertRequest, UpsertResponse,
+    AddEdgesRequest, AddEdgesResponse, DeleteEdgesRequest, DeleteEdgesResponse, DeleteRequest,
+    DeleteResponse, GetRequest, GetResponse, UpsertRequest, UpsertResponse,
 };
 
 use crate::downstream::{DownstreamError, call};
@@ -175,6 +175,22 @@ pub async fn add_edges(
     gw.pipeline().caches().invalidate_tenant(&tenant);
     let r = r.map_err(|e| ds_err("search", e))?;
     tracing::info!(tenant = %tenant, count = r.added, "added edges");
+    Ok(r)
+}
+
+/// Removes edges the caller added; shares AddEdges' write gate.
+pub async fn delete_edges(
+    gw: &Gateway,
+    identity: Identity,
+    req: DeleteEdgesRequest,
+) -> Result<DeleteEdgesResponse, Error> {
+    check_batch("edges", req.edges.len(), MAX_EDGE_BATCH)?;
+    let tenant = identity.tenant.clone();
+    let _slot = write_slot(&gw.downstreams().write_gates.add_edges, &tenant).await?;
+    let r = call(&gw.downstreams().delete_edges, &Arc::new(identity), req).await;
+    gw.pipeline().caches().invalidate_tenant(&tenant);
+    let r = r.map_err(|e| ds_err("search", e))?;
+    tracing::info!(tenant = %tenant, count = r.deleted, "deleted edges");
     Ok(r)
 }
 
