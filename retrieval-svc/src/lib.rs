@@ -18,6 +18,7 @@ mod gateway;
 mod metrics;
 mod pipeline;
 mod query;
+mod receipt;
 mod surfaces;
 
 /// The small surface the lab (`engram tune`, `engram eval`, the benches)

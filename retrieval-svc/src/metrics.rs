@@ -397,7 +397,7 @@ impl Metrics {
             .map(|(k, v)| ((*k).to_string(), serde_json::json!(v)))
             .collect();
         tracing::info!(
-            query_id = %resp.query_id,
+            query_id = %crate::receipt::answer_id(&resp.query_id),
             tenant = %r.identity.tenant,
             agent_id = %r.identity.agent_id,
             route,

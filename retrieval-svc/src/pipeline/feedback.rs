@@ -16,21 +16,34 @@ use tokio::sync::mpsc;
 
 use crate::downstream::{Downstreams, call};
 use crate::error::Error;
+use crate::receipt::{MAX_QUERY_ID_CHARS, answer_id};
 
 pub const QUEUE_CAPACITY: usize = 1024;
 const MAX_FEEDBACK_ITEMS: usize = 1000;
 
-/// A `FeedbackRequest` that passed boundary validation.
+/// A `FeedbackRequest` that passed boundary validation: the query id as
+/// sent (a receipt, receipt.rs) and the items, which carry only its answer
+/// id (what search-svc stores).
 #[derive(Debug)]
-pub struct Feedback(Vec<StoredFeedback>);
+pub struct Feedback(String, Vec<StoredFeedback>);
 
 impl TryFrom<FeedbackRequest> for Feedback {
     type Error = Error;
 
     fn try_from(r: FeedbackRequest) -> Result<Self, Error> {
         let FeedbackRequest { query_id, items } = r;
-        if query_id.is_empty() || query_id.len() > 64 {
-            return Err(Error::invalid("query_id", "must be 1..=64 characters"));
+        if query_id.is_empty() || query_id.len() > MAX_QUERY_ID_CHARS {
+            return Err(Error::invalid(
+                "query_id",
+                format!("must be 1..={MAX_QUERY_ID_CHARS} characters"),
+            ));
+        }
+        let answer = answer_id(&query_id);
+        if answer.is_empty() || answer.len() > 64 {
+            return Err(Error::invalid(
+                "query_id",
+                "its answer id (before '~') must be 1..=64 characters",
+            ));
         }
         if items.is_empty() || items.len() > MAX_FEEDBACK_ITEMS {
             return Err(Error::invalid(
@@ -58,38 +71,38 @@ impl TryFrom<FeedbackRequest> for Feedback {
                 return Err(Error::invalid("items.memory_id", "must be a UUID"));
             }
             stored.push(StoredFeedback {
-                query_id: query_id.clone(),
+                query_id: answer.to_string(),
                 memory_id: item.memory_id,
                 signal: signal.into(),
                 value: item.value,
             });
         }
-        Ok(Self(stored))
+        Ok(Self(query_id, stored))
     }
 }
 
 impl Feedback {
     pub fn len(&self) -> u32 {
-        self.0.len() as u32
+        self.1.len() as u32
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.1.is_empty()
     }
 
-    /// The answer this feedback is about (validation put it on every item).
+    /// The query id as the caller sent it (a receipt, receipt.rs).
     pub fn query_id(&self) -> &str {
-        self.0.first().map_or("", |f| f.query_id.as_str())
+        &self.0
     }
 
     /// Every memory the items name.
     pub fn memory_ids(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|f| f.memory_id.as_str())
+        self.1.iter().map(|f| f.memory_id.as_str())
     }
 
     /// Memories marked used or helpful.
     pub fn useful_ids(&self) -> std::collections::HashSet<&str> {
-        (self.0.iter())
+        (self.1.iter())
             .filter(|f| f.value && matches!(f.signal.as_str(), "used" | "helpful"))
             .map(|f| f.memory_id.as_str())
             .collect()
@@ -97,7 +110,7 @@ impl Feedback {
 
     /// (signal, value) per item, for the feedback metrics.
     pub fn signals(&self) -> Vec<(&'static str, bool)> {
-        self.0
+        self.1
             .iter()
             .map(|f| match f.signal.as_str() {
                 "used" => ("used", f.value),
@@ -108,7 +121,7 @@ impl Feedback {
     }
 
     pub fn into_items(self) -> Vec<StoredFeedback> {
-        self.0
+        self.1
     }
 }
 

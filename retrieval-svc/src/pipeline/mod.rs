@@ -54,6 +54,7 @@ use crate::error::Error;
 use crate::fair::{FairConfig, FairGate};
 use crate::metrics::{Metrics, RetrievalOutcome};
 use crate::query::{Mode, Query, Route};
+use crate::receipt::{self, Opened, Receipt, ReceiptKey};
 
 /// The pipeline's shared state: settings, downstream stacks, metrics,
 /// caches and the feedback queue. Cheap to share behind an `Arc`.
@@ -64,6 +65,9 @@ pub struct Pipeline {
     caches: Caches,
     feedback: FeedbackQueue,
     answers: Answers,
+    /// Signs each answer's query id with what it returned (receipt.rs), so
+    /// any replica checks feedback on it.
+    receipts: ReceiptKey,
     ranker: Arc<ranker::Slot>,
     /// Each tenant's fair share of the runs and of the cross-encoder's
     /// queue at once (fair.rs, ctx.rs).
@@ -100,7 +104,7 @@ fn examples(a: &Answered, feedback: &Feedback) -> Vec<RankExample> {
     (a.ids.iter().zip(&a.rows))
         .filter_map(|(id, row_opt)| {
             row_opt.map(|row| RankExample {
-                query_id: feedback.query_id().to_string(),
+                query_id: receipt::answer_id(feedback.query_id()).to_string(),
                 memory_id: id.clone(),
                 features: row.to_vec(),
                 relevant: useful.contains(id.as_str()),
@@ -192,6 +196,7 @@ impl Pipeline {
             work: FairGate::new(work),
             rerank: FairGate::new(rerank),
         };
+        let receipts = ReceiptKey::new(settings.auth.internal_token_opt.as_deref());
         Self {
             settings,
             ds,
@@ -199,6 +204,7 @@ impl Pipeline {
             caches,
             feedback,
             answers: answers(),
+            receipts,
             ranker,
             gates,
         }
@@ -236,18 +242,22 @@ impl Pipeline {
         let query_log_opt =
             engram_common::scrub::query_for_log(&q.text, self.settings.log.query_text);
         let who = identity.clone();
-        let r = self.run(identity, q, start, deadline).await;
+        let mut r = self.run(identity, q, start, deadline).await;
+        if let Ok(ran) = &mut r
+            && !ran.response.records.is_empty()
+        {
+            let ids = (ran.response.records.iter())
+                .filter_map(|s| s.memory.as_ref().map(|m| m.id.as_str()));
+            let receipt = self.receipts.issue(&ran.response.query_id, &who, ids);
+            self.remember_answer(&who, &ran.response, &ran.rows);
+            ran.response.query_id = receipt;
+        }
         let err_opt = r.as_ref().err().map(ToString::to_string);
         let (result, candidate_counts) = match (&r, &err_opt) {
             (Ok(ran), _) => (Ok(&ran.response), ran.counts.as_slice()),
             (Err(_), Some(e)) => (Err(e), &[][..]),
             (Err(_), None) => return r.map(|ran| ran.response),
         };
-        if let Ok(ran) = &r
-            && !ran.response.records.is_empty()
-        {
-            self.remember_answer(&who, &ran.response, &ran.rows);
-        }
         self.metrics.observe_retrieval(&RetrievalOutcome {
             identity: &who,
             result,
@@ -261,20 +271,32 @@ impl Pipeline {
 
     /// Stage 6: records feedback on an earlier answer; never waits. Returns
     /// how many items were accepted (0 when the queue was full). Feedback
-    /// on an answer this gateway gave must come from the caller it was
-    /// given to and name only memories it returned (a poisoning guard);
-    /// an answer it does not know (another replica's, or older than an
-    /// hour) is accepted unchecked.
+    /// on an answer must come from the caller it was given to and name
+    /// only memories it returned (a poisoning guard): the query id is the
+    /// answer's receipt, which every replica checks (receipt.rs). A plain
+    /// id no gateway issued is accepted unchecked, as is one this replica
+    /// no longer remembers; search-svc still stores votes only for
+    /// memories the caller may read.
     pub fn feedback(&self, identity: Identity, feedback: Feedback) -> Result<u32, Error> {
-        let known_opt = self.answers.get(feedback.query_id());
-        if let Some(a) = &known_opt {
-            check_feedback(a, &identity, &feedback)?;
-        }
-        let judged_opt = known_opt.as_ref().map(|a| {
-            let useful = feedback.useful_ids();
-            let hits = a.ids.iter().filter(|id| useful.contains(id.as_str()));
-            (hits.count(), a.ids.len())
-        });
+        let answer = receipt::answer_id(feedback.query_id());
+        let known_opt = self.answers.get(answer);
+        let judged_opt = match self.receipts.open(feedback.query_id(), &identity) {
+            Opened::Foreign => {
+                return Err(Error::PermissionDenied(
+                    "query_id: not an answer given to this caller".into(),
+                ));
+            }
+            Opened::Valid(r) => Some(check_receipt(&self.receipts, &r, &feedback)?),
+            Opened::Plain => match &known_opt {
+                Some(a) => {
+                    check_feedback(a, &identity, &feedback)?;
+                    let useful = feedback.useful_ids();
+                    let hits = a.ids.iter().filter(|id| useful.contains(id.as_str()));
+                    Some((hits.count(), a.ids.len()))
+                }
+                None => None,
+            },
+        };
         self.metrics
             .observe_feedback(&feedback.signals(), judged_opt);
         let examples = known_opt
@@ -618,6 +640,23 @@ impl Pipeline {
 }
 
 /// Feedback on a known answer: from its own caller, on what it returned.
+/// Feedback on a verified receipt: every named memory was returned; the
+/// (hits, k) of its precision@k.
+fn check_receipt(
+    key: &ReceiptKey,
+    r: &Receipt,
+    feedback: &Feedback,
+) -> Result<(usize, usize), Error> {
+    if let Some(id) = feedback.memory_ids().find(|id| !key.returned(r, id)) {
+        return Err(Error::invalid(
+            "items.memory_id",
+            format!("{id} was not returned by this query"),
+        ));
+    }
+    let useful = feedback.useful_ids();
+    Ok((useful.len(), r.k()))
+}
+
 fn check_feedback(a: &Answered, identity: &Identity, feedback: &Feedback) -> Result<(), Error> {
     let caller = (&a.tenant, &a.agent_id, a.trust);
     if caller != (&identity.tenant, &identity.agent_id, identity.trust) {
