@@ -954,3 +954,42 @@ async fn a_lower_trust_writers_speakers_never_steer_a_higher_trust_query() -> an
     stack.shutdown().await;
     Ok(())
 }
+
+/// A metadata filter or metadata nested 40 deep is more than prost decodes
+/// (100 levels of messages; a Struct takes three per level), so tonic
+/// answered INTERNAL before any handler ran (`engram soak --only high`,
+/// issue 47): the caller's input, now INVALID_ARGUMENT saying the rule.
+#[tokio::test]
+async fn a_request_nested_past_what_decodes_is_invalid_argument() -> anyhow::Result<()> {
+    let ts = engram_tests::TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let mut deep = serde_json::json!(1);
+    for _ in 0..40 {
+        deep = serde_json::json!({ "k": deep });
+    }
+    let err = c
+        .retrieval
+        .retrieve(RetrieveRequest {
+            text: "where is the ledger?".into(),
+            metadata_filter: Some(json_to_struct(&deep)),
+            ..Default::default()
+        })
+        .await
+        .expect_err("too deep to decode");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("100 levels"), "{err:?}");
+    let err = c
+        .memories
+        .upsert(UpsertRequest {
+            memories: vec![engram_proto::Memory {
+                content: "a note".into(),
+                metadata: Some(json_to_struct(&deep)),
+                ..Default::default()
+            }],
+        })
+        .await
+        .expect_err("too deep to decode");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    ts.shutdown().await;
+    Ok(())
+}

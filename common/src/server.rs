@@ -316,6 +316,8 @@ pub async fn serve_with(
         .layer(ObserveLayer)
         // Inside the observer, so a panic is counted as the INTERNAL it becomes.
         .layer(CatchPanicLayer::custom(panic_response))
+        // Inside the observer, so the rewritten code is the one counted.
+        .layer(tower::util::MapResponseLayer::new(undecodable_is_invalid))
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming(listener, opts.limits), signal);
     tokio::pin!(server);
@@ -577,6 +579,46 @@ fn response_code<B>(resp: &http::Response<B>) -> tonic::Code {
         .map_or(tonic::Code::Ok, tonic::Code::from)
 }
 
+/// tonic answers a request it cannot decode INTERNAL "failed to decode
+/// Protobuf message", before any handler runs: a `metadata_filter` nested
+/// 40 deep (prost stops at 100 levels of messages, and each level of a
+/// Struct is three) got INTERNAL from the gateway, the server's fault by
+/// its code (`engram soak --only high`, issue 47). Bytes that are not the
+/// RPC's message are the caller's error: INVALID_ARGUMENT, saying what
+/// the rule is.
+fn undecodable_is_invalid<B>(mut resp: http::Response<B>) -> http::Response<B> {
+    let h = resp.headers();
+    let undecodable = h.get("grpc-status").is_some_and(|v| v == "13")
+        && (h.get("grpc-message").and_then(|v| v.to_str().ok()))
+            .is_some_and(|m| m.starts_with(UNDECODABLE) || m.starts_with(UNDECODABLE_ENCODED));
+    if !undecodable {
+        return resp;
+    }
+    let message: String = UNDECODABLE_RULE
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let headers = resp.headers_mut();
+    headers.insert("grpc-status", http::HeaderValue::from_static("3"));
+    if let Ok(v) = http::HeaderValue::from_str(&message) {
+        headers.insert("grpc-message", v);
+    }
+    resp
+}
+
+/// What the caller of an undecodable request is told.
+const UNDECODABLE_RULE: &str = "request: cannot be decoded as this RPC's message (messages nest \
+     at most 100 levels deep; a Struct such as metadata_filter or metadata takes three per level)";
+
+/// How tonic's decode failure starts, as sent and percent-encoded.
+const UNDECODABLE: &str = "failed to decode Protobuf message";
+const UNDECODABLE_ENCODED: &str = "failed%20to%20decode%20Protobuf%20message";
+
 /// Health probes and reflection would flood traces with noise; they are
 /// still counted.
 fn traced(service: &str) -> bool {
@@ -719,6 +761,29 @@ mod tests {
                 .and_then(|v| v.to_str().ok()),
             Some("13")
         );
+    }
+
+    #[test]
+    fn an_undecodable_request_is_invalid_argument_and_other_errors_stay() {
+        let resp = |code: tonic::Code, msg: &str| {
+            tonic::Status::new(code, msg).into_http::<tonic::body::Body>()
+        };
+        let code = |r: &http::Response<tonic::body::Body>| response_code(r);
+        let undecodable = resp(
+            tonic::Code::Internal,
+            "failed to decode Protobuf message: Struct.fields: recursion limit reached",
+        );
+        let r = undecodable_is_invalid(undecodable);
+        assert_eq!(code(&r), tonic::Code::InvalidArgument);
+        let status = tonic::Status::from_header_map(r.headers()).expect("a status");
+        assert!(
+            status.message().starts_with("request: cannot be decoded"),
+            "{status:?}"
+        );
+        let other = undecodable_is_invalid(resp(tonic::Code::Internal, "internal error"));
+        assert_eq!(code(&other), tonic::Code::Internal);
+        let ok = undecodable_is_invalid(http::Response::new(tonic::body::Body::empty()));
+        assert_eq!(code(&ok), tonic::Code::Ok);
     }
 
     #[test]
