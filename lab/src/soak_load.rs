@@ -82,6 +82,25 @@ pub async fn seed(client: &mut Client, tag: &str, n: usize) -> anyhow::Result<Ve
     Ok(all.into_iter().map(|(_, q)| q).collect())
 }
 
+/// Writes `n` memories of 60 KiB into `tag`'s tenant (idempotent ids):
+/// what `high`'s expensive reads ask for 100 of at once.
+pub async fn seed_large(client: &mut Client, tag: &str, n: usize) -> anyhow::Result<()> {
+    let line = "The archive ledger lists every router and badge by shelf and date. ";
+    let body = line.repeat(60 * 1024 / line.len());
+    for start in (0..n).step_by(10) {
+        let memories = (start..(start + 10).min(n))
+            .map(|i| Memory {
+                id: seed_id(&format!("{tag}-large"), i),
+                content: format!("Archive item {i}. {body}"),
+                memory_type: "semantic".into(),
+                ..Default::default()
+            })
+            .collect();
+        client.memories.upsert(UpsertRequest { memories }).await?;
+    }
+    Ok(())
+}
+
 fn code_name(code: tonic::Code) -> String {
     format!("{code:?}")
 }
@@ -406,6 +425,32 @@ pub const ATTACKS: [&str; 7] = [
     "over_rate",
 ];
 
+/// The three attacks that turned another tenant's answers degraded
+/// (issue 47, High 1-3), each a scenario of `high` with the attacks its
+/// flood cycles through.
+pub const HIGH: [(&str, &[&str]); 3] = [
+    // 300-memory upserts as fast as they are answered.
+    ("write_flood", &["write_flood"]),
+    // ~300-byte requests whose metadata filter is nested 40 deep.
+    ("deep_filters", &["deep_filters"]),
+    // The most a read may ask for over 60 KiB memories, and long queries.
+    ("expensive_reads", &["limit_100_big_budget", "long_query"]),
+];
+
+/// Memories per `write_flood` upsert.
+const FLOOD_BATCH: usize = 300;
+/// How deep `deep_filters` nests its metadata filter.
+const FILTER_DEPTH: usize = 40;
+
+/// A metadata filter `{"k": {"k": … 1 …}}` nested `depth` deep.
+fn nested_filter(depth: usize) -> Option<prost_types::Struct> {
+    let mut v = serde_json::json!(1);
+    for _ in 0..depth {
+        v = serde_json::json!({ "k": v });
+    }
+    Some(engram_common::convert::json_to_struct(&v))
+}
+
 fn attack_request(kind: &str, i: usize) -> RetrieveRequest {
     let mut r = RetrieveRequest {
         text: format!("what is kept in the archive, item {i}?"),
@@ -420,6 +465,12 @@ fn attack_request(kind: &str, i: usize) -> RetrieveRequest {
             r.mode = RetrievalMode::Exploratory as i32;
         }
         "nul_bytes" => r.text = format!("where\0is\0the\0ledger {i}\0"),
+        // The longest query the boundary takes (4,096 characters).
+        "long_query" => {
+            let words = format!("ledger archive router badge item {i} ");
+            r.text = words.repeat(4096 / words.len() + 1)[..4096].to_string();
+        }
+        "deep_filters" => r.metadata_filter = nested_filter(FILTER_DEPTH),
         // Past the field limit but under the transport's message limit.
         "oversized_field" => r.text = "ledger ".repeat(50_000),
         // Past the transport's 4 MiB message limit.
@@ -472,6 +523,21 @@ async fn one_attack(mut c: Client, tenant: &str, kind: &str, i: usize) -> Vec<to
         "over_rate" => {
             let calls = (0..BURST).map(|j| one_retrieve(c.clone(), kind, i * BURST + j));
             futures::future::join_all(calls).await
+        }
+        "write_flood" => {
+            let memories = (0..FLOOD_BATCH)
+                .map(|j| Memory {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    content: format!("flood note {i}-{j}: the archive ledger moved to shelf {j}."),
+                    ..Default::default()
+                })
+                .collect();
+            let mut req = tonic::Request::new(UpsertRequest { memories });
+            req.set_timeout(CLIENT_DEADLINE);
+            vec![match c.memories.upsert(req).await {
+                Ok(_) => tonic::Code::Ok,
+                Err(s) => s.code(),
+            }]
         }
         _ => vec![one_retrieve(c, kind, i).await],
     }
