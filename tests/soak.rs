@@ -69,6 +69,23 @@ async fn scenarios_hold_their_deterministic_targets() -> anyhow::Result<()> {
         "hostile input never answers INTERNAL: {a_codes:?}"
     );
 
+    // Issue 47's High attacks, one by one: B never fails, A never gets
+    // INTERNAL (the 40-deep filter did, from tonic's own decode failure).
+    let high = r["high"].as_object().cloned().unwrap_or_default();
+    let names: Vec<&str> = high.keys().map(String::as_str).collect();
+    assert_eq!(names, ["deep_filters", "expensive_reads", "write_flood"]);
+    for (name, h) in &high {
+        assert_eq!(errors(&h["b_under_attack"]), 0, "{name}: {h}");
+        let codes = h["a_by_code"].as_object().cloned().unwrap_or_default();
+        assert!(!codes.contains_key("Internal"), "{name}: {codes:?}");
+    }
+    assert!(
+        high["deep_filters"]["a_by_code"]["InvalidArgument"]
+            .as_u64()
+            .is_some_and(|n| n > 0),
+        "{high:?}"
+    );
+
     let faults = &r["faults"];
     let killed: Vec<&str> = faults["per_service"]
         .as_array()

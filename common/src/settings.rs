@@ -342,6 +342,11 @@ pub struct SearchSettings {
     /// session, so more than one mostly adds contention: 1 keeps a query's
     /// wait for a session to one chunk's share.
     pub embed_batch_slots: usize,
+    /// Added to the nice value of the threads that embed write-path chunks
+    /// (Linux; 0 = the service's own priority): a tenant's flood of large
+    /// upserts then takes the cores only when queries leave them idle
+    /// (`engram soak --only high`, write_flood; search-svc/src/embed.rs).
+    pub embed_batch_nice: i32,
     /// Memories below this decay score are hidden unless include_historical.
     /// 0 (the default): time alone never hides a memory; decay only ranks
     /// (a faded memory's temporal score is at least 0.05). An operator who
@@ -456,6 +461,7 @@ impl Default for SearchSettings {
             keyword_scoring: "bm25".into(),
             embed_batch_size: 32,
             embed_batch_slots: 1,
+            embed_batch_nice: 10,
             decay_floor: 0.0,
             // 1,000 (was 2,000): at 100K memories direct keyword p50 / p95
             // 16 / 30 ms -> 10 / 21 ms; 2Wiki dev at the same share of its

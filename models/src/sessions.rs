@@ -13,6 +13,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use ort::session::Session;
 
@@ -28,7 +29,14 @@ pub(crate) struct Sessions {
     /// Where a single-text request starts looking for a free session, so
     /// concurrent callers spread out instead of all queueing on the first.
     next: AtomicUsize,
+    /// Single-text requests (queries) waiting for a session: a many-text
+    /// request (a write batch) lets them go first between its items.
+    waiting: AtomicUsize,
 }
+
+/// Longest a many-text request steps aside for waiting single texts before
+/// its next item, so a stream of queries cannot starve a write batch.
+const MAX_YIELD: Duration = Duration::from_millis(20);
 
 impl Sessions {
     /// `n` sessions (at least one, at most [`MAX_SESSIONS`]) of
@@ -41,6 +49,7 @@ impl Sessions {
         Ok(Self {
             all,
             next: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
         })
     }
 
@@ -67,7 +76,8 @@ impl Sessions {
             .map_err(|_| ModelError::Inference("model lock poisoned by an earlier panic".into()))
     }
 
-    /// A free session if there is one, else the next in turn (waiting).
+    /// A free session if there is one, else the next in turn (waiting,
+    /// counted in `waiting` so a write batch lets it go first).
     fn any(&self) -> Result<MutexGuard<'_, Session>, ModelError> {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         for k in 0..self.all.len() {
@@ -75,7 +85,24 @@ impl Sessions {
                 return Ok(guard);
             }
         }
-        self.lock(start)
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let r = self.lock(start);
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
+    /// Session `k` for one item of a many-text request, after any waiting
+    /// single text has had its turn (at most [`MAX_YIELD`]). A share used
+    /// to hold its session for all its items: a query arriving during a
+    /// write batch waited for a whole share of it, and another tenant's
+    /// flood of 300-memory upserts took a reader's p95 to 12-16x solo
+    /// (`engram soak --only high`, write_flood).
+    fn lock_after_queries(&self, k: usize) -> Result<MutexGuard<'_, Session>, ModelError> {
+        let since = Instant::now();
+        while self.waiting.load(Ordering::SeqCst) > 0 && since.elapsed() < MAX_YIELD {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        self.lock(k)
     }
 
     /// `run(session, i)` for every item `i` of `lengths` (its token count),
@@ -101,10 +128,12 @@ impl Sessions {
                 .enumerate()
                 .map(|(k, share)| {
                     scope.spawn(move || {
-                        let mut session = self.lock(k)?;
                         share
                             .into_iter()
-                            .map(|i| Ok((i, run(&mut session, i)?)))
+                            .map(|i| {
+                                let mut session = self.lock_after_queries(k)?;
+                                Ok((i, run(&mut session, i)?))
+                            })
                             .collect()
                     })
                 })
