@@ -190,12 +190,20 @@ pub async fn upsert(
     }
     Err(match last_err {
         Some(Error::Conflict(m)) => Error::Conflict(m),
-        Some(e) => Error::Conflict(format!(
-            "upsert kept conflicting with concurrent writes ({e}); retry"
-        )),
+        Some(e) => {
+            // The database's own text names other sessions: logged, not sent.
+            tracing::warn!(tenant = %identity.tenant, error = %e, "upsert kept conflicting");
+            Error::Conflict("upsert kept conflicting with concurrent writes; retry".into())
+        }
         None => Error::Conflict("upsert kept conflicting; retry".into()),
     })
 }
+
+/// Lock buckets per tenant: a batch takes at most this many advisory locks,
+/// so even `search.max_concurrent_requests` batches of 1,000 stay far below
+/// Postgres's shared lock table (`max_locks_per_transaction`, 64, times the
+/// connections); small writes of one tenant still mostly run side by side.
+const LOCK_BUCKETS: i64 = 16;
 
 /// Serializes this transaction against every other write of the same ids.
 ///
@@ -205,17 +213,19 @@ pub async fn upsert(
 /// opposite orders and deadlocked (8 writers over 40 shared ids exhausted
 /// the retries: search-svc/tests/service.rs
 /// `concurrent_overlapping_batches_end_with_exact_rows`). One advisory lock
-/// per (tenant, id), taken first and in the order of its key, is a single
-/// global order. The key includes the tenant, so another tenant naming the
-/// same ids waits on different keys.
+/// per (tenant, bucket of the id), all taken first and in the order of
+/// their keys, is a single global order: two batches that share an id share
+/// its bucket. The key includes the tenant, so another tenant naming the
+/// same ids waits on other keys.
 async fn lock_ids(tx: &mut Transaction<'_, Postgres>, tenant: &str, ids: &[Uuid]) -> Result<()> {
     sqlx::query(
         "SELECT count(pg_advisory_xact_lock(k)) FROM \
-         (SELECT DISTINCT hashtextextended($1 || '/' || i::text, 0) AS k \
+         (SELECT DISTINCT hashtextextended($1 || '/' || (hashtextextended(i::text, 0) & $3)::text, 0) AS k \
           FROM unnest($2::uuid[]) AS i ORDER BY k) AS keys",
     )
     .bind(tenant)
     .bind(ids)
+    .bind(LOCK_BUCKETS - 1)
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -639,7 +639,6 @@ impl Pipeline {
     }
 }
 
-/// Feedback on a known answer: from its own caller, on what it returned.
 /// Feedback on a verified receipt: every named memory was returned; the
 /// (hits, k) of its precision@k.
 fn check_receipt(
@@ -657,6 +656,7 @@ fn check_receipt(
     Ok((useful.len(), r.k()))
 }
 
+/// Feedback on a known answer: from its own caller, on what it returned.
 fn check_feedback(a: &Answered, identity: &Identity, feedback: &Feedback) -> Result<(), Error> {
     let caller = (&a.tenant, &a.agent_id, a.trust);
     if caller != (&identity.tenant, &identity.agent_id, identity.trust) {
