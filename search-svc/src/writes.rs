@@ -12,12 +12,12 @@
 //! graph-svc consumes exactly this format.
 //!
 //! Concurrency: the embedding is computed before the transaction (never
-//! holding row locks over inference); inside it the batch first takes one
-//! transaction advisory lock per (tenant, id), all in one global order
-//! (`lock_ids`), then locks the existing rows and re-checks them; if another
-//! writer changed the content in between, the batch is retried from the
-//! start. Deadlocks and serialization failures are retried too, and when
-//! they outlast the retries the caller gets ABORTED ("retry"), not INTERNAL.
+//! holding row locks over inference); inside it the existing rows are locked
+//! in id order and re-checked, and if another writer changed the content in
+//! between, the batch is retried from the start. Deadlocks and serialization
+//! failures are retried too, after a random pause ([`MAX_ATTEMPTS`]), and
+//! when they outlast the retries the caller gets ABORTED ("retry"), not
+//! INTERNAL.
 //!
 //! Keyword search's BM25 statistics (`term_stats`, `doc_stats`) change in
 //! the same transaction as the rows they count: upsert and delete add the
@@ -50,7 +50,22 @@ use crate::validate::{
 
 pub const CHANNEL: &str = "engram_changes";
 const MAX_NOTIFY_BYTES: usize = 7000;
-const MAX_ATTEMPTS: usize = 4;
+/// Attempts of one upsert. Overlapping batches can deadlock (a batch locks
+/// the rows that exist when it starts and inserts the new ones after, so two
+/// batches that each saw a different id committed by a third lock in
+/// opposite orders); Postgres breaks the cycle and the victim retries after
+/// a random pause, by which time more of its ids exist and are locked in
+/// order. Four attempts without a pause were not enough for 8 writers over
+/// 40 shared ids (search-svc/tests/service.rs
+/// `concurrent_overlapping_batches_end_with_exact_rows` failed in CI).
+/// Advisory locks per id would order them, but a 1,000-memory batch would
+/// hold 1,000 slots of Postgres's shared lock table (64 x connections by
+/// default), and per-bucket locks serialized a tenant's large batches
+/// (`engram bench` timed out).
+const MAX_ATTEMPTS: usize = 8;
+
+/// Longest random pause before a retry: 25 ms times 2^attempt, at most this.
+const MAX_BACKOFF: std::time::Duration = std::time::Duration::from_millis(400);
 
 /// Builds the change-event payload (see the module doc).
 pub fn change_payload(tenant: &str, op: &str, ids: &[Uuid]) -> String {
@@ -184,6 +199,7 @@ pub async fn upsert(
             Err(e) if e.is_retryable() => {
                 tracing::warn!(tenant = %identity.tenant, attempt, error = %e, "upsert conflict, retrying");
                 last_err = Some(e);
+                tokio::time::sleep(backoff(attempt)).await;
             }
             Err(e) => return Err(e),
         }
@@ -199,36 +215,13 @@ pub async fn upsert(
     })
 }
 
-/// Lock buckets per tenant: a batch takes at most this many advisory locks,
-/// so even `search.max_concurrent_requests` batches of 1,000 stay far below
-/// Postgres's shared lock table (`max_locks_per_transaction`, 64, times the
-/// connections); small writes of one tenant still mostly run side by side.
-const LOCK_BUCKETS: i64 = 16;
-
-/// Serializes this transaction against every other write of the same ids.
-///
-/// Row locks alone do not order overlapping batches: a batch locks the
-/// rows that exist when it starts and inserts the new ones after, so two
-/// batches that each saw a different id committed by a third locked in
-/// opposite orders and deadlocked (8 writers over 40 shared ids exhausted
-/// the retries: search-svc/tests/service.rs
-/// `concurrent_overlapping_batches_end_with_exact_rows`). One advisory lock
-/// per (tenant, bucket of the id), all taken first and in the order of
-/// their keys, is a single global order: two batches that share an id share
-/// its bucket. The key includes the tenant, so another tenant naming the
-/// same ids waits on other keys.
-async fn lock_ids(tx: &mut Transaction<'_, Postgres>, tenant: &str, ids: &[Uuid]) -> Result<()> {
-    sqlx::query(
-        "SELECT count(pg_advisory_xact_lock(k)) FROM \
-         (SELECT DISTINCT hashtextextended($1 || '/' || (hashtextextended(i::text, 0) & $3)::text, 0) AS k \
-          FROM unnest($2::uuid[]) AS i ORDER BY k) AS keys",
-    )
-    .bind(tenant)
-    .bind(ids)
-    .bind(LOCK_BUCKETS - 1)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+/// A random pause before retry `attempt + 1`, so deadlocked batches do not
+/// meet again in step.
+fn backoff(attempt: usize) -> std::time::Duration {
+    let cap = (25u64 << attempt.min(8)).min(MAX_BACKOFF.as_millis() as u64);
+    // A v4 UUID's bits are random; no RNG crate needed for a jitter.
+    let r = (Uuid::new_v4().as_u128() as u64) % (cap + 1);
+    std::time::Duration::from_millis(r)
 }
 
 /// The fact index's sentences of every memory whose content is new or
@@ -407,7 +400,6 @@ async fn write_batch(
 ) -> Result<Vec<pb::UpsertResult>> {
     let ids: Vec<Uuid> = sorted.iter().map(|(_, m)| m.id).collect();
     let mut tx = bounds::begin_write(pool, timeout_ms, bounds::WRITE_ACQUIRE).await?;
-    lock_ids(&mut tx, &identity.tenant, &ids).await?;
     let locked: HashMap<Uuid, Existing> = sqlx::query_as::<_, Existing>(EXISTING_LOCK_SQL)
         .bind(&ids)
         .fetch_all(&mut *tx)
