@@ -4,25 +4,8 @@
 //! load balancer, with the same credentials.
 
 use engram::client::Client;
-use engram_common::Settings;
 use engram_proto::{FeedbackItem, FeedbackRequest, FeedbackSignal, RetrieveRequest};
-use engram_tests::TestStack;
-use retrieval_svc::Gateway;
-use tokio::net::TcpListener;
-
-/// A second gateway on `ts`'s downstreams, its URI.
-async fn second_gateway(ts: &TestStack) -> anyhow::Result<String> {
-    let settings: Settings = ts.stack.settings.clone();
-    let gw = Gateway::new(settings)?;
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(retrieval_svc::serve_gateway(
-        listener,
-        gw,
-        std::future::pending(),
-    ));
-    Ok(format!("http://{addr}"))
-}
+use engram_tests::{TestStack, spawn_gateway};
 
 fn helpful(query_id: &str, memory_id: &str) -> FeedbackRequest {
     FeedbackRequest {
@@ -73,7 +56,7 @@ async fn feedback_is_checked_on_a_replica_that_did_not_answer() -> anyhow::Resul
         .find(|id| *id != returned)
         .ok_or_else(|| anyhow::anyhow!("no other memory"))?;
 
-    let mut b = Client::connect(&second_gateway(&ts).await?, &ts.key).await?;
+    let mut b = Client::connect(&spawn_gateway(ts.stack.settings.clone()).await?, &ts.key).await?;
     // A memory the answer never returned: refused on B as on A.
     for (name, c) in [("A", &mut a), ("B", &mut b)] {
         let err = c

@@ -195,32 +195,21 @@ pub async fn run_on(dep: &mut Deployment, args: &SoakArgs) -> anyhow::Result<ser
         }),
     );
     let want = |s: &str| args.scenarios.iter().any(|x| x == s);
+    let mut pids = dep.pids();
+    pids.push(("soak_clients".into(), std::process::id()));
+    let contest = Contest {
+        b: &b,
+        attacker: (dep.gateway_uri(), dep.tenants.attacker.clone()),
+        questions: &questions,
+        args,
+        pids: &pids,
+    };
     if want("noisy") {
-        let mut pids = dep.pids();
-        pids.push(("soak_clients".into(), std::process::id()));
-        let attacker = (dep.gateway_uri(), dep.tenants.attacker.clone());
-        let c = Contest {
-            b: &b,
-            attacker,
-            questions: &questions,
-            args,
-            pids: &pids,
-        };
-        report.insert("noisy".into(), noisy(&c).await);
+        report.insert("noisy".into(), noisy(&contest).await);
     }
     if want("high") {
-        let mut pids = dep.pids();
-        pids.push(("soak_clients".into(), std::process::id()));
         load::seed_large(&mut a, &dep.tenants.attacker.1, LARGE_MEMORIES).await?;
-        let attacker = (dep.gateway_uri(), dep.tenants.attacker.clone());
-        let c = Contest {
-            b: &b,
-            attacker,
-            questions: &questions,
-            args,
-            pids: &pids,
-        };
-        report.insert("high".into(), high(&c).await);
+        report.insert("high".into(), high(&contest).await);
     }
     if want("faults") {
         let r = faults(dep, &questions, args).await?;

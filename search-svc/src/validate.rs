@@ -483,15 +483,7 @@ impl TryFrom<pb::AddEdgesRequest> for EdgeBatch {
     type Error = Error;
     fn try_from(r: pb::AddEdgesRequest) -> Result<Self> {
         let pb::AddEdgesRequest { edges } = r;
-        if edges.is_empty() {
-            return Err(Error::invalid("edges", "must not be empty"));
-        }
-        if edges.len() > MAX_BATCH {
-            return Err(Error::invalid(
-                "edges",
-                format!("must have at most {MAX_BATCH} items"),
-            ));
-        }
+        check_edge_count(edges.len())?;
         let mut out = Vec::with_capacity(edges.len());
         for (i, e) in edges.into_iter().enumerate() {
             let pb::Edge {
@@ -527,6 +519,20 @@ impl TryFrom<pb::AddEdgesRequest> for EdgeBatch {
     }
 }
 
+/// AddEdges and DeleteEdges name 1..=MAX_BATCH edges.
+fn check_edge_count(n: usize) -> Result<()> {
+    if n == 0 {
+        return Err(Error::invalid("edges", "must not be empty"));
+    }
+    if n > MAX_BATCH {
+        return Err(Error::invalid(
+            "edges",
+            format!("must have at most {MAX_BATCH} items"),
+        ));
+    }
+    Ok(())
+}
+
 /// The edges a DeleteEdges names, checked and deduplicated in (src, dst,
 /// type) order: the order concurrent deletes lock them in.
 #[derive(Debug)]
@@ -536,15 +542,7 @@ impl TryFrom<pb::DeleteEdgesRequest> for EdgeKeys {
     type Error = Error;
     fn try_from(r: pb::DeleteEdgesRequest) -> Result<Self> {
         let pb::DeleteEdgesRequest { edges } = r;
-        if edges.is_empty() {
-            return Err(Error::invalid("edges", "must not be empty"));
-        }
-        if edges.len() > MAX_BATCH {
-            return Err(Error::invalid(
-                "edges",
-                format!("must have at most {MAX_BATCH} items"),
-            ));
-        }
+        check_edge_count(edges.len())?;
         let mut out = BTreeSet::new();
         for (i, e) in edges.into_iter().enumerate() {
             let pb::EdgeKey {

@@ -101,6 +101,20 @@ pub async fn stack_with_agents(
     Ok((stack, uri, keys))
 }
 
+/// A gateway of its own on `settings`' downstreams (a second replica, or one
+/// with other pipeline settings), on port 0; its URI.
+pub async fn spawn_gateway(settings: Settings) -> anyhow::Result<String> {
+    let gw = retrieval_svc::Gateway::new(settings)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(retrieval_svc::serve_gateway(
+        listener,
+        gw,
+        std::future::pending(),
+    ));
+    Ok(format!("http://{addr}"))
+}
+
 /// A request with `key` as its bearer credential.
 pub fn authed<T>(key: &str, msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
