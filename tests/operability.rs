@@ -630,7 +630,7 @@ fn the_foundry_http_api_is_exposed_in_compose_and_kubernetes() -> anyhow::Result
         .filter_map(|p| p.as_str())
         .collect();
     assert!(
-        published.iter().any(|p| p.ends_with(":8080:8080")),
+        published.iter().any(|p| p.ends_with(":8080")),
         "{published:?}"
     );
     let env = &compose["x-engram"]["environment"];

@@ -23,7 +23,7 @@ const QUANTIZE_REQUIREMENTS: &str = include_str!("../../models/quantize/requirem
 const QUANTIZE_SCRIPT: &str = include_str!("../../models/quantize/quantize_embedder.py");
 /// Bump with any change to the script or its packages: a new folder (and
 /// packages folder `py-<this>`), so a derived model is never reused across
-/// recipes. The same name is in scripts/test, deploy/Dockerfile,
+/// recipes. The same name is in scripts/install-home, deploy/images,
 /// models/benches/embed.rs and models/src/lib.rs (test support).
 const QUANTIZED_EMBEDDER: &str = "minilm-l6-dq-int8-v1";
 

@@ -344,6 +344,7 @@ pub fn query_json(r: &RetrieveResponse, texts: &demo::Texts) -> serde_json::Valu
         "query_id": r.query_id, "route": r.route, "cached": demo::is_cached(r),
         "records": records, "conflicts": conflicts,
         "latency_ms": r.latency_ms, "nothing_relevant": r.nothing_relevant,
+        "degraded_stages": r.degraded_stages,
         "evidence_score": r.evidence_score,
         "dropped": r.dropped.iter().map(|d| serde_json::json!({"id": d.memory_id, "stage": d.stage, "reason": d.reason})).collect::<Vec<_>>(),
     })

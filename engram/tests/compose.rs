@@ -1,0 +1,464 @@
+//! `deploy/compose.yaml` brought up for real (issue 48, item 4): the images
+//! built from this repository and Debian's packages by `deploy/images` (no
+//! registry), the whole stack in containers on a private network (Postgres,
+//! search, graph, rerank, gateway), healthy; an upsert and a retrieve
+//! through the published gRPC port, and the HTTP port answering; then down
+//! with its volume. With `deploy/compose.replicas.yaml` and two search and
+//! two graph containers, each host its own address: feedback is checked on
+//! the gateway that did not answer, and a killed search or graph replica
+//! costs no failed read, its answers whole again within 10 s. The image
+//! carries the binary cargo built for this test (`CARGO_BIN_EXE_engram`),
+//! so CI pays no second (release) build.
+//!
+//! Needs Docker Engine with Compose (v2 plugin or v1 `docker-compose`) and,
+//! on the first run on a machine, root for debootstrap: the development and
+//! CI machines have both.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use engram_proto::{
+    FeedbackItem, FeedbackRequest, FeedbackSignal, Memory, RetrieveRequest, RetrieveResponse,
+    UpsertRequest,
+};
+use engram_stack::client::Client;
+use sha2::{Digest, Sha256};
+
+/// How long the stack may take to report healthy (first start: initdb,
+/// migrations, the embedder loaded in search-svc).
+const READY_WITHIN: Duration = Duration::from_secs(240);
+
+/// Issue 48: answers whole again this soon after a replica is lost.
+const WHOLE_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long reads go on after a replica is killed.
+const WATCH: Duration = Duration::from_secs(15);
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
+}
+
+/// `docker compose` when the plugin is there, else `docker-compose`.
+fn compose_program() -> (String, Vec<String>) {
+    let plugin = Command::new("docker")
+        .args(["compose", "version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if plugin {
+        ("docker".into(), vec!["compose".into()])
+    } else {
+        ("docker-compose".into(), Vec::new())
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn output(mut c: Command, what: &str) -> anyhow::Result<String> {
+    let out = c.output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    anyhow::ensure!(out.status.success(), "{what} failed: {text}");
+    Ok(text)
+}
+
+/// One compose project (deploy/compose.yaml + compose.replicas.yaml), taken
+/// down with its volume when dropped (also when an assertion fails).
+struct Project {
+    name: String,
+    env: Vec<(String, String)>,
+}
+
+impl Project {
+    fn command(&self, args: &[&str]) -> Command {
+        let (program, pre) = compose_program();
+        let mut c = Command::new(program);
+        c.args(pre)
+            .args(["-p", &self.name])
+            .arg("-f")
+            .arg(repo().join("deploy/compose.yaml"))
+            .arg("-f")
+            .arg(repo().join("deploy/compose.replicas.yaml"))
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> anyhow::Result<String> {
+        output(self.command(args), &format!("compose {args:?}"))
+    }
+
+    /// The containers of one service, by id.
+    fn containers(&self, service: &str) -> anyhow::Result<Vec<String>> {
+        let mut c = Command::new("docker");
+        c.args(["ps", "-q", "--filter"])
+            .arg(format!("label=com.docker.compose.project={}", self.name))
+            .arg("--filter")
+            .arg(format!("label=com.docker.compose.service={service}"));
+        Ok(output(c, "docker ps")?
+            .split_whitespace()
+            .map(str::to_string)
+            .collect())
+    }
+
+    fn kill(&self, container: &str) -> anyhow::Result<()> {
+        let mut c = Command::new("docker");
+        c.args(["kill", container]);
+        output(c, "docker kill").map(drop)
+    }
+}
+
+impl Drop for Project {
+    fn drop(&mut self) {
+        let _ = self
+            .command(&["down", "-v", "--remove-orphans", "-t", "5"])
+            .output();
+    }
+}
+
+fn build_images() -> anyhow::Result<()> {
+    let mut c = Command::new(repo().join("deploy/images"));
+    c.env("ENGRAM_BIN", env!("CARGO_BIN_EXE_engram"));
+    output(c, "deploy/images").map(drop)
+}
+
+async fn ready(admin_port: u16, project: &Project) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let url = format!("http://127.0.0.1:{admin_port}/ready");
+    loop {
+        if http_status(&url).await == Some(200) {
+            return Ok(());
+        }
+        if started.elapsed() > READY_WITHIN {
+            let logs = project.run(&["logs", "--tail", "40"]).unwrap_or_default();
+            anyhow::bail!("the stack was not ready within {READY_WITHIN:?}:\n{logs}");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The status of a plain HTTP/1.1 GET, or None when nothing answers.
+async fn http_status(url: &str) -> Option<u16> {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "3",
+            url,
+        ])
+        .output()
+        .await
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The published ports of both gateways.
+struct Ports {
+    grpc: u16,
+    http: u16,
+    admin: u16,
+    b_grpc: u16,
+    b_admin: u16,
+}
+
+fn project(key: &str, p: &Ports) -> Project {
+    let sha = hex(&Sha256::digest(key.as_bytes()));
+    let keys =
+        format!(r#"[{{sha256="{sha}", tenant="compose", agent_id="ci", trust="sensitive"}}]"#);
+    let port = |name: &str, v: u16| (name.to_string(), v.to_string());
+    Project {
+        name: format!("engram-test-{}", std::process::id()),
+        env: vec![
+            (
+                "ENGRAM_INTERNAL_TOKEN".into(),
+                uuid::Uuid::new_v4().to_string(),
+            ),
+            ("ENGRAM_API_KEYS".into(), keys),
+            port("ENGRAM_GRPC_PORT", p.grpc),
+            port("ENGRAM_HTTP_PORT", p.http),
+            port("ENGRAM_ADMIN_PORT", p.admin),
+            port("ENGRAM_B_GRPC_PORT", p.b_grpc),
+            port("ENGRAM_B_ADMIN_PORT", p.b_admin),
+        ],
+    }
+}
+
+fn notes() -> Vec<Memory> {
+    let facts = [
+        "The Lisbon office moved its weekly demo to Thursdays at 4 pm.",
+        "Priya Raman leads the billing team since the spring reorg.",
+        "The staging database runs Postgres 16 on a single node.",
+        "Omar Reyes is the contact at Brightline Freight for the rollout.",
+        "The quarterly planning offsite is in Porto in October.",
+        "Kestrel's launch date is April 18.",
+    ];
+    facts
+        .iter()
+        .map(|f| Memory {
+            id: uuid::Uuid::new_v4().to_string(),
+            content: (*f).into(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn ask(text: &str) -> RetrieveRequest {
+    RetrieveRequest {
+        text: text.into(),
+        limit: Some(3),
+        no_cache: true,
+        ..Default::default()
+    }
+}
+
+fn first_id(answer: &RetrieveResponse) -> Option<&str> {
+    answer
+        .records
+        .first()
+        .and_then(|r| r.memory.as_ref())
+        .map(|m| m.id.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compose_stack_comes_up_from_the_repository_and_survives_a_lost_replica()
+-> anyhow::Result<()> {
+    build_images()?;
+    let key = format!("k-compose-{}", uuid::Uuid::new_v4().simple());
+    let ports = Ports {
+        grpc: free_port()?,
+        http: free_port()?,
+        admin: free_port()?,
+        b_grpc: free_port()?,
+        b_admin: free_port()?,
+    };
+    let project = project(&key, &ports);
+    let up = Instant::now();
+    project.run(&["up", "-d", "--scale", "search=2", "--scale", "graph=2"])?;
+    ready(ports.admin, &project).await?;
+    ready(ports.b_admin, &project).await?;
+    println!(
+        "compose: 2 gateways, 2 search, 2 graph, rerank, postgres healthy in {:?}",
+        up.elapsed()
+    );
+
+    let mut a = Client::connect(&format!("http://127.0.0.1:{}", ports.grpc), &key).await?;
+    let mut b = Client::connect(&format!("http://127.0.0.1:{}", ports.b_grpc), &key).await?;
+    let stored = notes();
+    let written = (a.memories)
+        .upsert(UpsertRequest {
+            memories: stored.clone(),
+        })
+        .await?
+        .into_inner();
+    println!("compose: upsert through gateway A answered {written:?}");
+
+    // Both gateways answer from the same data, with every service answering.
+    let question = "When is the Lisbon office's weekly demo?";
+    for (name, client) in [("A", &mut a), ("B", &mut b)] {
+        let answer = client.retrieval.retrieve(ask(question)).await?.into_inner();
+        assert_eq!(
+            first_id(&answer),
+            Some(stored[0].id.as_str()),
+            "{name}: {answer:?}"
+        );
+        assert!(
+            answer.degraded_stages.is_empty(),
+            "{name}: {:?}",
+            answer.degraded_stages
+        );
+    }
+    // The HTTP port is published and served by gateway A.
+    let http_url = format!("http://127.0.0.1:{}/", ports.http);
+    assert!(http_status(&http_url).await.is_some(), "HTTP port answers");
+
+    feedback_is_checked_on_the_other_gateway(&mut a, &mut b, &stored).await?;
+    // Back to two of each before the next loss.
+    let scale = ["up", "-d", "--scale", "search=2", "--scale", "graph=2"];
+    a_rolling_restart_costs_no_read(&project, &a, &b).await?;
+    // Each replica in turn, so the one a gateway reads from is lost once.
+    for service in ["graph", "search"] {
+        for nth in 0..2 {
+            a_lost_replica_costs_no_read(&project, service, nth, &a, &b).await?;
+            project.run(&scale)?;
+            for id in project.containers(service)? {
+                healthy(&id).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Issue 48 check 2 across containers: gateway B refuses feedback on
+/// gateway A's answer naming a memory A did not return.
+async fn feedback_is_checked_on_the_other_gateway(
+    a: &mut Client,
+    b: &mut Client,
+    stored: &[Memory],
+) -> anyhow::Result<()> {
+    let answer = (a.retrieval)
+        .retrieve(RetrieveRequest {
+            limit: Some(1),
+            ..ask("Who leads the billing team?")
+        })
+        .await?
+        .into_inner();
+    let returned = first_id(&answer).unwrap_or_default().to_string();
+    let other = (stored.iter())
+        .find(|m| m.id != returned)
+        .map(|m| m.id.clone())
+        .unwrap_or_default();
+    let feedback = |memory_id: String| FeedbackRequest {
+        query_id: answer.query_id.clone(),
+        items: vec![FeedbackItem {
+            memory_id,
+            signal: FeedbackSignal::Helpful as i32,
+            value: true,
+        }],
+    };
+    let refused = b.retrieval.feedback(feedback(other)).await;
+    let code = refused.as_ref().err().map(tonic::Status::code);
+    assert_eq!(code, Some(tonic::Code::InvalidArgument), "{refused:?}");
+    let taken = b.retrieval.feedback(feedback(returned)).await?.into_inner();
+    assert_eq!(taken.accepted, 1, "{taken:?}");
+    println!("compose: gateway B refused feedback naming a memory gateway A did not return");
+    Ok(())
+}
+
+/// What the reads saw while replicas were lost or restarted.
+#[derive(Debug, Default)]
+struct Watch {
+    reads: u32,
+    failed: u32,
+    degraded: u32,
+    /// From the start of the watch to the end of the last degraded answer.
+    whole_after: Duration,
+}
+
+/// Reads through both gateways, one after the other every 50 ms, until
+/// `stop` is set; what they saw.
+fn watch_reads(
+    clients: [Client; 2],
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Watch> {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let mut w = Watch::default();
+        let [mut a, mut b] = clients;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            for client in [&mut a, &mut b] {
+                w.reads += 1;
+                let asked = ask("Who is the contact at Brightline?");
+                match client.retrieval.retrieve(asked).await {
+                    Err(status) => {
+                        w.failed += 1;
+                        eprintln!("compose: a read failed: {status}");
+                    }
+                    Ok(answer) if !answer.get_ref().degraded_stages.is_empty() => {
+                        w.degraded += 1;
+                        w.whole_after = started.elapsed();
+                    }
+                    Ok(_) => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        w
+    })
+}
+
+/// Runs `during` while both gateways read; what the reads saw.
+async fn while_reading<F: std::future::Future<Output = anyhow::Result<()>>>(
+    a: &Client,
+    b: &Client,
+    during: F,
+) -> anyhow::Result<Watch> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = watch_reads([a.clone(), b.clone()], stop.clone());
+    let done = during.await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let w = reader.await?;
+    done.map(|()| w)
+}
+
+/// Kills the `nth` of the two replicas of `service` (by container id)
+/// while both gateways read: no read fails, and answers are whole again
+/// within [`WHOLE_WITHIN`].
+async fn a_lost_replica_costs_no_read(
+    project: &Project,
+    service: &str,
+    nth: usize,
+    a: &Client,
+    b: &Client,
+) -> anyhow::Result<()> {
+    let mut replicas = project.containers(service)?;
+    replicas.sort();
+    anyhow::ensure!(replicas.len() == 2, "{service}: {replicas:?}");
+    let victim = replicas.get(nth).cloned().unwrap_or_default();
+    let w = while_reading(a, b, async {
+        project.kill(&victim)?;
+        tokio::time::sleep(WATCH).await;
+        Ok(())
+    })
+    .await?;
+    println!("compose: {service} replica {victim} of 2 killed under reads: {w:?}");
+    assert_eq!(w.failed, 0, "{service}: {w:?}");
+    assert!(w.whole_after <= WHOLE_WITHIN, "{service}: {w:?}");
+    Ok(())
+}
+
+/// Restarts every search and graph replica in turn (SIGTERM, drain, start,
+/// healthy) while both gateways read: no read fails.
+async fn a_rolling_restart_costs_no_read(
+    project: &Project,
+    a: &Client,
+    b: &Client,
+) -> anyhow::Result<()> {
+    let mut replicas = project.containers("search")?;
+    replicas.extend(project.containers("graph")?);
+    let w = while_reading(a, b, async {
+        for id in &replicas {
+            let mut c = Command::new("docker");
+            c.args(["restart", "-t", "20", id]);
+            output(c, "docker restart")?;
+            healthy(id).await?;
+        }
+        Ok(())
+    })
+    .await?;
+    println!(
+        "compose: rolling restart of {} search and graph replicas under reads: {w:?}",
+        replicas.len()
+    );
+    assert_eq!(w.failed, 0, "{w:?}");
+    Ok(())
+}
+
+/// Waits until Docker reports the container healthy.
+async fn healthy(id: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let mut c = Command::new("docker");
+        c.args(["inspect", "-f", "{{.State.Health.Status}}", id]);
+        if output(c, "docker inspect")?.trim() == "healthy" {
+            return Ok(());
+        }
+        anyhow::ensure!(started.elapsed() < READY_WITHIN, "{id} not healthy again");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
