@@ -102,7 +102,7 @@ fn sense(text: &str) -> String {
         .filter(|w| w.chars().any(|c| c.is_ascii_digit()));
     parts.extend(numbers.map(String::as_str));
     parts.sort_unstable();
-    let past = current::asks_past(&words.iter().cloned().collect());
+    let past = current::asks_past(text);
     format!("{}|{past}", parts.join(" "))
 }
 

@@ -16,8 +16,6 @@
 //! changed, not words of any relation; docs/decisions.md has the figures
 //! per dev set and how the list was chosen.
 
-use std::collections::HashSet;
-
 use super::current::{asks_past, order_key};
 use super::slots::{self, is_note};
 use super::subject::{FAR, TOP, cosine, move_places};
@@ -72,8 +70,7 @@ pub fn says_change(words: &[String]) -> bool {
 /// before it (of an access level no higher) among the first [`TOP`]
 /// places. Returns how many places changed hands.
 pub fn changes_first(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize {
-    let asked: HashSet<String> = slots::tokens(question).into_iter().collect();
-    if asks_past(&asked) {
+    if asks_past(question) {
         return 0;
     }
     let n = ranked.len().min(TOP);

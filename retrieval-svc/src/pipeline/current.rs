@@ -55,11 +55,35 @@ const PAST: &[&str] = &[
 const WEAK_PAST: &[&str] = &["used", "first", "change", "was", "were", "did"];
 
 /// Whether the question asks what was true before.
-pub fn asks_past(asked: &HashSet<String>) -> bool {
-    let strong = PAST.iter().any(|w| asked.contains(*w));
-    let used_to = asked.contains("used") && asked.contains("to");
+pub fn asks_past(question: &str) -> bool {
+    let words = slots::tokens(question);
+    let asked: HashSet<&str> = words.iter().map(String::as_str).collect();
+    let strong = PAST.iter().any(|w| asked.contains(w));
+    // "used to", and its question form "did she use to …".
+    let used_to = (asked.contains("used") || (asked.contains("use") && asked.contains("did")))
+        && asked.contains("to");
+    // "at first", "in the beginning": an earlier time, said in two words.
+    let phrase = (words.windows(2)).any(|w| w[0] == "at" && w[1] == "first")
+        || (words.windows(3)).any(|w| w[0] == "in" && w[1] == "the" && w[2] == "beginning");
     let weak = WEAK_PAST.iter().filter(|w| asked.contains(**w)).count();
-    strong || used_to || weak >= 3
+    strong || used_to || phrase || weak >= 3
+}
+
+/// A question about the past reads the versions that are history now too
+/// (superseded, or past their validity), so "what was it before?" can
+/// answer with the earlier version even when the writer linked the two;
+/// `assemble` then labels each outdated one in the context block. An
+/// as-of read already asks for a point in time and is left as it is.
+pub fn with_history_when_past(mut q: Query) -> Query {
+    let f = &mut q.filters;
+    if !f.include_historical
+        && f.as_of_event.is_none()
+        && f.as_of_ingestion.is_none()
+        && asks_past(&q.text)
+    {
+        f.include_historical = true;
+    }
+    q
 }
 
 /// One judged pair, by position in the window.
@@ -123,7 +147,7 @@ pub fn run(query: &Query, ranked: &mut Vec<(Checked, f32)>) -> Vec<ConflictPair>
     let then: Vec<bool> = (keys.iter())
         .map(|k| span_opt.is_none_or(|s| then(s, k.1)))
         .collect();
-    let past = span_opt.is_none() && asks_past(&asked);
+    let past = span_opt.is_none() && asks_past(&query.text);
     let order = reorder(&keys, &then, &pairs, past);
     let mut scores: Vec<f32> = ranked.iter().take(n).map(|(_, s)| *s).collect();
     scores.sort_by(|a, b| b.total_cmp(a));
@@ -242,12 +266,34 @@ mod tests {
 
     #[test]
     fn past_wording() {
-        let q = |s: &str| slots::tokens(s).into_iter().collect::<HashSet<_>>();
-        assert!(asks_past(&q("Where did Dana live before?")));
-        assert!(asks_past(&q("What was the original deadline?")));
-        assert!(asks_past(&q("Where did she use to live? she used to")));
-        assert!(!asks_past(&q("Where does Dana live?")));
-        assert!(!asks_past(&q("Where was Acme founded?")));
+        assert!(asks_past("Where did Dana live before?"));
+        assert!(asks_past("What was the original deadline?"));
+        assert!(asks_past("Where did she use to live? she used to"));
+        assert!(asks_past("Which airline did she use to be loyal to?"));
+        assert!(!asks_past("Which app does she use to pay rent?"));
+        assert!(asks_past("Which warehouse did we have in mind at first?"));
+        assert!(!asks_past("Who sits first at the table?"));
+        assert!(!asks_past("Where does Dana live?"));
+        assert!(!asks_past("Where was Acme founded?"));
+    }
+
+    #[test]
+    fn a_past_question_reads_history_unless_it_asks_as_of() {
+        let q = |text: &str, as_of: bool| {
+            let as_of_event = as_of.then_some(prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 0,
+            });
+            let r = engram_proto::RetrieveRequest {
+                text: text.into(),
+                as_of_event,
+                ..Default::default()
+            };
+            with_history_when_past(Query::try_from(r).expect("valid")).filters
+        };
+        assert!(q("What was the original deadline?", false).include_historical);
+        assert!(!q("What is the deadline?", false).include_historical);
+        assert!(!q("What was the original deadline?", true).include_historical);
     }
 
     fn pair(older: usize, newer: usize, score: f32) -> Pair {

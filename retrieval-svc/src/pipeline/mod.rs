@@ -348,6 +348,7 @@ impl Pipeline {
         start: Instant,
         deadline: Instant,
     ) -> Result<Ran, Error> {
+        let q = current::with_history_when_past(q);
         let query_id = uuid::Uuid::new_v4().to_string();
         // Read before any search: what this request answers is as of now.
         let generation = self.caches.generation(&identity.tenant);
