@@ -116,6 +116,66 @@ async fn the_current_version_comes_first_and_the_older_one_is_history() -> anyho
     Ok(())
 }
 
+/// A version the writer superseded is history: a question about now never
+/// gets it, one about the past ("originally", "did she use to") does,
+/// labelled outdated, with the current one beside it.
+#[tokio::test]
+async fn a_question_about_the_past_gets_the_superseded_version() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let old = fact("Editorial day rate: $850. Half day $500.", 10);
+    let mut new = fact(
+        "Editorial day rate goes up to $1,100 from September; half day $650.",
+        20,
+    );
+    new.supersedes = old.id.clone();
+    let mut all = offices();
+    all.push(old.clone());
+    write(&mut c, &all).await?;
+    write(&mut c, std::slice::from_ref(&new)).await?;
+
+    let now = ids(&ask(
+        &mut c,
+        "What does she charge for a full day of editorial work?",
+    )
+    .await?);
+    assert_eq!(now.first(), Some(&new.id), "{now:?}");
+    assert!(!now.contains(&old.id), "superseded, not asked: {now:?}");
+    for past in [
+        "What did she originally charge for a full day of editorial work?",
+        "What did she use to charge for a day of editorial work?",
+    ] {
+        let r = ask(&mut c, past).await?;
+        let got = ids(&r);
+        let at = |id: &str| got.iter().position(|g| g == id);
+        assert!(at(&old.id).is_some_and(|p| p < 3), "{past}: {got:?}");
+        assert!(at(&new.id).is_some_and(|p| p < 3), "{past}: {got:?}");
+    }
+    let r = (c.retrieval)
+        .retrieve(RetrieveRequest {
+            token_budget: 2_000,
+            ..req("What did she originally charge for a full day of editorial work?")
+        })
+        .await?
+        .into_inner();
+    assert!(
+        r.context_block.contains("_Outdated: superseded"),
+        "{}",
+        r.context_block
+    );
+    ts.shutdown().await;
+    Ok(())
+}
+
+fn req(text: &str) -> RetrieveRequest {
+    RetrieveRequest {
+        text: text.into(),
+        limit: Some(5),
+        no_cache: true,
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn a_many_valued_fact_keeps_every_value() -> anyhow::Result<()> {
     let ts = TestStack::start("internal").await?;

@@ -146,9 +146,8 @@ fn build_images() -> anyhow::Result<()> {
 
 async fn ready(admin_port: u16, project: &Project) -> anyhow::Result<()> {
     let started = Instant::now();
-    let url = format!("http://127.0.0.1:{admin_port}/ready");
     loop {
-        if http_status(&url).await == Some(200) {
+        if http_status(admin_port, "/ready").await == Some(200) {
             return Ok(());
         }
         if started.elapsed() > READY_WITHIN {
@@ -159,23 +158,25 @@ async fn ready(admin_port: u16, project: &Project) -> anyhow::Result<()> {
     }
 }
 
-/// The status of a plain HTTP/1.1 GET, or None when nothing answers.
-async fn http_status(url: &str) -> Option<u16> {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "3",
-            url,
-        ])
-        .output()
+/// The status of a plain HTTP GET of `http://127.0.0.1:<port><path>`, or
+/// None when nothing answers within 3 s.
+async fn http_status(port: u16, path: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let get = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).await.ok()?;
+        // "HTTP/1.1 200"
+        std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+    };
+    tokio::time::timeout(Duration::from_secs(3), get)
         .await
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+        .ok()
+        .flatten()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -318,8 +319,10 @@ async fn the_compose_stack_comes_up_from_the_repository_and_survives_a_lost_repl
         }
     }
     // The HTTP port is published and served by gateway A.
-    let http_url = format!("http://127.0.0.1:{}/", ports.http);
-    assert!(http_status(&http_url).await.is_some(), "HTTP port answers");
+    assert!(
+        http_status(ports.http, "/").await.is_some(),
+        "HTTP port answers"
+    );
 
     feedback_is_checked_on_the_other_gateway(&mut a, &mut b, &stored).await?;
     // Back to two of each before the next loss.
