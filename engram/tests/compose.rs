@@ -646,3 +646,76 @@ async fn a_lost_primary_loses_no_acknowledged_write() -> anyhow::Result<()> {
     assert!(resumed <= WHOLE_WITHIN, "writes resumed after {resumed:?}");
     Ok(())
 }
+
+/// Issue 50: the image runs on its own, `docker run … engram:dev up` on
+/// the embedded PostgreSQL it carries, its data on a named volume (as the
+/// README says): one container, an upsert and a retrieve through the
+/// published port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_runs_engram_up_on_its_own() -> anyhow::Result<()> {
+    let _alone = ONE_STACK.lock().await;
+    build_images()?;
+    let key = format!("k-run-{}", uuid::Uuid::new_v4().simple());
+    let sha = hex(&Sha256::digest(key.as_bytes()));
+    let keys = format!(r#"[{{sha256="{sha}", tenant="solo", agent_id="ci", trust="sensitive"}}]"#);
+    let (grpc, name) = (
+        free_port()?,
+        format!("engram-test-up-{}", std::process::id()),
+    );
+    let mut run = Command::new("docker");
+    run.args(["run", "-d", "--rm", "--name", &name, "-p"])
+        .arg(format!("127.0.0.1:{grpc}:50051"))
+        .arg("-v")
+        .arg(format!("{name}:/opt/engram/pgdata"))
+        .args(["-e", "ENGRAM__LISTEN__RETRIEVAL=0.0.0.0:50051", "-e"])
+        .arg(format!("ENGRAM__AUTH__API_KEYS={keys}"))
+        .args(["engram:dev", "up"]);
+    output(run, "docker run")?;
+    let _gone = Removed(name.clone());
+    let uri = format!("http://127.0.0.1:{grpc}");
+    let started = Instant::now();
+    let mut client = loop {
+        match Client::connect(&uri, &key).await {
+            Ok(c) => break c,
+            Err(e) if started.elapsed() > READY_WITHIN => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    };
+    let memory = Memory {
+        id: uuid::Uuid::new_v4().to_string(),
+        content: "The Lisbon office moved its weekly demo to Thursdays at 4 pm.".into(),
+        ..Default::default()
+    };
+    // The gateway may answer before search-svc has loaded its model.
+    let written = loop {
+        let req = UpsertRequest {
+            memories: vec![memory.clone()],
+        };
+        match client.memories.upsert(req).await {
+            Ok(r) => break r.into_inner(),
+            Err(e) if started.elapsed() > READY_WITHIN => return Err(e.into()),
+            Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    };
+    assert_eq!(written.results.len(), 1, "{written:?}");
+    let answer = (client.retrieval)
+        .retrieve(ask("When is the Lisbon office's weekly demo?"))
+        .await?
+        .into_inner();
+    assert_eq!(first_id(&answer), Some(memory.id.as_str()), "{answer:?}");
+    println!("compose: docker run engram:dev up answered through 127.0.0.1:{grpc}");
+    Ok(())
+}
+
+/// Removes the named container, and the volume of the same name, when
+/// dropped.
+struct Removed(String);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rm", "-f", &self.0]).output();
+        let _ = Command::new("docker")
+            .args(["volume", "rm", "-f", &self.0])
+            .output();
+    }
+}
