@@ -347,6 +347,11 @@ pub struct SearchSettings {
     /// upserts then takes the cores only when queries leave them idle
     /// (`engram soak --only high`, write_flood; search-svc/src/embed.rs).
     pub embed_batch_nice: i32,
+    /// MiB of recent query embeddings kept per search-svc, keyed by tenant
+    /// and text (search-svc/src/embed/recent.rs): a repeated query, or the
+    /// second embedding of one request (the gateway's semantic cache, then
+    /// the dense search), skips the model. 0 = off.
+    pub query_embedding_cache_mb: u64,
     /// Memories below this decay score are hidden unless include_historical.
     /// 0 (the default): time alone never hides a memory; decay only ranks
     /// (a faded memory's temporal score is at least 0.05). An operator who
@@ -462,6 +467,7 @@ impl Default for SearchSettings {
             embed_batch_size: 32,
             embed_batch_slots: 1,
             embed_batch_nice: 10,
+            query_embedding_cache_mb: 16,
             decay_floor: 0.0,
             // 1,000 (was 2,000): at 100K memories direct keyword p50 / p95
             // 16 / 30 ms -> 10 / 21 ms; 2Wiki dev at the same share of its

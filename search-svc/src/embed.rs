@@ -11,8 +11,10 @@ use engram_models::{Embedder, init_ort};
 use crate::error::{Error, Result};
 
 mod gate;
+mod recent;
 
 pub use gate::{ChunkPermit, EmbedGate};
+pub use recent::RecentQueries;
 
 /// Embeds one chunk of texts (the model in production, a counter in tests).
 type RunChunk = Arc<dyn Fn(&[String]) -> Result<Vec<Vec<f32>>> + Send + Sync>;
@@ -24,6 +26,8 @@ pub struct Embeddings {
     gate: Arc<EmbedGate>,
     /// Nice added to the threads that embed write-path chunks.
     batch_nice: i32,
+    /// Recent query texts' embeddings, per tenant (None: off).
+    recent_opt: Option<RecentQueries>,
 }
 
 impl std::fmt::Debug for Embeddings {
@@ -45,7 +49,14 @@ impl Embeddings {
             batch_size: batch_size.max(1),
             gate: Arc::new(EmbedGate::new(batch_slots)),
             batch_nice: 0,
+            recent_opt: None,
         }
+    }
+
+    /// Keeps up to `max_bytes` of recent query embeddings (0: none).
+    pub fn with_recent_queries(mut self, max_bytes: u64) -> Self {
+        self.recent_opt = RecentQueries::new(max_bytes);
+        self
     }
 
     /// Write-path chunks embed on threads `nice` lower in priority.
@@ -60,6 +71,7 @@ impl Embeddings {
             batch_size: 1,
             gate: Arc::new(EmbedGate::new(1)),
             batch_nice: 0,
+            recent_opt: None,
         }
     }
 
@@ -70,7 +82,8 @@ impl Embeddings {
         let s = &settings.search;
         match load_model(settings) {
             Ok(e) => Self::new(Arc::new(e), s.embed_batch_size, s.embed_batch_slots)
-                .with_batch_nice(s.embed_batch_nice),
+                .with_batch_nice(s.embed_batch_nice)
+                .with_recent_queries(s.query_embedding_cache_mb.saturating_mul(1 << 20)),
             Err(reason) => {
                 tracing::error!(error = %reason, "embedding model unavailable; vector search needs client-supplied vectors");
                 Self::unavailable(reason)
@@ -90,13 +103,17 @@ impl Embeddings {
         })
     }
 
-    /// One query text on the read path: straight to the blocking pool,
-    /// never behind a write batch's chunks (the gate is theirs).
-    pub async fn embed_query(&self, text: String) -> Result<Vec<f32>> {
+    /// One query text of `tenant` on the read path: a recent text's vector
+    /// again, else straight to the blocking pool, never behind a write
+    /// batch's chunks (the gate is theirs).
+    pub async fn embed_query(&self, tenant: &str, text: String) -> Result<Vec<f32>> {
         let model = self.model()?;
-        let mut v = blocking(move || embed_with(&model, std::slice::from_ref(&text))).await?;
-        v.pop()
-            .ok_or_else(|| Error::Internal("embedder returned no vector".into()))
+        let run = move |t: String| async move {
+            let mut v = blocking(move || embed_with(&model, std::slice::from_ref(&t))).await?;
+            v.pop()
+                .ok_or_else(|| Error::Internal("embedder returned no vector".into()))
+        };
+        embed_once(self.recent_opt.as_ref(), tenant, text, run).await
     }
 
     /// A write-path batch of `tenant`, in chunks of `embed_batch_size`:
@@ -115,6 +132,29 @@ impl Embeddings {
         });
         embed_chunks(&self.gate, tenant, texts, self.batch_size, run).await
     }
+}
+
+/// `run(text)` unless `recent` holds the text's vector for `tenant`; a
+/// vector it computes is kept there.
+async fn embed_once<F, Fut>(
+    recent: Option<&RecentQueries>,
+    tenant: &str,
+    text: String,
+    run: F,
+) -> Result<Vec<f32>>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<f32>>>,
+{
+    let Some(recent) = recent else {
+        return run(text).await;
+    };
+    if let Some(v) = recent.get(tenant, &text) {
+        return Ok(v);
+    }
+    let v = run(text.clone()).await?;
+    recent.insert(tenant, &text, &v);
+    Ok(v)
 }
 
 fn embed_with(model: &Embedder, texts: &[String]) -> Result<Vec<Vec<f32>>> {
@@ -262,6 +302,36 @@ mod tests {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok(chunk.iter().map(|t| vec![t.len() as f32]).collect())
         })
+    }
+
+    #[tokio::test]
+    async fn a_repeated_query_of_a_tenant_runs_the_model_once() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let recent = RecentQueries::new(1 << 20);
+        let ask = |tenant: &'static str, text: &'static str| {
+            let runs = runs.clone();
+            let recent = recent.clone();
+            async move {
+                let run = |t: String| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok(vec![t.len() as f32])
+                };
+                embed_once(recent.as_ref(), tenant, text.to_string(), run).await
+            }
+        };
+        assert_eq!(ask("a", "where?").await.expect("embedded"), [6.0]);
+        assert_eq!(ask("a", "where?").await.expect("embedded"), [6.0]);
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "the second came from the cache"
+        );
+        ask("b", "where?").await.expect("embedded");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "another tenant embeds its own"
+        );
     }
 
     #[test]

@@ -160,7 +160,7 @@ impl SearchSvc {
         };
         let rewritten = rewritten_opt.is_some();
         let e = (self.inner.embeddings)
-            .embed_query(rewritten_opt.unwrap_or(text))
+            .embed_query(&identity.tenant, rewritten_opt.unwrap_or(text))
             .await?;
         match rewritten {
             true => Ok((e, Vec::new())),
@@ -439,7 +439,7 @@ impl SearchService for SearchSvc {
         // One text is a query (the gateway's semantic cache, working
         // memory's recall); more are a write's batch.
         let vecs = match <[String; 1]>::try_from(texts.0) {
-            Ok([one]) => vec![embeddings.embed_query(one).await?],
+            Ok([one]) => vec![embeddings.embed_query(&identity.tenant, one).await?],
             Err(many) => embeddings.embed_batch(&identity.tenant, many).await?,
         };
         Ok(Response::new(pb::EmbedResponse {
