@@ -540,14 +540,7 @@ impl Pipeline {
         step: &Step,
         filters: &Filters,
     ) -> Result<Attempt, Error> {
-        if ctx.work_slot_opt.is_none() {
-            // One of the tenant's fair share of the work slots, so no
-            // tenant's flood can take the cores another tenant's next query
-            // needs; a retry after a rerank takes one again (it gave its
-            // slot up while it waited for the model).
-            let slot = ctx.gates.work.acquire(&ctx.identity.tenant, ctx.deadline);
-            ctx.work_slot_opt = Some(slot.await?);
-        }
+        take_work_slot(ctx).await?;
         let t = Instant::now();
         let plan = step.plan(&ctx.query, &ctx.settings.pipeline);
         let found = search::run(ctx, &plan, filters, step.hypotheses(&ctx.query))
@@ -563,6 +556,9 @@ impl Pipeline {
         let mut checked = validate::run(ctx, &mut trace, found.candidates, filters, rerank)
             .instrument(stage_span("validate"))
             .await;
+        // The rerank gave the slot up while it waited for the model; the
+        // stages after it use the cores again.
+        take_work_slot(ctx).await?;
         let route = found.route_opt.unwrap_or(step.route);
         let hop = hop::run(ctx, &mut trace, &mut checked, &plan, route, filters)
             .instrument(stage_span("hop"))
@@ -730,6 +726,19 @@ fn answer(
         dropped: if q.explain { dropped } else { Vec::new() },
     };
     (response, counts)
+}
+
+/// One of the tenant's fair share of the work slots, unless the run holds
+/// one, so no tenant's flood can take the cores another tenant's next
+/// query needs. A run gives its slot up while it waits for the
+/// cross-encoder (validate.rs) and takes one again here before its next
+/// stage or its retry.
+async fn take_work_slot(ctx: &mut Ctx<'_>) -> Result<(), Error> {
+    if ctx.work_slot_opt.is_none() {
+        let slot = ctx.gates.work.acquire(&ctx.identity.tenant, ctx.deadline);
+        ctx.work_slot_opt = Some(slot.await?);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
