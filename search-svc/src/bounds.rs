@@ -75,6 +75,19 @@ pub async fn begin(pool: &PgPool, timeout_ms: u64) -> Result<Transaction<'static
     Ok(pool.begin_with(sqlx::AssertSqlSafe(sql)).await?)
 }
 
+/// Commits a write begun with [`begin`], with no statement timeout on the
+/// COMMIT itself: with a synchronous standby, COMMIT waits for it, and a
+/// wait cancelled by the timeout keeps the commit on the primary alone
+/// (Postgres only warns) while engram would acknowledge it; losing the
+/// primary then would lose an acknowledged write. The caller's deadline
+/// still bounds the call, and a write that ends on it is not acknowledged.
+pub async fn commit(mut tx: Transaction<'static, Postgres>) -> Result<()> {
+    sqlx::query("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx.commit().await?)
+}
+
 /// Where the query path reads: `bounded`, whose connections carry
 /// `statement_timeout = bound_ms` from their startup, for reads bounded by
 /// exactly that; any other bound falls back to [`begin`] on the service's

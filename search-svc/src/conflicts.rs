@@ -205,7 +205,7 @@ pub async fn list(
         .bind(i64::from(q.page_size) + 1)
         .fetch_all(&mut *tx)
         .await?;
-    tx.commit().await?;
+    crate::bounds::commit(tx).await?;
     let more = rows.len() > q.page_size as usize;
     rows.truncate(q.page_size as usize);
     let next_opt = match (more, rows.last()) {
@@ -261,7 +261,7 @@ pub async fn review(
     let ends = [r.new_id, r.old_id];
     crate::writes::notify(&mut tx, &identity.tenant, "edges", &ends).await?;
     crate::writes::notify(&mut tx, &identity.tenant, "upsert", &[r.old_id]).await?;
-    tx.commit().await?;
+    crate::bounds::commit(tx).await?;
     tracing::info!(tenant = %identity.tenant, new = %r.new_id, old = %r.old_id, decision = ?r.decision, "detected conflict reviewed");
     Ok(reviewed.map(ConflictRow::into_proto))
 }

@@ -171,7 +171,7 @@ pub async fn search(
     let mut qb = nearest.query(embedding, identity, filters, default_decay_floor, k);
     let mut tx = bounds::begin(pool, timeout_ms).await?;
     let rows: Vec<FactRow> = qb.build_query_as().fetch_all(&mut *tx).await?;
-    tx.commit().await?;
+    crate::bounds::commit(tx).await?;
     let mut facts: Vec<Fact> = rows
         .into_iter()
         .map(|r| Fact {
@@ -263,7 +263,7 @@ async fn backfill_batch(
         .filter(|&p| planned.by_pos.get(&p).is_some_and(|s| !s.is_empty()))
         .collect();
     write(&mut tx, &ids, &positions, &planned).await?;
-    tx.commit().await?;
+    crate::bounds::commit(tx).await?;
     Ok(positions.len() as u64)
 }
 

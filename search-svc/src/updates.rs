@@ -753,7 +753,7 @@ pub async fn detect(
         }
         tracing::info!(tenant = %identity.tenant, count = edges.len(), closed = closed.len(), "updates detected");
     }
-    tx.commit().await?;
+    crate::bounds::commit(tx).await?;
     Ok(edges.len())
 }
 

@@ -547,7 +547,7 @@ async fn write_batch(
     // the memories a notification names.
     let changed: Vec<Uuid> = ids.iter().chain(&closed).copied().collect();
     notify(&mut tx, &identity.tenant, "upsert", &changed).await?;
-    tx.commit().await?;
+    crate::bounds::commit(tx).await?;
     results.sort_by_key(|(idx, _)| *idx);
     Ok(results.into_iter().map(|(_, r)| r).collect())
 }
@@ -749,7 +749,7 @@ pub async fn delete(
         delta.apply(&mut tx, &identity.tenant).await?;
         notify(&mut tx, &identity.tenant, "delete", &deleted).await?;
     }
-    tx.commit().await?;
+    crate::bounds::commit(tx).await?;
     tracing::debug!(tenant = %identity.tenant, count = deleted.len(), "deleted memories");
     Ok(u32::try_from(deleted.len()).unwrap_or(u32::MAX))
 }
@@ -933,7 +933,7 @@ pub async fn add_edges(
     .await?
     .rows_affected();
     notify(&mut tx, &identity.tenant, "edges", &ends).await?;
-    tx.commit().await?;
+    crate::bounds::commit(tx).await?;
     tracing::debug!(tenant = %identity.tenant, count = added, "added edges");
     Ok(u32::try_from(added).unwrap_or(u32::MAX))
 }
@@ -979,7 +979,7 @@ pub async fn delete_edges(
             .collect();
         notify(&mut tx, &identity.tenant, "edges", &ends).await?;
     }
-    tx.commit().await?;
+    crate::bounds::commit(tx).await?;
     tracing::debug!(tenant = %identity.tenant, count = gone.len(), "deleted edges");
     Ok(u32::try_from(gone.len()).unwrap_or(u32::MAX))
 }
@@ -1021,7 +1021,7 @@ pub async fn store_feedback(
     .await?
     .rows_affected();
     store_examples(&mut tx, identity, examples).await?;
-    tx.commit().await?;
+    crate::bounds::commit(tx).await?;
     Ok(u32::try_from(stored).unwrap_or(u32::MAX))
 }
 
