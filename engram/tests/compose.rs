@@ -401,10 +401,10 @@ fn watch_reads(
             for client in [&mut a, &mut b] {
                 w.reads += 1;
                 let asked = ask("Who is the contact at Brightline?");
-                match client.retrieval.retrieve(asked).await {
-                    Err(status) => {
+                match within(client.retrieval.retrieve(asked)).await {
+                    Err(e) => {
                         w.failed += 1;
-                        eprintln!("compose: a read failed: {status}");
+                        eprintln!("compose: a read failed: {e}");
                     }
                     Ok(answer) if !answer.get_ref().degraded_stages.is_empty() => {
                         w.degraded += 1;
@@ -514,11 +514,13 @@ struct Burst {
 fn write_burst(
     client: &Client,
     killed: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    resumed: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> Vec<tokio::task::JoinHandle<Burst>> {
     (0..4)
         .map(|w| {
-            let (mut c, killed, stop) = (client.clone(), killed.clone(), stop.clone());
+            let (mut c, killed) = (client.clone(), killed.clone());
+            let (resumed, stop) = (resumed.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut b = Burst::default();
                 let mut n = 0;
@@ -535,11 +537,14 @@ fn write_burst(
                     let req = UpsertRequest {
                         memories: vec![memory],
                     };
-                    match c.memories.upsert(req).await {
+                    match within(c.memories.upsert(req)).await {
                         Ok(_) => {
                             b.acknowledged.push(id);
                             let since = killed.lock().ok().and_then(|k| k.map(|t| t.elapsed()));
                             b.resumed_after = b.resumed_after.or(since);
+                            if since.is_some() {
+                                resumed.store(true, std::sync::atomic::Ordering::Relaxed);
+                            }
                         }
                         Err(_) => {
                             b.failed += 1;
@@ -602,13 +607,22 @@ async fn a_lost_primary_loses_no_acknowledged_write() -> anyhow::Result<()> {
 
     let killed = std::sync::Arc::new(std::sync::Mutex::new(None));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writers = write_burst(&client, killed.clone(), stop.clone());
+    let resumed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers = write_burst(&client, killed.clone(), &resumed, &stop);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let primary = project.containers("postgres")?;
     project.kill(primary.first().map_or("", String::as_str))?;
-    *killed.lock().map_err(|_| anyhow::anyhow!("poisoned"))? = Some(Instant::now());
+    let at = Instant::now();
+    *killed.lock().map_err(|_| anyhow::anyhow!("poisoned"))? = Some(at);
     fail_over(&project)?;
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // Writes go on until a few seconds after the first one acknowledged
+    // after the kill (at most 30 s), so a slow failover is measured.
+    while !resumed.load(std::sync::atomic::Ordering::Relaxed)
+        && at.elapsed() < Duration::from_secs(30)
+    {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut burst = Burst::default();
     for w in writers {
@@ -642,8 +656,11 @@ async fn a_lost_primary_loses_no_acknowledged_write() -> anyhow::Result<()> {
         burst.resumed_after
     );
     assert_eq!(missing, 0, "acknowledged writes lost");
-    let resumed = burst.resumed_after.unwrap_or(Duration::MAX);
-    assert!(resumed <= WHOLE_WITHIN, "writes resumed after {resumed:?}");
+    let back_after = burst.resumed_after.unwrap_or(Duration::MAX);
+    assert!(
+        back_after <= WHOLE_WITHIN,
+        "writes resumed after {back_after:?}"
+    );
     Ok(())
 }
 
@@ -669,9 +686,9 @@ async fn the_image_runs_engram_up_on_its_own() -> anyhow::Result<()> {
         .arg(format!("{name}:/opt/engram/pgdata"))
         .args(["-e", "ENGRAM__LISTEN__RETRIEVAL=0.0.0.0:50051", "-e"])
         .arg(format!("ENGRAM__AUTH__API_KEYS={keys}"))
-        .args(["engram:dev", "up"]);
-    output(run, "docker run")?;
+        .args([image().as_str(), "up"]);
     let _gone = Removed(name.clone());
+    output(run, "docker run")?;
     let uri = format!("http://127.0.0.1:{grpc}");
     let started = Instant::now();
     let mut client = loop {
@@ -705,6 +722,19 @@ async fn the_image_runs_engram_up_on_its_own() -> anyhow::Result<()> {
     assert_eq!(first_id(&answer), Some(memory.id.as_str()), "{answer:?}");
     println!("compose: docker run engram:dev up answered through 127.0.0.1:{grpc}");
     Ok(())
+}
+
+/// The image deploy/images builds and the compose files run.
+fn image() -> String {
+    std::env::var("ENGRAM_IMAGE").unwrap_or_else(|_| "engram:dev".into())
+}
+
+/// A call that gives up after 20 s: a stuck call fails the test, it never
+/// hangs it.
+async fn within<T>(
+    call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> anyhow::Result<T> {
+    Ok(tokio::time::timeout(Duration::from_secs(20), call).await??)
 }
 
 /// Removes the named container, and the volume of the same name, when

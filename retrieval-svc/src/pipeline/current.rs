@@ -69,17 +69,50 @@ pub fn asks_past(question: &str) -> bool {
     strong || used_to || phrase || weak >= 3
 }
 
-/// A question about the past reads the versions that are history now too
-/// (superseded, or past their validity), so "what was it before?" can
-/// answer with the earlier version even when the writer linked the two;
-/// `assemble` then labels each outdated one in the context block. An
-/// as-of read already asks for a point in time and is left as it is.
+/// Words that ask for an earlier version whatever the tense.
+const HISTORY: &[&str] = &[
+    "originally",
+    "previously",
+    "formerly",
+    "initially",
+    "changed",
+];
+
+/// Words that ask for it only in a question about the past ("where did
+/// she live before?", not "what do I prepare before the demo?").
+const HISTORY_IF_PAST: &[&str] = &[
+    "before", "earlier", "prior", "original", "old", "previous", "former",
+];
+
+/// Past tense, for [`HISTORY_IF_PAST`].
+const PAST_TENSE: &[&str] = &["was", "were", "did", "had", "used"];
+
+/// Whether a question asks for an earlier version: a narrower reading than
+/// [`asks_past`], because it widens what is read, not only the order.
+pub fn asks_history(question: &str) -> bool {
+    let words = slots::tokens(question);
+    let has = |list: &[&str]| words.iter().any(|w| list.contains(&w.as_str()));
+    let used_to = (words.windows(2)).any(|w| (w[0] == "used" || w[0] == "use") && w[1] == "to");
+    asks_past(question)
+        && (has(HISTORY)
+            || (has(HISTORY_IF_PAST) && has(PAST_TENSE))
+            || (used_to && has(&["used", "did"]))
+            || (words.windows(2)).any(|w| w[0] == "at" && w[1] == "first")
+            || (words.windows(3)).any(|w| w == ["in", "the", "beginning"]))
+}
+
+/// A question about an earlier version ([`asks_history`]) reads the
+/// versions that are history now too (superseded, or past their validity),
+/// so "what did it cost originally?" can answer with the earlier version
+/// even when the writer linked the two; `assemble` then labels each
+/// outdated one in the context block. An as-of read already asks for a
+/// point in time and is left as it is.
 pub fn with_history_when_past(mut q: Query) -> Query {
     let f = &mut q.filters;
     if !f.include_historical
         && f.as_of_event.is_none()
         && f.as_of_ingestion.is_none()
-        && asks_past(&q.text)
+        && asks_history(&q.text)
     {
         f.include_historical = true;
     }
@@ -293,6 +326,12 @@ mod tests {
         };
         assert!(q("What was the original deadline?", false).include_historical);
         assert!(!q("What is the deadline?", false).include_historical);
+        assert!(q("Where did she live before?", false).include_historical);
+        assert!(q("Which warehouse did we have in mind at first?", false).include_historical);
+        assert!(q("Which airline did she use to be loyal to?", false).include_historical);
+        assert!(!q("What do I prepare before the demo?", false).include_historical);
+        assert!(!q("What is the original receipt number?", false).include_historical);
+        assert!(!q("Which app does she use to pay rent?", false).include_historical);
         assert!(!q("What was the original deadline?", true).include_historical);
     }
 
