@@ -52,6 +52,27 @@ const COMMANDS: &[(&str, Disposition)] = &[
                      shared test Postgres at its end",
         },
     ),
+    (
+        "deploy/images",
+        NotRun {
+            reason: "builds the release binary (blocked on this test's cargo lock) and Docker \
+                     images; engram/tests/compose.rs runs it with the test's own binary",
+        },
+    ),
+    (
+        r#"ENGRAM_INTERNAL_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))') ENGRAM_API_KEYS='[{sha256="<sha256 of your key>", tenant="default", agent_id="dev", trust="sensitive"}]' docker compose -f deploy/compose.yaml up -d"#,
+        NotRun {
+            reason: "needs the images and publishes fixed ports; engram/tests/compose.rs brings \
+                     the same file up on free ports, upserts and retrieves, and takes it down",
+        },
+    ),
+    (
+        r#"docker run -p 127.0.0.1:50051:50051 -v engram-pg:/opt/engram/pgdata -e ENGRAM__LISTEN__RETRIEVAL=0.0.0.0:50051 -e ENGRAM__AUTH__API_KEYS="$ENGRAM_API_KEYS" engram:dev up"#,
+        NotRun {
+            reason: "needs the image and a fixed port; engram/tests/compose.rs \
+                     (the_image_runs_engram_up_on_its_own) runs the same command on a free port",
+        },
+    ),
     ("KEY=$(cat .engram/dev-api-key)", Setup),
     (
         "grpcurl -plaintext 127.0.0.1:50051 list",
