@@ -31,13 +31,7 @@ async fn write(c: &mut Client, memories: &[Memory]) -> anyhow::Result<()> {
 }
 
 async fn ask(c: &mut Client, text: &str) -> anyhow::Result<RetrieveResponse> {
-    let req = RetrieveRequest {
-        text: text.into(),
-        limit: Some(5),
-        no_cache: true,
-        ..Default::default()
-    };
-    Ok(c.retrieval.retrieve(req).await?.into_inner())
+    Ok(c.retrieval.retrieve(req(text)).await?.into_inner())
 }
 
 /// `want` is in the first three of `got`, and `below` is not above it.
@@ -167,6 +161,7 @@ async fn a_question_about_the_past_gets_the_superseded_version() -> anyhow::Resu
     Ok(())
 }
 
+/// The request [`ask`] sends: five records, no cache.
 fn req(text: &str) -> RetrieveRequest {
     RetrieveRequest {
         text: text.into(),
