@@ -96,6 +96,12 @@ pub struct TenantLimitSettings {
     /// The longest a request waits for a work slot before it gets
     /// RESOURCE_EXHAUSTED (it never waits past its own deadline).
     pub slot_wait_ms: u64,
+    /// The gateway replicas of one deployment: those with the same group
+    /// on one Postgres count each other (heartbeats through search-svc) and
+    /// each grants 1/live of `requests_per_second`, `burst` and
+    /// `max_concurrent`, so the limits hold for the deployment, however
+    /// many replicas the autoscaler runs (issue 48).
+    pub replica_group: String,
 }
 
 impl Default for TenantLimitSettings {
@@ -108,6 +114,7 @@ impl Default for TenantLimitSettings {
             alone_work_slots: 0,
             active_window_ms: 1000,
             slot_wait_ms: 2000,
+            replica_group: "gateway".into(),
         }
     }
 }

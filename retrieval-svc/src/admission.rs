@@ -6,12 +6,16 @@
 //! (`engram soak`, Postgres kill: 12 failed reads of 479). Over either, the caller gets
 //! RESOURCE_EXHAUSTED with a retry hint, and the other tenants never notice:
 //! the downstream stacks' shared concurrency limits are only reached by
-//! traffic that is each tenant's fair share. A leaf: no gateway types.
+//! traffic that is each tenant's fair share. With several gateway replicas
+//! each takes its share, 1/live of the rate, the burst and the in-flight
+//! cap (`downstream/members.rs` counts them), so a tenant's limits hold for
+//! the deployment, not per replica (issue 48, check 3). A leaf: no gateway
+//! types.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use engram_common::settings::TenantLimitSettings;
 use governor::clock::{Clock, DefaultClock};
@@ -47,6 +51,10 @@ pub struct Admission {
     max_concurrent: u32,
     in_flight: InFlight,
     checks: AtomicU64,
+    /// The burst: a request may not cost more cells than it.
+    burst: u32,
+    /// Live gateway replicas, this one included (at least 1).
+    replicas: AtomicU32,
 }
 
 /// A tenant's share of the gateway, held for the request's duration.
@@ -80,6 +88,8 @@ impl Admission {
             max_concurrent: s.max_concurrent.max(1),
             in_flight: Arc::default(),
             checks: AtomicU64::new(0),
+            burst: burst.get(),
+            replicas: AtomicU32::new(1),
         }
     }
 
@@ -88,18 +98,23 @@ impl Admission {
     /// pipelines at once (1 for everything but agentic retrieval).
     pub fn admit(&self, tenant: &str, lane: Lane, weight: u32) -> Result<Permit, Error> {
         self.prune();
-        if let Err(not_until) = self.rate.check_key(&tenant.to_string()) {
+        let replicas = self.replicas.load(Ordering::Relaxed).max(1);
+        // Each request costs `replicas` cells of the tenant's bucket: this
+        // replica grants 1/replicas of the rate and of the burst.
+        let cells = NonZeroU32::new(replicas.min(self.burst)).unwrap_or(NonZeroU32::MIN);
+        if let Ok(Err(not_until)) = self.rate.check_key_n(&tenant.to_string(), cells) {
             let wait = not_until.wait_time_from(self.clock.now());
             return Err(Error::TenantLimit {
                 what: "request rate",
                 retry_after_ms: (wait.as_millis() as u64).max(1),
             });
         }
-        let weight = weight.clamp(1, self.max_concurrent);
+        let cap = self.max_concurrent.div_ceil(replicas).max(1);
+        let weight = weight.clamp(1, cap);
         let key = (tenant.to_string(), lane);
         let mut map = self.in_flight.lock();
         let n = map.entry(key.clone()).or_insert(0);
-        if *n + weight > self.max_concurrent {
+        if *n + weight > cap {
             if *n == 0 {
                 map.remove(&key);
             }
@@ -114,6 +129,14 @@ impl Admission {
             key,
             weight,
         })
+    }
+
+    /// Sets how many gateway replicas are alive; 0 (unknown: search-svc
+    /// did not answer) keeps the last count.
+    pub fn set_replicas(&self, live: u32) {
+        if live > 0 {
+            self.replicas.store(live, Ordering::Relaxed);
+        }
     }
 
     fn prune(&self) {
@@ -170,6 +193,35 @@ mod tests {
         assert!(a.admit("t1", Lane::Read, 3).is_ok());
         drop(one);
         assert!(a.in_flight.lock().is_empty(), "idle tenants leave no entry");
+    }
+
+    #[test]
+    fn each_replica_grants_its_share() {
+        let a = limits(1, 20, 8);
+        a.set_replicas(2);
+        let granted = (0..20)
+            .filter(|_| a.admit("t1", Lane::Read, 1).is_ok())
+            .count();
+        assert_eq!(granted, 10, "half the burst on each of two replicas");
+        let b = limits(1000, 1000, 8);
+        b.set_replicas(2);
+        let held: Vec<_> = (0..4).map(|_| b.admit("t1", Lane::Read, 1)).collect();
+        assert!(held.iter().all(Result::is_ok));
+        assert!(is_limit(
+            &b.admit("t1", Lane::Read, 1),
+            "requests in flight"
+        ));
+        b.set_replicas(0);
+        assert!(
+            is_limit(&b.admit("t1", Lane::Read, 1), "requests in flight"),
+            "an unknown count keeps the last share"
+        );
+        let c = limits(1, 2, 8);
+        c.set_replicas(5);
+        assert!(
+            c.admit("t1", Lane::Read, 1).is_ok(),
+            "more replicas than burst: one each"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tonic::metadata::MetadataMap;
 
 use crate::admission::{Admission, Lane, Permit};
 use crate::auth::Authenticator;
-use crate::downstream::Downstreams;
+use crate::downstream::{Downstreams, members};
 use crate::error::Error;
 use crate::metrics::{Metrics, Scrape};
 use crate::pipeline::Pipeline;
@@ -68,6 +68,8 @@ impl Gateway {
                 demand,
             }),
         };
+        let group = gateway.settings().tenant.replica_group.clone();
+        gateway.follow_members(feed.clone(), group);
         gateway.follow_changes(feed);
         Ok(gateway)
     }
@@ -87,6 +89,23 @@ impl Gateway {
                 Some(e) => caches.invalidate_tenant(&e.tenant),
                 None => {}
             }
+            true
+        }));
+    }
+
+    /// Heartbeats as one of the gateway replicas and takes its share of
+    /// every tenant's limits from the live count. Ends with the gateway.
+    fn follow_members(&self, (channel, token): (tonic::transport::Channel, String), group: String) {
+        let weak = Arc::downgrade(&self.inner);
+        let member = members::Member {
+            id: uuid::Uuid::new_v4().to_string(),
+            group,
+        };
+        tokio::spawn(members::follow(channel, token, member, move |live| {
+            let Some(inner) = weak.upgrade() else {
+                return false;
+            };
+            inner.admission.set_replicas(live);
             true
         }));
     }

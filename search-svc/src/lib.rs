@@ -7,7 +7,8 @@
 //! are capped (`bounds.rs`); the decay job keeps `decay_score` (`decay.rs`).
 //! Beside it, `ListingService` pages through a tenant's memories (`list.rs`)
 //! and `ConflictService` reviews the updates detected at write time
-//! (`conflicts.rs`).
+//! (`conflicts.rs`); `GatewayStateService` keeps what gateway replicas share
+//! (`gateway_state.rs`).
 
 pub mod bounds;
 pub mod changes;
@@ -19,6 +20,7 @@ pub mod embed;
 pub mod error;
 pub mod facts;
 pub mod filters;
+pub mod gateway_state;
 pub mod get;
 pub mod keyword;
 pub mod keyword_index;
@@ -40,6 +42,7 @@ use engram_common::server::{ServingStatus, health};
 use engram_common::{Identity, Settings};
 use engram_proto as pb;
 use engram_proto::conflict_service_server::ConflictServiceServer;
+use engram_proto::gateway_state_service_server::GatewayStateServiceServer;
 use engram_proto::listing_service_server::ListingServiceServer;
 use engram_proto::search_service_server::{SearchService, SearchServiceServer};
 use sqlx::PgPool;
@@ -482,7 +485,11 @@ pub async fn serve_svc(
         .await;
     // Listing and review need no model, only Postgres, which the watcher
     // follows.
-    for name in [list::SERVICE_NAME, conflicts::SERVICE_NAME] {
+    for name in [
+        list::SERVICE_NAME,
+        conflicts::SERVICE_NAME,
+        gateway_state::SERVICE_NAME,
+    ] {
         reporter
             .set_service_status(name, ServingStatus::Serving)
             .await;
@@ -498,7 +505,11 @@ pub async fn serve_svc(
             let serving = status(db_ok && model_ready);
             tokio::spawn(async move {
                 reporter.set_service_status(SERVICE_NAME, serving).await;
-                for name in [list::SERVICE_NAME, conflicts::SERVICE_NAME] {
+                for name in [
+                    list::SERVICE_NAME,
+                    conflicts::SERVICE_NAME,
+                    gateway_state::SERVICE_NAME,
+                ] {
                     reporter.set_service_status(name, status(db_ok)).await;
                 }
             });
@@ -518,7 +529,8 @@ pub async fn serve_svc(
     };
     let routes = Routes::new(SearchServiceServer::new(svc.clone()))
         .add_service(ListingServiceServer::new(svc.clone()))
-        .add_service(ConflictServiceServer::new(svc));
+        .add_service(ConflictServiceServer::new(svc.clone()))
+        .add_service(GatewayStateServiceServer::new(svc));
     let result =
         engram_common::server::serve_with(listener, routes, health_svc, opts, shutdown).await;
     watcher.abort();

@@ -83,11 +83,17 @@ pub(crate) async fn notify(
     op: &str,
     ids: &[Uuid],
 ) -> Result<()> {
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(CHANNEL)
-        .bind(change_payload(tenant, op, ids))
-        .execute(&mut **tx)
-        .await?;
+    // The tenant's kept turn answers go with the same commit: no replica
+    // may answer a turn from before this write (gateway_state.rs).
+    sqlx::query(
+        "WITH dropped AS (DELETE FROM turn_answers WHERE tenant_id = $3) \
+         SELECT pg_notify($1, $2)",
+    )
+    .bind(CHANNEL)
+    .bind(change_payload(tenant, op, ids))
+    .bind(tenant)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 

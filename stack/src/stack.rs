@@ -113,6 +113,12 @@ impl Stack {
             }
             settings.auth.internal_token_opt = Some(random_token());
         }
+        if opts.ephemeral_ports {
+            // A stack on port 0 (tests, eval, bench) is a deployment of its
+            // own: its gateway shares limits only with replicas started on
+            // its settings, not with every gateway on the same Postgres.
+            settings.tenant.replica_group = format!("ephemeral-{}", random_token());
+        }
         let mut api_key_opt = None;
         if opts.services.contains(&Service::Retrieval) {
             let configured = settings.auth.api_keys.len();

@@ -5,6 +5,7 @@
 
 mod breaker;
 mod deadline;
+pub mod members;
 mod stack;
 
 use std::future::Future;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use engram_common::settings::TenantLimitSettings;
 use engram_common::{Identity, Settings};
+use engram_proto::gateway_state_service_client::GatewayStateServiceClient;
 use engram_proto::graph_service_client::GraphServiceClient;
 use engram_proto::rerank_service_client::RerankServiceClient;
 use engram_proto::search_service_client::SearchServiceClient;
@@ -25,6 +27,7 @@ use engram_proto::{
     StoreFeedbackRequest, StoreFeedbackResponse, UpsertRequest, UpsertResponse,
     VectorSearchRequest,
 };
+use engram_proto::{GetTurnRequest, GetTurnResponse, PutTurnRequest, PutTurnResponse};
 use tokio::time::Instant;
 use tonic::Status;
 use tonic::transport::Channel;
@@ -212,6 +215,10 @@ pub struct Downstreams {
     /// Causal expansion for working-memory fallback (`GetMemory`).
     pub neighbors: Down<NeighborsRequest, NeighborsResponse>,
     pub score: Down<ScoreRequest, ScoreResponse>,
+    /// Turn answers every gateway replica shares (search-svc's
+    /// GatewayStateService, Postgres).
+    pub get_turn: Down<GetTurnRequest, GetTurnResponse>,
+    pub put_turn: Down<PutTurnRequest, PutTurnResponse>,
     /// Every stack's breaker, for the circuit-state gauge.
     pub breakers: Arc<Vec<(&'static str, BreakerHandle)>>,
     /// search-svc's channel, for its long-lived change feed (no stack: a
@@ -299,6 +306,9 @@ impl Downstreams {
         let search = SearchServiceClient::new(search_channel.clone())
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
+        let state = GatewayStateServiceClient::new(search_channel.clone())
+            .max_decoding_message_size(2 << 20)
+            .max_encoding_message_size(2 << 20);
         let graph = GraphServiceClient::new(channel(&ds.graph)?);
         let rerank = RerankServiceClient::new(channel(&ds.rerank)?);
         let mut b = Builder::new(settings, metrics);
@@ -369,6 +379,16 @@ impl Downstreams {
                 ("rerank.score", R, ms(p.rerank_timeout_ms), false, 16),
                 &rerank,
                 |mut c, r| Box::pin(async move { c.score(r).await }),
+            ),
+            get_turn: b.add(
+                ("search.get_turn", S, read, true, 16),
+                &state,
+                |mut c, r| Box::pin(async move { c.get_turn(r).await }),
+            ),
+            put_turn: b.add(
+                ("search.put_turn", S, read, false, 16),
+                &state,
+                |mut c, r| Box::pin(async move { c.put_turn(r).await }),
             ),
             breakers: Arc::new(b.breakers),
             search_channel,

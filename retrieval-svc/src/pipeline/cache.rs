@@ -514,8 +514,9 @@ impl Caches {
 }
 
 /// A turn is keyed by a hash of who asked and the caller's turn id, so an
-/// unbounded caller string never becomes a key.
-fn turn_key(identity: &Identity, turn_id: &str) -> [u8; 32] {
+/// unbounded caller string never becomes a key. The replicas share it
+/// (turns.rs).
+pub fn turn_key(identity: &Identity, turn_id: &str) -> [u8; 32] {
     let mut h = Sha256::new();
     for part in [
         identity.tenant.as_bytes(),

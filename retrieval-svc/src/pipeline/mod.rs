@@ -29,6 +29,7 @@ pub mod session;
 pub mod slots;
 pub mod subject;
 pub mod text;
+pub mod turns;
 pub mod validate;
 pub mod when;
 
@@ -352,10 +353,13 @@ impl Pipeline {
         let query_id = uuid::Uuid::new_v4().to_string();
         // Read before any search: what this request answers is as of now.
         let generation = self.caches.generation(&identity.tenant);
+        let identity = Arc::new(identity);
+        if let Some(turn) = &q.turn_id_opt {
+            self.recall_turn(&identity, turn, generation).await;
+        }
         if let Some(r) = self.shortcut(&identity, &q, &query_id, start) {
             return Ok(Ran::cached(r));
         }
-        let identity = Arc::new(identity);
         let key = CacheKey::new(&identity, &q);
         if !q.no_cache
             && let Some(hit) = self.cache_lookup(&identity, &q, &key, deadline).await
@@ -388,12 +392,24 @@ impl Pipeline {
         if let Some(turn) = &ctx.query.turn_id_opt {
             self.caches
                 .put_turn(&ctx.identity, turn, generation, &response);
+            turns::share(&self.ds, &ctx.identity, turn, &response).await;
         }
         Ok(Ran {
             response,
             counts,
             rows,
         })
+    }
+
+    /// Whether this turn was answered, by this replica or another one (an
+    /// answer another gave joins this replica's turn cache: turns.rs).
+    pub async fn recall_turn(
+        &self,
+        identity: &Arc<Identity>,
+        turn_id: &str,
+        generation: u64,
+    ) -> bool {
+        turns::recall(&self.caches, &self.ds, identity, turn_id, generation).await
     }
 
     /// Answers that need no search: this turn's answer already given, a
