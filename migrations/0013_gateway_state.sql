@@ -22,3 +22,22 @@ CREATE TABLE IF NOT EXISTS turn_answers (
     PRIMARY KEY (tenant_id, key)
 );
 CREATE INDEX IF NOT EXISTS turn_answers_expires ON turn_answers (expires_at);
+
+-- Working-memory notes, written through by the replica that takes the
+-- write and read by whichever replica serves the session next. Short-lived
+-- (expires_at from the note's TTL), bounded per tenant in bytes and per
+-- session in notes (gateway_state.rs).
+CREATE TABLE IF NOT EXISTS working_notes (
+    tenant_id    text NOT NULL,
+    agent_id     text NOT NULL,
+    session_id   text NOT NULL,
+    id           text NOT NULL,
+    access_level smallint NOT NULL,
+    body         bytea NOT NULL,
+    content_hash bytea NOT NULL,
+    version      int NOT NULL,
+    written_at   timestamptz NOT NULL DEFAULT now(),
+    expires_at   timestamptz NOT NULL,
+    PRIMARY KEY (tenant_id, agent_id, session_id, id)
+);
+CREATE INDEX IF NOT EXISTS working_notes_expires ON working_notes (expires_at);

@@ -197,3 +197,95 @@ async fn a_tenants_rate_limit_holds_across_replicas() -> anyhow::Result<()> {
     ts.shutdown().await;
     Ok(())
 }
+
+fn working_note(session: &str, content: &str) -> engram_proto::Memory {
+    let metadata = serde_json::json!({ "session_id": session });
+    engram_proto::Memory {
+        memory_type: "working".into(),
+        content: content.into(),
+        metadata: Some(engram_common::convert::json_to_struct(&metadata)),
+        ..Default::default()
+    }
+}
+
+async fn session_items(uri: &str, key: &str, session: &str) -> anyhow::Result<Vec<String>> {
+    use engram_proto::working_memory_service_client::WorkingMemoryServiceClient;
+    let mut c = WorkingMemoryServiceClient::connect(uri.to_string()).await?;
+    let req = engram_proto::GetMemoryRequest {
+        query: "Which seat does the user want on the flight?".into(),
+        session_id: session.into(),
+        ..Default::default()
+    };
+    let r = c
+        .get_memory(engram_tests::authed(key, req))
+        .await?
+        .into_inner();
+    let working = engram_proto::MemoryOrigin::Working as i32;
+    if r.origin != working {
+        return Ok(Vec::new());
+    }
+    Ok(r.items.iter().map(|i| i.content.clone()).collect())
+}
+
+/// Check 1 of issue 48: a working-memory note written through gateway A
+/// was not found by `GetMemory` through gateway B. The notes now have a
+/// shared copy in Postgres that every replica reads a session from; a
+/// rewrite and a delete through one replica are seen by the other.
+#[tokio::test]
+async fn a_working_note_written_on_one_replica_is_read_on_another() -> anyhow::Result<()> {
+    let ts = TestStack::start("internal").await?;
+    let uri_a = ts
+        .stack
+        .gateway_uri()
+        .ok_or_else(|| anyhow::anyhow!("no gateway"))?;
+    let uri_b = spawn_gateway(ts.stack.settings.clone()).await?;
+    let mut a = ts.client().await?;
+    let mut b = Client::connect(&uri_b, &ts.key).await?;
+    let session = format!("s-{}", uuid::Uuid::new_v4().simple());
+    let written = (a.memories)
+        .upsert(engram_proto::UpsertRequest {
+            memories: vec![working_note(
+                &session,
+                "The user wants an aisle seat on the flight.",
+            )],
+        })
+        .await?
+        .into_inner();
+    let id = written.results[0].id.clone();
+    let on_b = session_items(&uri_b, &ts.key, &session).await?;
+    assert_eq!(
+        on_b,
+        ["The user wants an aisle seat on the flight."],
+        "B: {on_b:?}"
+    );
+    // Rewritten through B: a new version, read through A.
+    let mut rewrite = working_note(&session, "The user now wants a window seat on the flight.");
+    rewrite.id = id.clone();
+    let r = (b.memories)
+        .upsert(engram_proto::UpsertRequest {
+            memories: vec![rewrite],
+        })
+        .await?
+        .into_inner();
+    assert_eq!(
+        (r.results[0].version, r.results[0].created),
+        (2, false),
+        "{r:?}"
+    );
+    let on_a = session_items(&uri_a, &ts.key, &session).await?;
+    assert_eq!(
+        on_a,
+        ["The user now wants a window seat on the flight."],
+        "A: {on_a:?}"
+    );
+    // Deleted through B: gone on A too.
+    let d = (b.memories)
+        .delete(engram_proto::DeleteRequest { ids: vec![id] })
+        .await?
+        .into_inner();
+    assert_eq!(d.deleted, 1, "{d:?}");
+    let on_a = session_items(&uri_a, &ts.key, &session).await?;
+    assert!(on_a.is_empty(), "A still has {on_a:?}");
+    ts.shutdown().await;
+    Ok(())
+}

@@ -1,7 +1,8 @@
 //! What gateway replicas share (issue 48): which replicas are alive, so
-//! each takes its share of every tenant's limits, and each turn's first
+//! each takes its share of every tenant's limits; each turn's first
 //! answer, so the same `turn_id` sent to another replica gets the same
-//! answer. Both live in Postgres (migrations/0013_gateway_state.sql); the
+//! answer; and working-memory notes, so a session continues on any
+//! replica. Both live in Postgres (migrations/0013_gateway_state.sql); the
 //! gateways reach them only through this service, with the internal token.
 //!
 //! Bounds a hostile tenant meets: an answer of at most [`MAX_ANSWER_BYTES`],
@@ -31,6 +32,15 @@ const MAX_GROUP_CHARS: usize = 128;
 const MIN_MEMBER_TTL_MS: u32 = 1_000;
 const MAX_MEMBER_TTL_MS: u32 = 60_000;
 const MAX_TURN_TTL_MS: u32 = 3_600_000;
+/// Unexpired working-memory notes one tenant may keep, in bytes: over it
+/// the tenant's oldest notes at or below the writer's trust go first.
+pub const TENANT_NOTE_BYTES: i64 = 64 << 20;
+/// One note's encoding at most (64 KiB of text, a vector, the rest).
+const MAX_NOTE_BYTES: usize = 256 << 10;
+const MAX_NOTES: usize = 1_000;
+const MAX_SESSION_ID_CHARS: usize = 128;
+const MAX_NOTE_ID_CHARS: usize = 64;
+const MAX_NOTES_PER_SESSION: u32 = 10_000;
 /// Expired rows deleted per heartbeat, per table.
 const SWEEP_BATCH: i64 = 1_000;
 /// Statement bound of every call here: small rows by primary key.
@@ -148,7 +158,7 @@ pub async fn heartbeat(pool: &PgPool, h: &Heartbeat) -> Result<u32> {
         .execute(&mut *tx)
         .await?;
     }
-    for table in ["gateway_members", "turn_answers"] {
+    for table in ["gateway_members", "turn_answers", "working_notes"] {
         let sql = format!(
             "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
              WHERE expires_at < now() LIMIT {SWEEP_BATCH}))"
@@ -217,6 +227,282 @@ pub async fn put_turn(pool: &PgPool, tenant: &str, put: &PutTurn) -> Result<bool
     Ok(stored == 1)
 }
 
+/// A checked [`pb::SessionNote`] to store.
+#[derive(Debug)]
+pub struct Note {
+    session_id: String,
+    id: String,
+    access: i16,
+    body: Vec<u8>,
+    content_hash: Vec<u8>,
+    expires_at_ms: i64,
+}
+
+fn invalid(field: &str, rule: &str) -> Error {
+    Error::InvalidArgument(format!("{field}: {rule}"))
+}
+
+fn check_chars(field: &str, v: &str, max: usize) -> Result<()> {
+    let n = v.chars().count();
+    if n == 0 || n > max || v.contains('\0') {
+        return Err(invalid(
+            field,
+            &format!("must be 1 to {max} characters, no NUL"),
+        ));
+    }
+    Ok(())
+}
+
+impl TryFrom<pb::SessionNote> for Note {
+    type Error = Error;
+
+    fn try_from(n: pb::SessionNote) -> Result<Self> {
+        check_chars("notes.session_id", &n.session_id, MAX_SESSION_ID_CHARS)?;
+        check_chars("notes.id", &n.id, MAX_NOTE_ID_CHARS)?;
+        let access = engram_common::AccessLevel::from_proto(n.access_level)
+            .ok_or_else(|| invalid("notes.access_level", "unknown access level"))?;
+        if n.body.is_empty() || n.body.len() > MAX_NOTE_BYTES {
+            return Err(invalid(
+                "notes.body",
+                &format!("must be 1 to {MAX_NOTE_BYTES} bytes"),
+            ));
+        }
+        if n.content_hash.len() != KEY_BYTES {
+            return Err(invalid("notes.content_hash", "must be 32 bytes"));
+        }
+        if n.expires_at_ms <= 0 {
+            return Err(invalid("notes.expires_at_ms", "must be positive"));
+        }
+        Ok(Self {
+            session_id: n.session_id,
+            id: n.id,
+            access: access.as_i16(),
+            body: n.body,
+            content_hash: n.content_hash,
+            expires_at_ms: n.expires_at_ms,
+        })
+    }
+}
+
+/// A checked [`pb::PutNotesRequest`].
+#[derive(Debug)]
+pub struct PutNotes {
+    notes: Vec<Note>,
+    max_per_session: u32,
+}
+
+impl TryFrom<pb::PutNotesRequest> for PutNotes {
+    type Error = Error;
+
+    fn try_from(r: pb::PutNotesRequest) -> Result<Self> {
+        if r.notes.is_empty() || r.notes.len() > MAX_NOTES {
+            return Err(invalid(
+                "notes",
+                &format!("must hold 1 to {MAX_NOTES} notes"),
+            ));
+        }
+        if r.max_per_session == 0 || r.max_per_session > MAX_NOTES_PER_SESSION {
+            return Err(invalid(
+                "max_per_session",
+                &format!("must be 1 to {MAX_NOTES_PER_SESSION}"),
+            ));
+        }
+        let notes = r
+            .notes
+            .into_iter()
+            .map(Note::try_from)
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            notes,
+            max_per_session: r.max_per_session,
+        })
+    }
+}
+
+/// A checked session id.
+#[derive(Debug)]
+pub struct SessionId(String);
+
+impl TryFrom<pb::GetNotesRequest> for SessionId {
+    type Error = Error;
+
+    fn try_from(r: pb::GetNotesRequest) -> Result<Self> {
+        check_chars("session_id", &r.session_id, MAX_SESSION_ID_CHARS)?;
+        Ok(Self(r.session_id))
+    }
+}
+
+/// Checked note ids.
+#[derive(Debug)]
+pub struct NoteIds(Vec<String>);
+
+impl TryFrom<pb::DeleteNotesRequest> for NoteIds {
+    type Error = Error;
+
+    fn try_from(r: pb::DeleteNotesRequest) -> Result<Self> {
+        if r.ids.len() > MAX_NOTES {
+            return Err(invalid("ids", &format!("at most {MAX_NOTES}")));
+        }
+        for id in &r.ids {
+            check_chars("ids", id, MAX_NOTE_ID_CHARS)?;
+        }
+        Ok(Self(r.ids))
+    }
+}
+
+const PUT_NOTE_SQL: &str = "INSERT INTO working_notes AS w \
+     (tenant_id, agent_id, session_id, id, access_level, body, content_hash, version, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, 1, to_timestamp($8::float8 / 1000)) \
+     ON CONFLICT (tenant_id, agent_id, session_id, id) DO UPDATE SET \
+       access_level = EXCLUDED.access_level, body = EXCLUDED.body, \
+       content_hash = EXCLUDED.content_hash, expires_at = EXCLUDED.expires_at, \
+       written_at = now(), \
+       version = CASE WHEN w.expires_at < now() THEN 1 \
+                      WHEN w.content_hash = EXCLUDED.content_hash THEN w.version \
+                      ELSE w.version + 1 END \
+     WHERE w.access_level <= $9 \
+     RETURNING version, (xmax = 0) AS created";
+
+/// Makes room in the tenant's byte budget for `incoming` bytes: its
+/// oldest notes at or below `trust` go first (a lower-trust writer never
+/// pushes out a higher-trust note).
+const TENANT_ROOM_SQL: &str = "DELETE FROM working_notes WHERE (tenant_id, agent_id, session_id, id) IN ( \
+     SELECT tenant_id, agent_id, session_id, id FROM ( \
+       SELECT tenant_id, agent_id, session_id, id, \
+              sum(octet_length(body)) OVER (ORDER BY written_at DESC, id) AS upto \
+       FROM working_notes WHERE tenant_id = $1 AND access_level <= $2) kept \
+     WHERE upto > $3)";
+
+/// The session's notes past its cap, oldest written first.
+const SESSION_CAP_SQL: &str = "DELETE FROM working_notes WHERE (tenant_id, agent_id, session_id, id) IN ( \
+     SELECT tenant_id, agent_id, session_id, id FROM working_notes \
+     WHERE tenant_id = $1 AND agent_id = $2 AND session_id = $3 \
+     ORDER BY written_at DESC, id OFFSET $4)";
+
+/// Stores the notes of `identity`, all or none: `Err(i)` when note `i` is
+/// stored above the caller's trust. Returns each note's version and
+/// whether it was created.
+pub async fn put_notes(
+    pool: &PgPool,
+    identity: &engram_common::Identity,
+    put: &PutNotes,
+) -> Result<std::result::Result<Vec<(i32, bool)>, usize>> {
+    let trust = identity.trust.as_i16();
+    if let Some(i) = put.notes.iter().position(|n| n.access > trust) {
+        return Ok(Err(i));
+    }
+    let mut tx = bounds::begin(pool, TIMEOUT_MS).await?;
+    let incoming: i64 = put.notes.iter().map(|n| n.body.len() as i64).sum();
+    sqlx::query(TENANT_ROOM_SQL)
+        .bind(&identity.tenant)
+        .bind(trust)
+        .bind(TENANT_NOTE_BYTES - incoming)
+        .execute(&mut *tx)
+        .await?;
+    let mut out = Vec::with_capacity(put.notes.len());
+    for (i, n) in put.notes.iter().enumerate() {
+        let row: Option<(i32, bool)> = sqlx::query_as(PUT_NOTE_SQL)
+            .bind(&identity.tenant)
+            .bind(&identity.agent_id)
+            .bind(&n.session_id)
+            .bind(&n.id)
+            .bind(n.access)
+            .bind(&n.body)
+            .bind(&n.content_hash)
+            .bind(n.expires_at_ms as f64)
+            .bind(trust)
+            .fetch_optional(&mut *tx)
+            .await?;
+        match row {
+            Some(r) => out.push(r),
+            None => {
+                tx.rollback().await?;
+                return Ok(Err(i));
+            }
+        }
+    }
+    let sessions: std::collections::BTreeSet<&str> =
+        put.notes.iter().map(|n| n.session_id.as_str()).collect();
+    for session in sessions {
+        sqlx::query(SESSION_CAP_SQL)
+            .bind(&identity.tenant)
+            .bind(&identity.agent_id)
+            .bind(session)
+            .bind(i64::from(put.max_per_session))
+            .execute(&mut *tx)
+            .await?;
+    }
+    bounds::commit(tx).await?;
+    Ok(Ok(out))
+}
+
+/// id, access level, body, content hash, version, expiry (ms).
+type NoteRow = (String, i16, Vec<u8>, Vec<u8>, i32, f64);
+
+/// The session's live notes at or below the caller's trust.
+pub async fn get_notes(
+    pool: &PgPool,
+    identity: &engram_common::Identity,
+    session: &SessionId,
+) -> Result<Vec<pb::SessionNote>> {
+    let mut tx = bounds::begin(pool, TIMEOUT_MS).await?;
+    let rows: Vec<NoteRow> = sqlx::query_as(
+        "SELECT id, access_level, body, content_hash, version, \
+                extract(epoch FROM expires_at)::float8 * 1000 \
+         FROM working_notes \
+         WHERE tenant_id = $1 AND agent_id = $2 AND session_id = $3 \
+           AND access_level <= $4 AND expires_at > now() \
+         LIMIT 10000",
+    )
+    .bind(&identity.tenant)
+    .bind(&identity.agent_id)
+    .bind(&session.0)
+    .bind(identity.trust.as_i16())
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(id, access, body, content_hash, version, expires)| pb::SessionNote {
+                session_id: session.0.clone(),
+                id,
+                access_level: i32::from(access),
+                body,
+                content_hash,
+                expires_at_ms: expires as i64,
+                version,
+                created: false,
+            },
+        )
+        .collect())
+}
+
+/// Deletes the caller's notes with these ids at or below its trust.
+pub async fn delete_notes(
+    pool: &PgPool,
+    identity: &engram_common::Identity,
+    ids: &NoteIds,
+) -> Result<u32> {
+    if ids.0.is_empty() {
+        return Ok(0);
+    }
+    let mut tx = bounds::begin(pool, TIMEOUT_MS).await?;
+    let n = sqlx::query(
+        "DELETE FROM working_notes WHERE tenant_id = $1 AND agent_id = $2 \
+         AND id = ANY($3) AND access_level <= $4 AND expires_at > now()",
+    )
+    .bind(&identity.tenant)
+    .bind(&identity.agent_id)
+    .bind(&ids.0)
+    .bind(identity.trust.as_i16())
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    bounds::commit(tx).await?;
+    Ok(u32::try_from(n).unwrap_or(u32::MAX))
+}
+
 #[tonic::async_trait]
 impl GatewayStateService for crate::SearchSvc {
     async fn heartbeat(
@@ -252,6 +538,49 @@ impl GatewayStateService for crate::SearchSvc {
         let (_slot, identity, put) = self.open::<_, PutTurn>(req)?;
         let stored = put_turn(&self.inner.pool, &identity.tenant, &put).await?;
         Ok(Response::new(pb::PutTurnResponse { stored }))
+    }
+
+    async fn put_notes(
+        &self,
+        req: Request<pb::PutNotesRequest>,
+    ) -> std::result::Result<Response<pb::PutNotesResponse>, Status> {
+        let (_slot, identity, put) = self.open::<_, PutNotes>(req)?;
+        let stored = put_notes(&self.inner.pool, &identity, &put).await?;
+        let resp = match stored {
+            Ok(done) => pb::PutNotesResponse {
+                notes: (done.into_iter())
+                    .map(|(version, created)| pb::SessionNote {
+                        version,
+                        created,
+                        ..Default::default()
+                    })
+                    .collect(),
+                refused: 0,
+            },
+            Err(i) => pb::PutNotesResponse {
+                notes: Vec::new(),
+                refused: u32::try_from(i + 1).unwrap_or(u32::MAX),
+            },
+        };
+        Ok(Response::new(resp))
+    }
+
+    async fn get_notes(
+        &self,
+        req: Request<pb::GetNotesRequest>,
+    ) -> std::result::Result<Response<pb::GetNotesResponse>, Status> {
+        let (_slot, identity, session) = self.open::<_, SessionId>(req)?;
+        let notes = get_notes(&self.inner.pool, &identity, &session).await?;
+        Ok(Response::new(pb::GetNotesResponse { notes }))
+    }
+
+    async fn delete_notes(
+        &self,
+        req: Request<pb::DeleteNotesRequest>,
+    ) -> std::result::Result<Response<pb::DeleteNotesResponse>, Status> {
+        let (_slot, identity, ids) = self.open::<_, NoteIds>(req)?;
+        let deleted = delete_notes(&self.inner.pool, &identity, &ids).await?;
+        Ok(Response::new(pb::DeleteNotesResponse { deleted }))
     }
 }
 

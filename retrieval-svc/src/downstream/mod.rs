@@ -27,7 +27,10 @@ use engram_proto::{
     StoreFeedbackRequest, StoreFeedbackResponse, UpsertRequest, UpsertResponse,
     VectorSearchRequest,
 };
-use engram_proto::{GetTurnRequest, GetTurnResponse, PutTurnRequest, PutTurnResponse};
+use engram_proto::{
+    DeleteNotesRequest, DeleteNotesResponse, GetNotesRequest, GetNotesResponse, GetTurnRequest,
+    GetTurnResponse, PutNotesRequest, PutNotesResponse, PutTurnRequest, PutTurnResponse,
+};
 use tokio::time::Instant;
 use tonic::Status;
 use tonic::transport::Channel;
@@ -219,6 +222,10 @@ pub struct Downstreams {
     /// GatewayStateService, Postgres).
     pub get_turn: Down<GetTurnRequest, GetTurnResponse>,
     pub put_turn: Down<PutTurnRequest, PutTurnResponse>,
+    /// Working-memory notes every replica shares (the same service).
+    pub put_notes: Down<PutNotesRequest, PutNotesResponse>,
+    pub get_notes: Down<GetNotesRequest, GetNotesResponse>,
+    pub delete_notes: Down<DeleteNotesRequest, DeleteNotesResponse>,
     /// Every stack's breaker, for the circuit-state gauge.
     pub breakers: Arc<Vec<(&'static str, BreakerHandle)>>,
     /// search-svc's channel, for its long-lived change feed (no stack: a
@@ -307,8 +314,8 @@ impl Downstreams {
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         let state = GatewayStateServiceClient::new(search_channel.clone())
-            .max_decoding_message_size(2 << 20)
-            .max_encoding_message_size(2 << 20);
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
         let graph = GraphServiceClient::new(channel(&ds.graph)?);
         let rerank = RerankServiceClient::new(channel(&ds.rerank)?);
         let mut b = Builder::new(settings, metrics);
@@ -389,6 +396,21 @@ impl Downstreams {
                 ("search.put_turn", S, read, false, 16),
                 &state,
                 |mut c, r| Box::pin(async move { c.put_turn(r).await }),
+            ),
+            put_notes: b.add(
+                ("search.put_notes", S, read, false, 16),
+                &state,
+                |mut c, r| Box::pin(async move { c.put_notes(r).await }),
+            ),
+            get_notes: b.add(
+                ("search.get_notes", S, read, true, 16),
+                &state,
+                |mut c, r| Box::pin(async move { c.get_notes(r).await }),
+            ),
+            delete_notes: b.add(
+                ("search.delete_notes", S, read, false, 16),
+                &state,
+                |mut c, r| Box::pin(async move { c.delete_notes(r).await }),
             ),
             breakers: Arc::new(b.breakers),
             search_channel,

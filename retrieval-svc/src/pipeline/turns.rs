@@ -2,7 +2,7 @@
 //! check 4): a client that sends the same `turn_id` again, through any
 //! replica, gets the answer it got the first time. The answer is kept in
 //! this replica's turn cache (cache.rs) and in Postgres through search-svc
-//! (`GatewayStateService`), where every write of the tenant drops it in
+//! (its shared-state service), where every write of the tenant drops it in
 //! the write's own commit. A replica that misses its own cache asks there
 //! and keeps what it finds. Either call failing only costs the sharing:
 //! the turn is answered afresh, as on a replica that never saw it.

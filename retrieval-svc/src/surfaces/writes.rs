@@ -130,8 +130,10 @@ pub async fn delete(
     check_batch("ids", req.ids.len(), MAX_WRITE_BATCH)?;
     let tenant = identity.tenant.clone();
     let _slot = write_slot(&gw.downstreams().write_gates.delete, &tenant).await?;
-    let from_working = gw.working().delete(&identity, &req.ids);
-    let r = call(&gw.downstreams().delete, &Arc::new(identity), req).await;
+    let identity = Arc::new(identity);
+    let here = gw.working().delete(&identity, &req.ids);
+    let from_working = here.max(working::shared::delete(gw, &identity, &req.ids).await);
+    let r = call(&gw.downstreams().delete, &identity, req).await;
     gw.pipeline().caches().invalidate_tenant(&tenant);
     let mut r = r.map_err(|e| ds_err("search", e))?;
     r.deleted += from_working;

@@ -2,13 +2,16 @@
 //!
 //! Working memory is what an agent noted during the current session: it is
 //! short-lived, per session, and read far more often than it is worth
-//! persisting, so it lives in the gateway's process (store.rs: bounded per
-//! session and in sessions, expired by TTL, least recently used evicted
-//! first) and never reaches Postgres. `GetMemory` answers from it when
+//! searching in Postgres, so it is ranked in the gateway's process
+//! (store.rs: bounded per session and in sessions, expired by TTL, least
+//! recently used evicted first); every gateway replica sees the same notes
+//! through a shared copy in Postgres (shared.rs), which the graph and the
+//! search indexes never see. `GetMemory` answers from it when
 //! something matches; otherwise it asks the pipeline for claims and expands
 //! them along `causes` / `supports` edges, with the contradictions the
 //! pipeline left open, so an agent gets "what do I know and why" in one call.
 
+pub mod shared;
 pub mod store;
 
 use std::collections::{HashMap, HashSet};
@@ -63,7 +66,12 @@ pub(crate) async fn write_working(
             }
         }
     }
-    let r = gw.working().put(identity, writes, Utc::now())?;
+    let now = Utc::now();
+    let r = match shared::put(gw, identity, &writes, now).await {
+        shared::Shared::Refused(i) => return Err(i),
+        shared::Shared::Stored(v) => gw.working().put_versions(identity, writes, Some(&v), now)?,
+        shared::Shared::Unreachable => gw.working().put(identity, writes, now)?,
+    };
     tracing::info!(
         tenant = %identity.tenant,
         agent = %identity.agent_id,
@@ -117,6 +125,7 @@ async fn working_first(
     };
     let key = SessionKey::new(identity, session);
     let now = Utc::now();
+    shared::refresh(gw, identity, &key, now).await;
     let (frags, total) = gw
         .working()
         .visible(&key, identity.trust, mq.min_confidence, now);

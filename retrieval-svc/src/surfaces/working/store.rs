@@ -258,6 +258,10 @@ pub struct Fragment {
     used: u64,
     /// What this fragment costs the store (strings, vector, word set).
     bytes: usize,
+    /// Stored in Postgres too (shared.rs): a note the shared copy no
+    /// longer holds was deleted, expired or evicted through another
+    /// replica, and goes here too when the session is next read.
+    shared: bool,
 }
 
 /// Bookkeeping per fragment beyond its text and vector (maps, Arcs).
@@ -518,16 +522,68 @@ impl WorkingMemory {
         writes: Vec<WorkingWrite>,
         now: DateTime<Utc>,
     ) -> Result<Vec<UpsertResult>, usize> {
+        self.put_versions(identity, writes, None, now)
+    }
+
+    /// [`Self::put`] with each write's version and `created` as the shared
+    /// copy stored them (same order), when it did.
+    pub fn put_versions(
+        &self,
+        identity: &Identity,
+        writes: Vec<WorkingWrite>,
+        shared_opt: Option<&[(i32, bool)]>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<UpsertResult>, usize> {
         let mut st = self.state.lock();
         if let Some(i) = first_unwritable(&st, identity, &writes) {
             return Err(i);
         }
-        let out = writes
-            .into_iter()
-            .map(|w| self.put_one(&mut st, identity, w, now))
+        let out = (writes.into_iter().enumerate())
+            .map(|(i, w)| {
+                let forced = shared_opt.and_then(|v| v.get(i).copied());
+                self.put_one(&mut st, identity, w, forced, now)
+            })
             .collect();
         self.gauges(&st);
         Ok(out)
+    }
+
+    /// Makes this replica's copy of a session what the shared copy holds at
+    /// or below `trust` (`notes`): shared notes it no longer holds go, new
+    /// or newer ones come in (within this replica's limits). Notes above
+    /// `trust` and notes never shared stay as they are.
+    pub fn sync(
+        &self,
+        key: &SessionKey,
+        trust: AccessLevel,
+        notes: Vec<Fragment>,
+        now: DateTime<Utc>,
+    ) {
+        let mut st = self.state.lock();
+        let held: HashSet<&str> = notes.iter().map(|f| f.id.as_str()).collect();
+        let gone: Vec<String> = (st.sessions.get(key).into_iter())
+            .flat_map(|s| s.fragments.values())
+            .filter(|f| f.shared && f.access <= trust && !held.contains(f.id.as_str()))
+            .map(|f| f.id.clone())
+            .collect();
+        for id in &gone {
+            st.remove(key, id);
+        }
+        for mut f in notes {
+            let local = st.sessions.get(key).and_then(|s| s.fragments.get(&f.id));
+            if local.is_some_and(|l| {
+                l.version >= f.version
+                    && l.expires_at.timestamp_millis() == f.expires_at.timestamp_millis()
+            }) {
+                continue;
+            }
+            let created = local.is_none();
+            let tick = st.next();
+            f.used = tick;
+            self.make_room(&mut st, key, trust, f.bytes, created, now);
+            st.insert(key, f, tick);
+        }
+        self.gauges(&st);
     }
 
     fn put_one(
@@ -535,20 +591,23 @@ impl WorkingMemory {
         st: &mut State,
         identity: &Identity,
         w: WorkingWrite,
+        forced: Option<(i32, bool)>,
         now: DateTime<Utc>,
     ) -> UpsertResult {
         let key = SessionKey::new(identity, &w.session_id);
         let expired = st.expire(&key, now);
         self.evict("ttl", expired);
         let tick = st.next();
-        let (version, created) = match st.sessions.get(&key).and_then(|s| s.fragments.get(&w.id)) {
+        let local = match st.sessions.get(&key).and_then(|s| s.fragments.get(&w.id)) {
             Some(old) if old.content == w.content && old.title == w.title => (old.version, false),
             Some(old) => (old.version + 1, false),
             None => (1, true),
         };
+        let (version, created) = forced.unwrap_or(local);
         let id = w.id.clone();
         let embedded = w.embedding_opt.is_some();
-        let fragment = fragment_of(w, now, version, tick);
+        let mut fragment = fragment_of(w, now, version, tick);
+        fragment.shared = forced.is_some();
         self.make_room(st, &key, identity.trust, fragment.bytes, created, now);
         st.insert(&key, fragment, tick);
         UpsertResult {
@@ -725,9 +784,87 @@ fn fragment_of(w: WorkingWrite, now: DateTime<Utc>, version: i32, tick: u64) -> 
         version,
         used: tick,
         bytes: 0,
+        shared: false,
     };
     f.bytes = f.weigh();
     f
+}
+
+/// What the shared copy stores of a write (shared.rs): the note as a
+/// `Memory`, opaque to search-svc, with what decides a new version.
+pub fn note_of(w: &WorkingWrite, now: DateTime<Utc>) -> engram_proto::SessionNote {
+    use prost::Message;
+    use sha2::{Digest, Sha256};
+    let ttl = chrono::Duration::from_std(w.ttl).unwrap_or(chrono::Duration::MAX);
+    let expires_at = now
+        .checked_add_signed(ttl)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
+    let body = Memory {
+        id: w.id.clone(),
+        content: w.content.clone(),
+        title: w.title.clone(),
+        namespace: w.namespace.clone(),
+        source: w.source.clone(),
+        source_confidence: Some(w.confidence),
+        access_level: w.access.to_proto(),
+        embedding: w.embedding_opt.clone().unwrap_or_default(),
+        ingestion_time: Some(engram_common::convert::chrono_to_ts(now)),
+        ..Default::default()
+    };
+    let mut h = Sha256::new();
+    for part in [w.title.as_bytes(), w.content.as_bytes()] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    engram_proto::SessionNote {
+        session_id: w.session_id.clone(),
+        id: w.id.clone(),
+        access_level: w.access.to_proto(),
+        body: body.encode_to_vec(),
+        content_hash: h.finalize().to_vec(),
+        expires_at_ms: expires_at.timestamp_millis(),
+        version: 0,
+        created: false,
+    }
+}
+
+/// A note read back from the shared copy; `None` when it does not decode
+/// (another version's encoding) or has an unknown level.
+pub fn fragment_from_note(n: &engram_proto::SessionNote) -> Option<Fragment> {
+    use prost::Message;
+    let m = Memory::decode(n.body.as_slice()).ok()?;
+    let access = AccessLevel::from_proto(n.access_level)?;
+    let written_at = (m.ingestion_time.as_ref())
+        .and_then(|t| {
+            DateTime::<Utc>::from_timestamp(t.seconds, u32::try_from(t.nanos).unwrap_or(0))
+        })
+        .unwrap_or_else(Utc::now);
+    let expires_at = DateTime::<Utc>::from_timestamp_millis(n.expires_at_ms)?;
+    let text = if m.title.is_empty() {
+        m.content.clone()
+    } else {
+        format!("{}\n{}", m.title, m.content)
+    };
+    let embedding_opt = (m.embedding.len() == EMBEDDING_DIM).then(|| Arc::from(m.embedding));
+    let mut f = Fragment {
+        id: m.id,
+        tokens: Arc::new(tokens(&text)),
+        content: m.content,
+        title: m.title,
+        namespace: m.namespace,
+        source: m.source,
+        confidence: m.source_confidence.unwrap_or(1.0),
+        access,
+        embedding_opt,
+        written_at,
+        expires_at,
+        version: n.version,
+        used: 0,
+        bytes: 0,
+        shared: true,
+    };
+    f.bytes = f.weigh();
+    Some(f)
 }
 
 /// Matches by shared content words or embedding cosine, then ranks by
