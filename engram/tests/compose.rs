@@ -4,8 +4,9 @@
 //! search, graph, rerank, gateway), healthy; an upsert and a retrieve
 //! through the published gRPC port, and the HTTP port answering; then down
 //! with its volume. With `deploy/compose.replicas.yaml` and two search and
-//! two graph containers, each host its own address: feedback is checked on
-//! the gateway that did not answer, and a killed search or graph replica
+//! two graph containers, each host its own address: issue 48's four checks
+//! across the two gateways (a working note, feedback, a tenant's rate, a
+//! turn), and a killed search or graph replica
 //! costs no failed read, its answers whole again within 10 s. The image
 //! carries the binary cargo built for this test (`CARGO_BIN_EXE_engram`),
 //! so CI pays no second (release) build.
@@ -19,9 +20,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use engram_proto::working_memory_service_client::WorkingMemoryServiceClient;
 use engram_proto::{
-    FeedbackItem, FeedbackRequest, FeedbackSignal, Memory, RetrieveRequest, RetrieveResponse,
-    UpsertRequest,
+    FeedbackItem, FeedbackRequest, FeedbackSignal, GetMemoryRequest, Memory, MemoryOrigin,
+    RetrieveRequest, RetrieveResponse, UpsertRequest,
 };
 use engram_stack::client::Client;
 use sha2::{Digest, Sha256};
@@ -227,9 +229,29 @@ fn project(overlay: &'static str, key: &str, p: &Ports) -> Project {
             port("ENGRAM_ADMIN_PORT", p.admin),
             port("ENGRAM_B_GRPC_PORT", p.b_grpc),
             port("ENGRAM_B_ADMIN_PORT", p.b_admin),
-        ],
+        ]
+        .into_iter()
+        .chain(limits(overlay))
+        .collect(),
     }
 }
+
+/// The replicas topology's tenant limits: low enough for check 3 to flood
+/// past them from one client (the other topologies keep the defaults,
+/// which their write bursts stay under).
+fn limits(overlay: &str) -> Vec<(String, String)> {
+    if overlay != "compose.replicas.yaml" {
+        return Vec::new();
+    }
+    vec![
+        ("ENGRAM_TENANT_RPS".into(), TENANT_RPS.to_string()),
+        ("ENGRAM_TENANT_BURST".into(), TENANT_RPS.to_string()),
+    ]
+}
+
+/// The tenant's rate (and burst) in the compose tests: the reads that
+/// watch a lost replica send 20 a second.
+const TENANT_RPS: u32 = 100;
 
 fn notes() -> Vec<Memory> {
     let facts = [
@@ -325,6 +347,8 @@ async fn the_compose_stack_comes_up_from_the_repository_and_survives_a_lost_repl
     );
 
     feedback_is_checked_on_the_other_gateway(&mut a, &mut b, &stored).await?;
+    a_turn_is_answered_alike_on_both_gateways(&mut a, &mut b).await?;
+    a_working_note_crosses_gateways(&mut a, &key, ports.b_grpc).await?;
     // Back to two of each before the next loss.
     let scale = ["up", "-d", "--scale", "search=2", "--scale", "graph=2"];
     a_rolling_restart_costs_no_read(&project, &a, &b).await?;
@@ -338,6 +362,99 @@ async fn the_compose_stack_comes_up_from_the_repository_and_survives_a_lost_repl
             }
         }
     }
+    // Last: it spends the tenant's rate.
+    the_rate_holds_across_gateways(&mut a, &mut b).await?;
+    Ok(())
+}
+
+/// Issue 48 check 4 across containers: the same turn through B is A's
+/// answer.
+async fn a_turn_is_answered_alike_on_both_gateways(
+    a: &mut Client,
+    b: &mut Client,
+) -> anyhow::Result<()> {
+    let turn = |text: &str| RetrieveRequest {
+        turn_id: "compose-turn-1".into(),
+        no_cache: false,
+        ..ask(text)
+    };
+    let first = (a.retrieval)
+        .retrieve(turn("Where is the planning offsite?"))
+        .await?
+        .into_inner();
+    let again = (b.retrieval)
+        .retrieve(turn("Who leads the billing team?"))
+        .await?
+        .into_inner();
+    let answer = |q: &str| q.split_once('~').map_or(q, |(id, _)| id).to_string();
+    assert_eq!(answer(&again.query_id), answer(&first.query_id));
+    assert_eq!(first_id(&again), first_id(&first));
+    println!("compose: the same turn through gateway B is gateway A's answer");
+    Ok(())
+}
+
+/// Issue 48 check 1 across containers: a working note written through A
+/// is found by GetMemory through B.
+async fn a_working_note_crosses_gateways(
+    a: &mut Client,
+    key: &str,
+    b_grpc: u16,
+) -> anyhow::Result<()> {
+    let session = format!("s-{}", uuid::Uuid::new_v4().simple());
+    let metadata = serde_json::json!({ "session_id": session });
+    let note = Memory {
+        memory_type: "working".into(),
+        content: "The user wants the rollout call moved to 3 pm.".into(),
+        metadata: Some(engram_common::convert::json_to_struct(&metadata)),
+        ..Default::default()
+    };
+    (a.memories)
+        .upsert(UpsertRequest {
+            memories: vec![note],
+        })
+        .await?;
+    let mut b = WorkingMemoryServiceClient::connect(format!("http://127.0.0.1:{b_grpc}")).await?;
+    let mut req = tonic::Request::new(GetMemoryRequest {
+        query: "When is the rollout call?".into(),
+        session_id: session,
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse()?);
+    let got = b.get_memory(req).await?.into_inner();
+    assert_eq!(got.origin, MemoryOrigin::Working as i32, "{got:?}");
+    assert!(
+        got.items.iter().any(|i| i.content.contains("3 pm")),
+        "{got:?}"
+    );
+    println!("compose: a working note written through gateway A is read through gateway B");
+    Ok(())
+}
+
+/// Issue 48 check 3 across containers: one tenant flooding both gateways
+/// for 3 s gets at most what its limit allows (burst + 3 s of rate).
+async fn the_rate_holds_across_gateways(a: &mut Client, b: &mut Client) -> anyhow::Result<()> {
+    let (mut admitted, mut refused) = (0u32, 0u32);
+    let end = Instant::now() + Duration::from_secs(3);
+    let mut i = 0;
+    while Instant::now() < end {
+        let c = if i % 2 == 0 { &mut *a } else { &mut *b };
+        i += 1;
+        match c.retrieval.retrieve(ask("hello!")).await {
+            Ok(_) => admitted += 1,
+            Err(e) if e.code() == tonic::Code::ResourceExhausted => refused += 1,
+            Err(e) => anyhow::bail!("unexpected: {e:?}"),
+        }
+    }
+    let allowed = TENANT_RPS * 4;
+    println!(
+        "compose: two gateways, {TENANT_RPS}/s burst {TENANT_RPS}, 3 s: {admitted} admitted (the limit allows {allowed}), {refused} refused"
+    );
+    assert!(
+        admitted <= allowed,
+        "{admitted} admitted, the limit allows {allowed}"
+    );
+    assert!(refused > 0, "the flood never reached the limit");
     Ok(())
 }
 
