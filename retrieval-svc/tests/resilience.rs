@@ -165,7 +165,11 @@ impl Backends {
                 }))
                 .await;
             let g = graph.stats(self.internal(StatsRequest {})).await;
-            if s.is_ok() && r.is_ok() && g.is_ok() {
+            // The cross-encoder is optional: a clone without ../shared has
+            // no model, and rerank-svc says so (FAILED_PRECONDITION), ready.
+            let no_model = |e: &tonic::Status| e.code() == tonic::Code::FailedPrecondition;
+            let r_ready = r.as_ref().map_or_else(no_model, |_| true);
+            if s.is_ok() && r_ready && g.is_ok() {
                 return Ok(());
             }
             anyhow::ensure!(
@@ -668,7 +672,11 @@ async fn every_downstream_slow_answers_within_the_ceiling() -> anyhow::Result<()
         assert!(elapsed <= limit, "{mode:?}: {elapsed:?}");
         assert!(!r.records.is_empty());
         assert!(degraded_names(&r, "graph"), "{:?}", r.degraded_stages);
-        assert!(degraded_names(&r, "rerank"), "{:?}", r.degraded_stages);
+        // Without the optional cross-encoder (no ../shared) Stage 3 never
+        // calls rerank-svc, so only the graph can be late.
+        if b.settings.pipeline.cross_encoder {
+            assert!(degraded_names(&r, "rerank"), "{:?}", r.degraded_stages);
+        }
         // Degraded answers report at most half of the [0, 1] confidence.
         assert!(r.retrieval_confidence <= 0.5, "{}", r.retrieval_confidence);
     }
