@@ -48,10 +48,14 @@ def install_buf(home):
     try:
         subprocess.check_call(
             [npm, "install", "--prefix", prefix, "--no-audit", "--no-fund", "--silent",
-             "--no-save", BUF_PKG],
+             "--no-save", "--fetch-retries=1", "--fetch-retry-mintimeout=1000",
+             "--fetch-retry-maxtimeout=2000", "--fetch-timeout=15000", BUF_PKG],
             stdout=subprocess.DEVNULL,
+            # A machine that cannot reach the npm registry (CI here) must
+            # not wait out npm's default retries (minutes) for an extra.
+            timeout=60,
         )
-    except (OSError, subprocess.CalledProcessError) as e:
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         print(f"install_pytools: buf not installed ({e}); skipping buf curl", file=sys.stderr)
         return None
     if not os.access(buf, os.X_OK):
