@@ -26,7 +26,7 @@ use super::search::{
     Candidate, KEYWORD, Vectors, later_keyword, read_vectors, stage_deadline, time_for_another,
 };
 use super::slots::{self, fact_tokens, is_note};
-use super::text::{RELATION_LINKS, lower_words, names, query_words};
+use super::text::{FILLER, RELATION_LINKS, lower_words, names, query_words};
 use super::validate::{Checked, static_checks};
 use crate::downstream::call_until;
 
@@ -346,12 +346,7 @@ async fn start_by_clause(ctx: &Ctx<'_>, ranked: &mut [(Checked, f32)]) -> bool {
         return false;
     };
     let (named, _) = query_words(&ctx.query.text);
-    let pool: Vec<usize> = (0..ranked.len().min(START_POOL))
-        .filter(|&i| {
-            let m = &ranked[i].0.cand.memory;
-            is_note(m) && !lower_words(&m.content.replace("'s", "")).is_disjoint(&named)
-        })
-        .collect();
+    let pool = start_pool(ranked, &named);
     if pool.len() < 2 || pool[0] != 0 {
         return false;
     }
@@ -387,6 +382,43 @@ async fn start_by_clause(ctx: &Ctx<'_>, ranked: &mut [(Checked, f32)]) -> bool {
     }
 }
 
+/// Where a clause question's first fact is chosen from: among the first
+/// [`START_POOL`] places, the notes naming one of the question's names; a
+/// question that names nothing ("Who leads the project that migrates the
+/// billing system?") has only its meaning to go by, so the first place and
+/// the notes the dense list ranked first among the first
+/// [`subject::TOP`](super::subject::TOP) places (the keyword and graph
+/// lists rank by the question's common words, which the thing's own note
+/// may share with its neighbours: "billing", "system").
+fn start_pool(ranked: &[(Checked, f32)], named: &HashSet<String>) -> Vec<usize> {
+    if named.is_empty() {
+        let mut by_meaning: Vec<usize> = (1..ranked.len().min(super::subject::TOP))
+            .filter(|&i| is_note(&ranked[i].0.cand.memory) && dense_rank(&ranked[i].0).is_some())
+            .collect();
+        by_meaning.sort_by_key(|&i| dense_rank(&ranked[i].0));
+        by_meaning.truncate(START_POOL);
+        let first_ok = ranked.first().is_some_and(|(c, _)| is_note(&c.cand.memory));
+        if !first_ok {
+            return Vec::new();
+        }
+        return std::iter::once(0).chain(by_meaning).collect();
+    }
+    (0..ranked.len().min(START_POOL))
+        .filter(|&i| {
+            let m = &ranked[i].0.cand.memory;
+            is_note(m) && !lower_words(&m.content.replace("'s", "")).is_disjoint(named)
+        })
+        .collect()
+}
+
+/// The memory's rank in the dense list, if it was there.
+fn dense_rank(c: &Checked) -> Option<u32> {
+    (c.cand.fused.hits.iter())
+        .filter(|h| h.strategy == super::search::VECTOR)
+        .map(|h| h.rank)
+        .min()
+}
+
 /// Moves `ranked[at]` to the first place; scores stay with the places, so
 /// they still fall with rank.
 fn move_first(ranked: &mut [(Checked, f32)], at: usize) {
@@ -397,22 +429,70 @@ fn move_first(ranked: &mut [(Checked, f32)], at: usize) {
     }
 }
 
-/// The names a fact adds to `seen`, a possessive's "'s" cut ("Val
-/// Guest's home is in Memphis" adds "memphis"), each once.
+/// The value a fact adds to `seen`: the first run of capitalised words
+/// that holds a name not seen, less the seen ones, a possessive's "'s"
+/// cut ("Val Guest's home is in Memphis" adds "memphis"). One thing, not
+/// every name of the note: "Project Atlas migrates the billing system from
+/// MySQL to PostgreSQL 18" is about Atlas, and the next hop looks for facts
+/// naming Atlas, not ones naming Atlas, MySQL and PostgreSQL at once.
 fn value_of(m: &Memory, seen: &HashSet<String>) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for name in names(m, seen) {
-        let name = name.trim_end_matches("'s").to_string();
-        if !seen.contains(&name) && !out.contains(&name) {
-            out.push(name);
+    (name_runs(&m.content).into_iter())
+        .map(|run| {
+            let mut out: Vec<String> = Vec::new();
+            // The question's words keep their "'s" ("bank's"), the run's
+            // do not: either form was seen.
+            let unseen = |n: &String| !seen.contains(n) && !seen.contains(&format!("{n}'s"));
+            for name in run.into_iter().filter(unseen) {
+                if !out.contains(&name) {
+                    out.push(name);
+                }
+            }
+            out
+        })
+        .find(|run| !run.is_empty())
+        .unwrap_or_default()
+}
+
+/// The text's runs of capitalised words, lowercased, each word of three
+/// characters or more and not a filler ("The"), a possessive's "'s" cut.
+/// A lowercase word, a filler or a comma, semicolon or sentence end ends a
+/// run; a short abbreviation's period ("Dr.", "A.") does not.
+fn name_runs(text: &str) -> Vec<Vec<String>> {
+    let mut runs: Vec<Vec<String>> = Vec::new();
+    let mut run: Vec<String> = Vec::new();
+    for raw in text.split_whitespace() {
+        let word = raw.trim_matches(|c: char| !(c.is_alphanumeric() || c == '\''));
+        let word = word.trim_end_matches("'s").trim_end_matches('\'');
+        let lower = word.to_lowercase();
+        let capital = word.chars().next().is_some_and(char::is_uppercase);
+        let short = word.chars().count() <= 2;
+        if capital && short && !raw.ends_with([',', ';', ':', '!', '?', ')']) {
+            // An initial or a title ("A.", "Dr."): inside the run, not a name.
+            continue;
+        }
+        if !capital || FILLER.contains(&lower.as_str()) {
+            runs.push(std::mem::take(&mut run));
+            continue;
+        }
+        if !short {
+            run.push(lower);
+        }
+        let ends = raw.ends_with([',', ';', ':', '!', '?', ')'])
+            || (raw.ends_with('.') && word.chars().count() > 2);
+        if ends {
+            runs.push(std::mem::take(&mut run));
         }
     }
-    out
+    runs.push(run);
+    runs.retain(|r| !r.is_empty());
+    runs
 }
 
 /// Whether the memory names the whole value.
 fn holds(m: &Memory, value: &[String]) -> bool {
-    let said = value_of(m, &HashSet::new());
+    let said: HashSet<String> = (names(m, &HashSet::new()))
+        .map(|n| n.trim_end_matches("'s").to_string())
+        .collect();
     value.iter().all(|v| said.contains(v))
 }
 
@@ -465,6 +545,33 @@ mod tests {
         let (_, terms) = query_words("Where is Acme's head office?");
         let first = memory("b", "The head office of Acme is in the city of Bergen.");
         assert!(unsaid_by(&terms, &first).is_empty());
+    }
+
+    #[test]
+    fn a_value_is_one_thing_the_fact_names() {
+        let seen = lower_words("Who leads the project that migrates the billing system?");
+        let atlas = memory(
+            "a",
+            "Project Atlas migrates the billing system from MySQL to PostgreSQL 18 before the end of Q3.",
+        );
+        assert_eq!(value_of(&atlas, &seen), ["atlas"]);
+        let lead = memory("b", "Alice Chen is the engineering lead of Project Atlas.");
+        assert!(holds(&lead, &["atlas".to_string()]));
+        let seen = lower_words("Which physician looks after Roger Richebé?");
+        let doctor = memory("c", "Roger Richebé is a patient of Dr. David A. Prior.");
+        assert_eq!(value_of(&doctor, &seen), ["david", "prior"]);
+        let seen = lower_words("Who is Saif Ali Khan married to?");
+        let spouse = memory(
+            "d",
+            "Saif Ali Khan is married to Jocelyn Lovell, a painter.",
+        );
+        assert_eq!(value_of(&spouse, &seen), ["jocelyn", "lovell"]);
+        let seen = lower_words("Who runs the city that hosts Community West Bank's head office?");
+        let office = memory(
+            "e",
+            "Community West Bank's head office is located in Miami.",
+        );
+        assert_eq!(value_of(&office, &seen), ["miami"]);
     }
 
     #[test]

@@ -79,7 +79,7 @@ pub fn coverage(wanted: &HashSet<String>, have: &HashSet<String>) -> f32 {
 
 /// Words that say nothing about which thing a text is about, even when
 /// capitalised at a sentence's start.
-const FILLER: &[&str] = &[
+pub const FILLER: &[&str] = &[
     "the", "a", "an", "of", "in", "on", "at", "to", "for", "and", "or", "with", "by", "from", "as",
     "is", "was", "were", "be", "been", "are", "that", "this", "which", "who", "whom", "whose",
     "what", "when", "where", "why", "how", "it", "its", "his", "her", "their", "they", "he", "she",
