@@ -513,7 +513,9 @@ impl GatewayStateService for crate::SearchSvc {
             req.metadata(),
             self.inner.internal_token_opt.as_deref(),
         )?;
-        let _slot = self.inner.admission.admit()?;
+        // No request slot: a replica's heartbeat every 2 s is not work a
+        // tenant asked for, and a search-svc at its limit must still count
+        // the replicas (and sweep what expired).
         let h = Heartbeat::try_from(req.into_inner())?;
         let live = heartbeat(&self.inner.pool, &h).await?;
         Ok(Response::new(pb::HeartbeatResponse { live }))

@@ -79,7 +79,9 @@ pub async fn run(
         return 0;
     };
     let (_, terms) = query_words(&ctx.query.text);
-    let mut unsaid = unsaid_by(&terms, &first);
+    let mut unsaid: HashSet<String> = (unsaid_by(&terms, &first).into_iter())
+        .filter(|w| !is_time_word(w))
+        .collect();
     let min_unsaid = match shape {
         Shape::None => usize::MAX,
         Shape::Clause => 1,
@@ -486,6 +488,12 @@ fn name_runs(text: &str) -> Vec<Vec<String>> {
     runs.push(run);
     runs.retain(|r| !r.is_empty());
     runs
+}
+
+/// A word that says when, not what ("Where was Acme's head office in
+/// February 2024?"): no fact of a chain states it, so it asks for no hop.
+fn is_time_word(w: &str) -> bool {
+    w.chars().all(|c| c.is_ascii_digit()) || engram_common::text::MONTHS.contains(&w)
 }
 
 /// Whether the memory names the whole value.
