@@ -25,8 +25,10 @@ use super::current::order_key;
 use super::search::{
     Candidate, KEYWORD, Vectors, later_keyword, read_vectors, stage_deadline, time_for_another,
 };
-use super::slots::{self, fact_tokens, is_note};
-use super::text::{FILLER, RELATION_LINKS, lower_words, names, query_words};
+use super::slots::{self, is_note};
+use super::text::{
+    FILLER, RELATION_LINKS, clause_at, clause_words, lower_words, names, query_words,
+};
 use super::validate::{Checked, static_checks};
 use crate::downstream::call_until;
 
@@ -40,11 +42,6 @@ pub const MAX_HOPS: usize = 3;
 /// followed: one is a paraphrase ("heads" against "CEO"), two are a
 /// relation the first fact does not state.
 const MIN_UNSAID: usize = 2;
-
-/// Link words that open a relative clause ("the city where X lives", "the
-/// company that owns X"): the thing is surely named through another one,
-/// so one word left unsaid is a relation, not a paraphrase.
-const CLAUSE_LINKS: &[&str] = &["where", "whose", "who", "whom", "that", "which"];
 
 /// Finds read per hop, by the value's name alone: in a tenant of 20,000
 /// facts a city is named by dozens ("… lives in Bremen"), and the one the
@@ -246,9 +243,10 @@ fn by_fit(mut finds: Vec<Checked>, unsaid: &HashSet<String>) -> Vec<Checked> {
 /// The first find, or a newer version of it among the finds.
 fn current(mut finds: Vec<Checked>, question: &str, value: &[String]) -> Option<Checked> {
     let first = finds.first()?;
-    let mut asked: HashSet<String> = slots::tokens(question).into_iter().collect();
-    asked.extend(value.iter().cloned());
-    let toks = |c: &Checked| fact_tokens(&c.cand.memory.content);
+    let mut asked = slots::Asked::of(question);
+    asked.words.extend(value.iter().cloned());
+    asked.names.extend(value.iter().cloned());
+    let toks = |c: &Checked| slots::Said::of(&c.cand.memory.content);
     let head = toks(first);
     let key = |c: &Checked| order_key(&c.cand.memory);
     let mut best = 0;
@@ -297,18 +295,15 @@ enum Shape {
 /// of X", "the city where X lives", "X's spouse". A question for several
 /// values of one relation ("Which languages does X speak?") does not.
 fn relates(question: &str) -> Shape {
-    let lower = question.to_lowercase();
-    let words: Vec<&str> = lower
-        .split(|c: char| !(c.is_alphanumeric() || c == '\''))
-        .filter(|w| !w.is_empty())
-        .collect();
+    let owned = clause_words(question);
+    let words: Vec<&str> = owned.iter().map(String::as_str).collect();
     let possessive = words.iter().any(|w| w.ends_with("'s") && w.len() > 2);
-    let link = |w: &&[&str], links: &[&str]| {
-        w[0] == "the" && w[1].chars().all(char::is_alphabetic) && links.contains(&w[2])
+    let link = |w: &&[&str]| {
+        w[0] == "the" && w[1].chars().all(char::is_alphabetic) && RELATION_LINKS.contains(&w[2])
     };
-    if (words.windows(3)).any(|w| link(&w, CLAUSE_LINKS)) {
+    if clause_at(&words).is_some() {
         Shape::Clause
-    } else if possessive || (words.windows(3)).any(|w| link(&w, RELATION_LINKS)) {
+    } else if possessive || (words.windows(3)).any(|w| link(&w)) {
         Shape::Link
     } else {
         Shape::None
@@ -322,14 +317,9 @@ const START_POOL: usize = 3;
 /// lower case: "In which country is the city where Val Guest lives?" →
 /// "val guest lives" (the words after "the city where", to the end).
 fn clause_of(question: &str) -> Option<String> {
-    let lower = question.to_lowercase();
-    let words: Vec<&str> = lower
-        .split(|c: char| !(c.is_alphanumeric() || c == '\''))
-        .filter(|w| !w.is_empty())
-        .collect();
-    let at = (words.windows(3)).position(|w| {
-        w[0] == "the" && w[1].chars().all(char::is_alphabetic) && CLAUSE_LINKS.contains(&w[2])
-    })?;
+    let owned = clause_words(question);
+    let words: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let at = clause_at(&words)?;
     let clause = words.get(at + 3..).filter(|c| !c.is_empty())?;
     Some(clause.join(" "))
 }

@@ -131,10 +131,10 @@ struct Pair {
 /// (callers sort by them): a version moved up takes the score of the place
 /// it lands on.
 pub fn run(query: &Query, ranked: &mut Vec<(Checked, f32)>) -> Vec<ConflictPair> {
-    let asked: HashSet<String> = slots::tokens(&query.text).into_iter().collect();
+    let asked = slots::Asked::of(&query.text);
     let n = ranked.len().min(WINDOW);
-    let toks: Vec<Vec<String>> = (ranked.iter().take(n))
-        .map(|(c, _)| slots::fact_tokens(&said(&c.cand.memory)))
+    let toks: Vec<slots::Said> = (ranked.iter().take(n))
+        .map(|(c, _)| slots::Said::of(&said(&c.cand.memory)))
         .collect();
     let keys: Vec<Key> = (ranked.iter().take(n))
         .map(|(c, _)| order_key(&c.cand.memory))

@@ -7,6 +7,12 @@
 //! differing span holds a word the question uses ("Acme" against "Globex",
 //! same city), the span is the subject, and the two are different facts.
 //!
+//! The frame must also say the relation: a word that is not a name. In
+//! "Saif Ali Khan is a citizen of Serbia." against "Saif Ali Khan is
+//! married to Jocelyn Lovell." the words shared are the subject's alone, so
+//! the differing span holds the relation too and the two are different
+//! facts, not versions.
+//!
 //! How many values the slot holds at once is inferred from the sentence's
 //! own structure, not from a list of relations: a number, a time or an
 //! amount holds one; a definite frame ("the head office of", "Dana's
@@ -59,6 +65,60 @@ pub fn fact_tokens(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The words a text capitalises as names, lowercased: a capitalised word
+/// inside a sentence, or one that opens a sentence and is followed by
+/// another capitalised word ("Saif Ali Khan is …", "Dr. Grace Lee"). A
+/// sentence's lone first word ("Standup is daily …") is not a name, and
+/// neither is an acronym ("CEO", "GP"): it names a role as often as a
+/// thing.
+pub fn names(text: &str) -> HashSet<String> {
+    let capitalised = |w: &str| w.chars().next().is_some_and(char::is_uppercase);
+    let acronym = |w: &str| w.chars().count() > 1 && !w.chars().any(char::is_lowercase);
+    let mut out = HashSet::new();
+    for sentence in text.split(['.', '!', '?', ':', ';', '\n']) {
+        let ws: Vec<&str> = words(sentence).collect();
+        for (i, w) in ws.iter().enumerate() {
+            let next_too = ws.get(i + 1).is_some_and(|n| capitalised(n));
+            if capitalised(w) && !acronym(w) && (i > 0 || next_too) {
+                out.insert(w.to_lowercase());
+            }
+        }
+    }
+    out
+}
+
+/// A text as judged: its [`fact_tokens`] and its [`names`].
+#[derive(Debug, Clone, Default)]
+pub struct Said {
+    pub tokens: Vec<String>,
+    pub names: HashSet<String>,
+}
+
+impl Said {
+    pub fn of(text: &str) -> Self {
+        Said {
+            tokens: fact_tokens(text),
+            names: names(text),
+        }
+    }
+}
+
+/// What a question asks: its lowercased words, and its [`names`].
+#[derive(Debug, Clone, Default)]
+pub struct Asked {
+    pub words: HashSet<String>,
+    pub names: HashSet<String>,
+}
+
+impl Asked {
+    pub fn of(question: &str) -> Self {
+        Asked {
+            words: tokens(question).into_iter().collect(),
+            names: names(question),
+        }
+    }
+}
+
 /// A note: a short untitled memory that is not a conversation turn. A
 /// titled page is about its title and a turn's speaker is not its
 /// subject, so Stages 4c and 4d judge notes only.
@@ -78,9 +138,9 @@ pub struct Versions {
     pub score: f32,
 }
 
-/// Whether `a` and `b` are versions of one slot for a question whose
-/// lowercased words are `asked`.
-pub fn versions(a: &[String], b: &[String], asked: &HashSet<String>) -> Option<Versions> {
+/// Whether `a` and `b` are versions of one slot for the question `asked`.
+pub fn versions(x: &Said, y: &Said, asked: &Asked) -> Option<Versions> {
+    let (a, b) = (x.tokens.as_slice(), y.tokens.as_slice());
     if a == b || a.len() > MAX_TOKENS || b.len() > MAX_TOKENS {
         return None;
     }
@@ -104,11 +164,13 @@ pub fn versions(a: &[String], b: &[String], asked: &HashSet<String>) -> Option<V
     // H. Clark", asked about Luis Trenker, the "luis" in the value is not
     // the subject swapped.
     let content = |w: &str| !FUNCTION.contains(&w) && w.len() >= 2;
-    let frame_asked = (shared.iter()).any(|w| content(w) && asked.contains(*w));
+    let frame_asked = (shared.iter()).any(|w| content(w) && asked.words.contains(*w));
     let in_frame = |w: &String| shared.contains(&w);
     let span_asked =
-        (mid_a.iter().chain(mid_b)).any(|w| content(w) && asked.contains(w) && !in_frame(w));
-    if !frame_asked || span_asked || has_digit(mid_a) != has_digit(mid_b) {
+        (mid_a.iter().chain(mid_b)).any(|w| content(w) && asked.words.contains(w) && !in_frame(w));
+    let name = |w: &str| asked.names.contains(w) || x.names.contains(w) || y.names.contains(w);
+    let relation = (shared.iter()).any(|w| content(w) && !has_digit(&[w]) && !name(w));
+    if !frame_asked || span_asked || !relation || has_digit(mid_a) != has_digit(mid_b) {
         return None;
     }
     Some(Versions {
@@ -118,8 +180,9 @@ pub fn versions(a: &[String], b: &[String], asked: &HashSet<String>) -> Option<V
     })
 }
 
-fn has_digit(span: &[String]) -> bool {
-    span.iter().any(|w| w.chars().any(|c| c.is_ascii_digit()))
+fn has_digit<S: AsRef<str>>(span: &[S]) -> bool {
+    span.iter()
+        .any(|w| w.as_ref().chars().any(|c| c.is_ascii_digit()))
 }
 
 /// How sure it is that the slot holds one value: from the value's kind and
@@ -140,12 +203,49 @@ fn cardinality(before: &[String], mid_a: &[String], mid_b: &[String], shared: &[
 mod tests {
     use super::*;
 
-    fn asked(q: &str) -> HashSet<String> {
-        tokens(q).into_iter().collect()
+    fn judge(a: &str, b: &str, q: &str) -> Option<Versions> {
+        versions(&Said::of(a), &Said::of(b), &Asked::of(q))
     }
 
-    fn judge(a: &str, b: &str, q: &str) -> Option<Versions> {
-        versions(&tokens(a), &tokens(b), &asked(q))
+    #[test]
+    fn a_frame_of_names_alone_holds_no_relation() {
+        let v = judge(
+            "Saif Ali Khan is a citizen of Serbia.",
+            "Saif Ali Khan is married to Jocelyn Lovell.",
+            "To whom is Saif Ali Khan wed?",
+        );
+        assert_eq!(v, None);
+        let v = judge(
+            "Alain Corneau coaches Perth Glory.",
+            "Jonathan Demme plays for Perth Glory.",
+            "Who is in charge of training Perth Glory?",
+        );
+        assert_eq!(v, None);
+        // An acronym is a role as often as a name.
+        let v = judge(
+            "The CEO of Martins Bank is Oldřich Lipský.",
+            "The CEO of Martins Bank is Lesley Selander.",
+            "Who is at the helm of Martins Bank as CEO?",
+        );
+        assert!(v.is_some());
+        // The same subject in lower case is still the subject (the
+        // question names it).
+        let v = judge(
+            "Saif Ali Khan is married to Jocelyn Lovell.",
+            "Saif Ali Khan is married to Margaret Paleologa.",
+            "To whom is Saif Ali Khan wed?",
+        );
+        assert!(v.is_some());
+    }
+
+    #[test]
+    fn names_are_capitalised_inside_a_sentence_or_in_a_run() {
+        let n = names("Saif Ali Khan is a patient of Dr. Grace Lee. Standup is at 9:15.");
+        for w in ["saif", "ali", "khan", "grace", "lee"] {
+            assert!(n.contains(w), "{w}");
+        }
+        assert!(!n.contains("standup"));
+        assert!(!names("The CEO of Acme is Dana.").contains("ceo"));
     }
 
     #[test]

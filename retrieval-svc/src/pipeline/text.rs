@@ -20,6 +20,29 @@ const STOPWORDS: &[&str] = &[
 /// relations with them, chain.rs chains of facts).
 pub const RELATION_LINKS: &[&str] = &["of", "where", "whose", "which", "who", "whom", "that", "by"];
 
+/// Link words that open a relative clause ("the city where X lives", "the
+/// company that owns X"): the question names its thing through another.
+pub const CLAUSE_LINKS: &[&str] = &["where", "whose", "who", "whom", "that", "which"];
+
+/// Where a question's relative clause opens: the index, in `words`
+/// (lowercased), of the "the" of "the <noun> <link>".
+pub fn clause_at(words: &[&str]) -> Option<usize> {
+    (words.windows(3)).position(|w| {
+        w[0] == "the" && w[1].chars().all(char::is_alphabetic) && CLAUSE_LINKS.contains(&w[2])
+    })
+}
+
+/// The question's words, lowercased, split as [`clause_at`] reads them
+/// (apostrophes kept: "acme's").
+pub fn clause_words(question: &str) -> Vec<String> {
+    question
+        .to_lowercase()
+        .split(|c: char| !(c.is_alphanumeric() || c == '\''))
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 /// A memory's text as said: a conversation turn with a speaker reads
 /// "speaker: text" (search-svc embeds it so), anything else its content.
 pub fn said(m: &Memory) -> Cow<'_, str> {
