@@ -31,6 +31,7 @@ pub mod subject;
 pub mod text;
 pub mod turns;
 pub mod validate;
+pub mod wants;
 pub mod when;
 
 use std::sync::Arc;

@@ -9,13 +9,11 @@
 //! conversation turns (their speaker is not their subject) are never
 //! reordered.
 //!
-//! A question that asks for someone ("Who heads Martins Bank?", "To whom
-//! is Antonio Pujol wed?") puts the facts that name someone before those
-//! that name only a place ("… has its head office in Samarkand", "Perth is
-//! located in Australia") or nothing at all ("… works as a nurse"): the
-//! answer to "who" is a name, and a name right after "in" is where, not
-//! who. A question that names its thing through a relative clause is a
-//! chain (chain.rs) and keeps closeness alone.
+//! A question that asks for a name ("Who heads Martins Bank?", "Which
+//! company employs K. Narayanan?") puts the facts that offer one before
+//! those that do not (wants.rs): closeness alone ranks "… works as a
+//! nurse" and "… has its head office in Samarkand" above the fact that
+//! answers.
 //!
 //! Before that, `near_first`: a note far from the question's meaning does
 //! not lead one close to it, whatever the keyword and graph lists said.
@@ -26,9 +24,10 @@
 use std::collections::HashSet;
 
 use super::search::VECTOR;
-use super::slots::{self, is_note};
-use super::text::{FILLER, clause_at, clause_words, collect_words, query_words};
+use super::slots::is_note;
+use super::text::{collect_words, query_words};
 use super::validate::Checked;
+use super::wants::Wants;
 
 /// The places looked at, from the top: where the answer's first line is
 /// decided.
@@ -79,8 +78,8 @@ pub fn order(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize {
     if places.len() < 2 {
         return 0;
     }
-    let who = asks_who(question);
-    let fits = |i: usize| !who || names_someone(&ranked[i].0.cand.memory.content, &names);
+    let wants = Wants::of(question);
+    let fits = |i: usize| wants.offered_by(&ranked[i].0.cand.memory.content, &names);
     let mut by_closeness = places.clone();
     // Stable: equal keys keep the fused order.
     by_closeness.sort_by(|&a, &b| {
@@ -92,65 +91,6 @@ pub fn order(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize {
         from[place] = f;
     }
     move_places(ranked, &from)
-}
-
-/// Whether the question asks for someone: "Who …", "Whom …", "To whom …",
-/// and not through a relative clause ("Who is the mayor of the city where
-/// Acme has its head office?" opens with a fact that names a place).
-fn asks_who(question: &str) -> bool {
-    let owned = clause_words(question);
-    if clause_at(&owned.iter().map(String::as_str).collect::<Vec<_>>()).is_some() {
-        return false;
-    }
-    let words = slots::tokens(question);
-    match words.as_slice() {
-        [first, ..] if first == "who" || first == "whom" => true,
-        [to, whom, ..] => to == "to" && whom == "whom",
-        _ => false,
-    }
-}
-
-/// Whether a fact names someone the question does not: a run of
-/// capitalised words holding a word the question does not name (`asked`,
-/// lowercased), not opened by a filler word and not right after "in"
-/// (that names a place; "at" names a team or an employer as often).
-fn names_someone(content: &str, asked: &HashSet<String>) -> bool {
-    let words: Vec<&str> = content
-        .split_whitespace()
-        .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()))
-        .filter(|w| !w.is_empty())
-        .collect();
-    let capitalised = |w: &str| w.chars().next().is_some_and(char::is_uppercase);
-    let mut i = 0;
-    while i < words.len() {
-        if !capitalised(words[i]) || FILLER.contains(&words[i].to_lowercase().as_str()) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < words.len() && capitalised(words[i]) {
-            i += 1;
-        }
-        let new = (words[start..i].iter()).any(|w| !asked.contains(&possessed(w)));
-        let before = start.checked_sub(1).map(|b| words[b].to_lowercase());
-        let place = before.is_some_and(|b| b == "in");
-        if new && !place {
-            return true;
-        }
-    }
-    false
-}
-
-/// A word without its possessive, lowercased: "Pujol's" → "pujol".
-fn possessed(word: &str) -> String {
-    let lower = word.to_lowercase();
-    match lower
-        .strip_suffix("'s")
-        .or_else(|| lower.strip_suffix("’s"))
-    {
-        Some(stem) => stem.to_string(),
-        None => lower,
-    }
 }
 
 /// Puts the memory of place `from[i]` at place `i` for the first
@@ -278,19 +218,6 @@ pub(super) mod tests {
         // Not asked for someone: closeness alone.
         let mut r = rows();
         assert_eq!(order("What do we know about Perth?", &mut r), 0);
-        assert!(names_someone(
-            "Antonio Pujol's spouse is Jack Spring.",
-            &["antonio", "pujol"].map(String::from).into()
-        ));
-        assert!(!names_someone(
-            "Antonio Pujol lives in Prague.",
-            &["antonio", "pujol"].map(String::from).into()
-        ));
-        assert!(asks_who("To whom is Antonio Pujol wed?") && asks_who("Who's her boss?"));
-        assert!(!asks_who("Where does Dana live?"));
-        assert!(!asks_who(
-            "Who is the mayor of the city where Acme has its head office?"
-        ));
     }
 
     #[test]

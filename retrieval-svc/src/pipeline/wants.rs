@@ -1,0 +1,137 @@
+//! What a question asks for, and whether a fact offers it: the answer
+//! type, read from the question's first words (pure; a leaf).
+//!
+//! "Who heads Martins Bank?" asks for someone: a name, and not a name
+//! right after "in" ("… has its head office in Samarkand" says where, not
+//! who). "Which company employs K. Narayanan?" asks for a name of any kind
+//! ("… works as a nurse" offers none). Other questions ("What …", "Where
+//! …", "When …") want anything, and so does a question that names its
+//! thing through a relative clause ("Who is the mayor of the city where
+//! Acme has its head office?" is a chain, chain.rs, whose first fact names
+//! a place).
+//!
+//! Stage 4c (subject.rs) puts the subject's facts that offer what is asked
+//! before those that do not; nothing else reads it.
+
+use std::collections::HashSet;
+
+use super::slots;
+use super::text::{FILLER, clause_at, clause_words};
+
+/// What a question asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wants {
+    /// "Who …", "Whom …", "To whom …": a name, not a place.
+    Someone,
+    /// "Which …", "In which …", "For which …": a name.
+    Name,
+    /// Anything.
+    Anything,
+}
+
+/// Prepositions that may open a "which" question ("At which company …").
+const OPENERS: &[&str] = &["in", "at", "for", "to", "from", "with", "by", "on"];
+
+impl Wants {
+    pub fn of(question: &str) -> Wants {
+        let owned = clause_words(question);
+        let clause = clause_at(&owned.iter().map(String::as_str).collect::<Vec<_>>());
+        if clause.is_some() {
+            return Wants::Anything;
+        }
+        let words = slots::tokens(question);
+        match words.as_slice() {
+            [w, ..] if w == "who" || w == "whom" => Wants::Someone,
+            [to, whom, ..] if to == "to" && whom == "whom" => Wants::Someone,
+            [w, ..] if w == "which" => Wants::Name,
+            [p, w, ..] if OPENERS.contains(&p.as_str()) && w == "which" => Wants::Name,
+            _ => Wants::Anything,
+        }
+    }
+
+    /// Whether the fact offers what is asked: a name the question does not
+    /// say (`asked`: the question's names, lowercased), of the kind wanted.
+    pub fn offered_by(self, content: &str, asked: &HashSet<String>) -> bool {
+        match self {
+            Wants::Anything => true,
+            Wants::Name => new_names(content, asked).next().is_some(),
+            Wants::Someone => new_names(content, asked).any(|place| !place),
+        }
+    }
+}
+
+/// For each run of capitalised words in `content` that holds a word the
+/// question does not name (a run opened by a filler word such as "The"
+/// starts after it), whether it comes right after "in" (a place).
+fn new_names<'a>(content: &'a str, asked: &'a HashSet<String>) -> impl Iterator<Item = bool> + 'a {
+    let words: Vec<&str> = content
+        .split_whitespace()
+        .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let capitalised = |w: &str| w.chars().next().is_some_and(char::is_uppercase);
+    let filler = |w: &str| FILLER.contains(&w.to_lowercase().as_str());
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        if !capitalised(words[i]) || filler(words[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < words.len() && capitalised(words[i]) {
+            i += 1;
+        }
+        if (words[start..i].iter()).any(|w| !asked.contains(&possessed(w))) {
+            let before = start.checked_sub(1).map(|b| words[b].to_lowercase());
+            runs.push(before.is_some_and(|b| b == "in"));
+        }
+    }
+    runs.into_iter()
+}
+
+/// A word without its possessive, lowercased: "Pujol's" → "pujol".
+fn possessed(word: &str) -> String {
+    let lower = word.to_lowercase();
+    match (lower.strip_suffix("'s")).or_else(|| lower.strip_suffix("’s")) {
+        Some(stem) => stem.to_string(),
+        None => lower,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn asked(names: &[&str]) -> HashSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_first_words_say_what_is_asked() {
+        assert_eq!(Wants::of("To whom is Antonio Pujol wed?"), Wants::Someone);
+        assert_eq!(Wants::of("Who's her boss?"), Wants::Someone);
+        assert_eq!(Wants::of("Which company employs Dana?"), Wants::Name);
+        assert_eq!(Wants::of("At which company does Rosa work?"), Wants::Name);
+        assert_eq!(Wants::of("Where does Dana live?"), Wants::Anything);
+        assert_eq!(Wants::of("What is Dana's line of work?"), Wants::Anything);
+        let chain = "Who is the mayor of the city where Acme has its head office?";
+        assert_eq!(Wants::of(chain), Wants::Anything);
+    }
+
+    #[test]
+    fn a_name_after_in_is_a_place_and_the_questions_names_do_not_count() {
+        let pujol = asked(&["antonio", "pujol"]);
+        let spouse = "Antonio Pujol's spouse is Jack Spring.";
+        let home = "Antonio Pujol lives in Prague.";
+        let job = "Antonio Pujol works as a nurse.";
+        assert!(Wants::Someone.offered_by(spouse, &pujol));
+        assert!(!Wants::Someone.offered_by(home, &pujol));
+        assert!(Wants::Name.offered_by(home, &pujol));
+        assert!(!Wants::Name.offered_by(job, &pujol));
+        assert!(Wants::Anything.offered_by(job, &pujol));
+        // "The" opens no name; "CEO" is one the question does not say.
+        let ceo = "The CEO of Martins Bank is Lesley Selander.";
+        assert!(Wants::Someone.offered_by(ceo, &asked(&["martins", "bank"])));
+    }
+}
