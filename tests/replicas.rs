@@ -278,6 +278,16 @@ async fn a_working_note_written_on_one_replica_is_read_on_another() -> anyhow::R
         ["The user now wants a window seat on the flight."],
         "A: {on_a:?}"
     );
+    // A delete naming a bad id deletes nothing anywhere.
+    let bad = (b.memories)
+        .delete(engram_proto::DeleteRequest {
+            ids: vec![id.clone(), "not-a-uuid".into()],
+        })
+        .await;
+    let code = bad.err().map(|s| s.code());
+    assert_eq!(code, Some(tonic::Code::InvalidArgument));
+    let on_b = session_items(&uri_b, &ts.key, &session).await?;
+    assert_eq!(on_b.len(), 1, "B lost the note: {on_b:?}");
     // Deleted through B: gone on A too.
     let d = (b.memories)
         .delete(engram_proto::DeleteRequest { ids: vec![id] })

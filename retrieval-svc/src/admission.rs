@@ -77,6 +77,11 @@ impl Drop for Permit {
     }
 }
 
+/// The most gateway replicas one deployment's limits are shared among
+/// (the Kubernetes HPA scales 2 to 10): a larger live count is taken as
+/// this one, so each replica still grants at least 1/64 of a tenant's rate.
+pub const MAX_REPLICAS: u32 = 64;
+
 impl Admission {
     pub fn new(s: &TenantLimitSettings) -> Self {
         let one = NonZeroU32::MIN;
@@ -132,10 +137,13 @@ impl Admission {
     }
 
     /// Sets how many gateway replicas are alive; 0 (unknown: search-svc
-    /// did not answer) keeps the last count.
+    /// did not answer) keeps the last count, and a count past
+    /// [`MAX_REPLICAS`] counts as that many: a forged or runaway membership
+    /// must not cut every tenant's share to nothing.
     pub fn set_replicas(&self, live: u32) {
         if live > 0 {
-            self.replicas.store(live, Ordering::Relaxed);
+            self.replicas
+                .store(live.min(MAX_REPLICAS), Ordering::Relaxed);
         }
     }
 
@@ -222,6 +230,14 @@ mod tests {
             c.admit("t1", Lane::Read, 1).is_ok(),
             "more replicas than burst: one each"
         );
+        // A forged count of a million is taken as MAX_REPLICAS: a tenant
+        // with burst 640 still gets 10 at once here.
+        let d = limits(1000, 640, 64_000);
+        d.set_replicas(1_000_000);
+        let granted = (0..20)
+            .filter(|_| d.admit("t1", Lane::Read, 1).is_ok())
+            .count();
+        assert_eq!(granted, 10);
     }
 
     #[test]

@@ -70,6 +70,14 @@ impl From<Error> for tonic::Status {
                 tracing::warn!(error = %db, "database statement timed out");
                 tonic::Status::deadline_exceeded("database statement timed out")
             }
+            // A deadlock or a serialization failure: two callers' work met,
+            // nothing is broken, and the same call again may pass.
+            Error::Database(sqlx::Error::Database(db))
+                if matches!(db.code().as_deref(), Some("40P01" | "40001")) =>
+            {
+                tracing::warn!(error = %db, "transaction conflict");
+                tonic::Status::aborted("transaction conflict; retry")
+            }
             // Data exceptions (SQLSTATE class 22: a value Postgres cannot
             // store or compare) are the caller's input, not our failure;
             // the boundary should have named the field already.

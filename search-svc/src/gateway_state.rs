@@ -137,7 +137,10 @@ impl TryFrom<pb::PutTurnRequest> for PutTurn {
 }
 
 /// Records (or, when leaving, removes) the member and counts the live
-/// ones; sweeps a batch of expired rows of both tables.
+/// ones; then sweeps a batch of expired rows of each table in a
+/// transaction of its own, skipping rows another transaction holds (a
+/// write deleting its tenant's turn answers), so the membership never
+/// waits on, or rolls back with, the sweep.
 pub async fn heartbeat(pool: &PgPool, h: &Heartbeat) -> Result<u32> {
     let mut tx = bounds::begin(pool, TIMEOUT_MS).await?;
     if h.leaving {
@@ -158,15 +161,6 @@ pub async fn heartbeat(pool: &PgPool, h: &Heartbeat) -> Result<u32> {
         .execute(&mut *tx)
         .await?;
     }
-    for table in ["gateway_members", "turn_answers", "working_notes"] {
-        let sql = format!(
-            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
-             WHERE expires_at < now() LIMIT {SWEEP_BATCH}))"
-        );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&mut *tx)
-            .await?;
-    }
     let live: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM gateway_members WHERE group_name = $1 AND expires_at >= now()",
     )
@@ -174,7 +168,26 @@ pub async fn heartbeat(pool: &PgPool, h: &Heartbeat) -> Result<u32> {
     .fetch_one(&mut *tx)
     .await?;
     bounds::commit(tx).await?;
+    if let Err(e) = sweep(pool).await {
+        tracing::warn!(error = %e, "expired shared state not swept this time");
+    }
     Ok(u32::try_from(live).unwrap_or(u32::MAX).max(1))
+}
+
+/// Deletes a batch of expired rows of each shared-state table, skipping
+/// locked ones.
+async fn sweep(pool: &PgPool) -> Result<()> {
+    let mut tx = bounds::begin(pool, TIMEOUT_MS).await?;
+    for table in ["gateway_members", "turn_answers", "working_notes"] {
+        let sql = format!(
+            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
+             WHERE expires_at < now() LIMIT {SWEEP_BATCH} FOR UPDATE SKIP LOCKED))"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut *tx)
+            .await?;
+    }
+    bounds::commit(tx).await
 }
 
 /// The tenant's unexpired answer for `key`, if any.
@@ -332,7 +345,9 @@ impl TryFrom<pb::GetNotesRequest> for SessionId {
     }
 }
 
-/// Checked note ids.
+/// Checked note ids: those that could name a note. A Delete names
+/// memories and notes in one list, so an id no note can have (empty, too
+/// long, with a NUL) is not a note to delete, not a bad request.
 #[derive(Debug)]
 pub struct NoteIds(Vec<String>);
 
@@ -343,10 +358,10 @@ impl TryFrom<pb::DeleteNotesRequest> for NoteIds {
         if r.ids.len() > MAX_NOTES {
             return Err(invalid("ids", &format!("at most {MAX_NOTES}")));
         }
-        for id in &r.ids {
-            check_chars("ids", id, MAX_NOTE_ID_CHARS)?;
-        }
-        Ok(Self(r.ids))
+        let ids = (r.ids.into_iter())
+            .filter(|id| check_chars("ids", id, MAX_NOTE_ID_CHARS).is_ok())
+            .collect();
+        Ok(Self(ids))
     }
 }
 
@@ -373,11 +388,15 @@ const TENANT_ROOM_SQL: &str = "DELETE FROM working_notes WHERE (tenant_id, agent
        FROM working_notes WHERE tenant_id = $1 AND access_level <= $2) kept \
      WHERE upto > $3)";
 
-/// The session's notes past its cap, oldest written first.
+/// The session's notes past its cap, oldest written first; only those at
+/// or below the writer's trust go (a lower-trust key of the same agent
+/// never pushes out a higher-trust note).
 const SESSION_CAP_SQL: &str = "DELETE FROM working_notes WHERE (tenant_id, agent_id, session_id, id) IN ( \
-     SELECT tenant_id, agent_id, session_id, id FROM working_notes \
-     WHERE tenant_id = $1 AND agent_id = $2 AND session_id = $3 \
-     ORDER BY written_at DESC, id OFFSET $4)";
+     SELECT tenant_id, agent_id, session_id, id FROM ( \
+       SELECT tenant_id, agent_id, session_id, id, access_level FROM working_notes \
+       WHERE tenant_id = $1 AND agent_id = $2 AND session_id = $3 \
+       ORDER BY written_at DESC, id OFFSET $4) past \
+     WHERE access_level <= $5)";
 
 /// Stores the notes of `identity`, all or none: `Err(i)` when note `i` is
 /// stored above the caller's trust. Returns each note's version and
@@ -399,8 +418,13 @@ pub async fn put_notes(
         .bind(TENANT_NOTE_BYTES - incoming)
         .execute(&mut *tx)
         .await?;
-    let mut out = Vec::with_capacity(put.notes.len());
-    for (i, n) in put.notes.iter().enumerate() {
+    // Rows are written in key order, so two batches over the same notes
+    // queue instead of deadlocking.
+    let mut order: Vec<usize> = (0..put.notes.len()).collect();
+    order.sort_by_key(|&i| (&put.notes[i].session_id, &put.notes[i].id));
+    let mut out = vec![(0, false); put.notes.len()];
+    for i in order {
+        let n = &put.notes[i];
         let row: Option<(i32, bool)> = sqlx::query_as(PUT_NOTE_SQL)
             .bind(&identity.tenant)
             .bind(&identity.agent_id)
@@ -414,7 +438,7 @@ pub async fn put_notes(
             .fetch_optional(&mut *tx)
             .await?;
         match row {
-            Some(r) => out.push(r),
+            Some(r) => out[i] = r,
             None => {
                 tx.rollback().await?;
                 return Ok(Err(i));
@@ -429,6 +453,7 @@ pub async fn put_notes(
             .bind(&identity.agent_id)
             .bind(session)
             .bind(i64::from(put.max_per_session))
+            .bind(trust)
             .execute(&mut *tx)
             .await?;
     }

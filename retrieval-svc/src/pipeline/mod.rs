@@ -356,7 +356,15 @@ impl Pipeline {
         let generation = self.caches.generation(&identity.tenant);
         let identity = Arc::new(identity);
         if let Some(turn) = &q.turn_id_opt {
-            self.recall_turn(&identity, turn, generation).await;
+            turns::recall(
+                &self.caches,
+                &self.ds,
+                &identity,
+                turn,
+                generation,
+                deadline,
+            )
+            .await;
         }
         if let Some(r) = self.shortcut(&identity, &q, &query_id, start) {
             return Ok(Ran::cached(r));
@@ -393,7 +401,11 @@ impl Pipeline {
         if let Some(turn) = &ctx.query.turn_id_opt {
             self.caches
                 .put_turn(&ctx.identity, turn, generation, &response);
-            turns::share(&self.ds, &ctx.identity, turn, &response).await;
+            // A write that landed during the run has already dropped the
+            // tenant's shared answers: this one is stale and stays local.
+            if self.caches.generation(&ctx.identity.tenant) == generation {
+                turns::share(&self.ds, &ctx.identity, turn, &response, deadline).await;
+            }
         }
         Ok(Ran {
             response,
@@ -404,15 +416,6 @@ impl Pipeline {
 
     /// Whether this turn was answered, by this replica or another one (an
     /// answer another gave joins this replica's turn cache: turns.rs).
-    pub async fn recall_turn(
-        &self,
-        identity: &Arc<Identity>,
-        turn_id: &str,
-        generation: u64,
-    ) -> bool {
-        turns::recall(&self.caches, &self.ds, identity, turn_id, generation).await
-    }
-
     /// Answers that need no search: this turn's answer already given, a
     /// caller whose context is sufficient, a greeting.
     fn shortcut(

@@ -5,7 +5,9 @@
 //! (its shared-state service), where every write of the tenant drops it in
 //! the write's own commit. A replica that misses its own cache asks there
 //! and keeps what it finds. Either call failing only costs the sharing:
-//! the turn is answered afresh, as on a replica that never saw it.
+//! the turn is answered afresh, as on a replica that never saw it; both
+//! end at the request's deadline, so a slow search-svc never fails the
+//! answer.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,9 @@ use engram_proto::{GetTurnRequest, PutTurnRequest, RetrieveResponse};
 use prost::Message;
 
 use super::cache::{Caches, turn_key};
-use crate::downstream::{Downstreams, call};
+use tokio::time::Instant;
+
+use crate::downstream::{Downstreams, call_until};
 
 /// How long a shared turn answer is kept: as long as this replica's own.
 const KEEP: Duration = Duration::from_secs(600);
@@ -31,6 +35,7 @@ pub async fn recall(
     identity: &Arc<Identity>,
     turn_id: &str,
     generation: u64,
+    deadline: Instant,
 ) -> bool {
     if caches.has_turn(identity, turn_id) {
         return true;
@@ -38,7 +43,7 @@ pub async fn recall(
     let req = GetTurnRequest {
         key: turn_key(identity, turn_id).to_vec(),
     };
-    let found = match call(&ds.get_turn, identity, req).await {
+    let found = match call_until(&ds.get_turn, identity, deadline, req).await {
         Ok(r) if r.found => RetrieveResponse::decode(r.answer.as_slice()).ok(),
         Ok(_) => None,
         Err(e) => {
@@ -60,6 +65,7 @@ pub async fn share(
     identity: &Arc<Identity>,
     turn_id: &str,
     answer: &RetrieveResponse,
+    deadline: Instant,
 ) {
     if answer.encoded_len() > MAX_SHARED_BYTES {
         return;
@@ -69,7 +75,7 @@ pub async fn share(
         answer: answer.encode_to_vec(),
         ttl_ms: u32::try_from(KEEP.as_millis()).unwrap_or(u32::MAX),
     };
-    if let Err(e) = call(&ds.put_turn, identity, req).await {
+    if let Err(e) = call_until(&ds.put_turn, identity, deadline, req).await {
         tracing::debug!(error = %e, "turn answer not shared");
     }
 }

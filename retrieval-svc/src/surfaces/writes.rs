@@ -128,11 +128,21 @@ pub async fn delete(
     req: DeleteRequest,
 ) -> Result<DeleteResponse, Error> {
     check_batch("ids", req.ids.len(), MAX_WRITE_BATCH)?;
+    // Before anything is deleted anywhere: a bad id would otherwise fail
+    // the call after this replica's working notes were already gone.
+    if let Some(i) = req
+        .ids
+        .iter()
+        .position(|id| uuid::Uuid::parse_str(id).is_err())
+    {
+        return Err(Error::invalid("ids", format!("ids[{i}] must be a UUID")));
+    }
     let tenant = identity.tenant.clone();
     let _slot = write_slot(&gw.downstreams().write_gates.delete, &tenant).await?;
     let identity = Arc::new(identity);
     let here = gw.working().delete(&identity, &req.ids);
-    let from_working = here.max(working::shared::delete(gw, &identity, &req.ids).await);
+    let shared = working::shared::delete(gw, &identity, &req.ids).await;
+    let from_working = here.max(shared.map_err(|e| ds_err("search", e))?);
     let r = call(&gw.downstreams().delete, &identity, req).await;
     gw.pipeline().caches().invalidate_tenant(&tenant);
     let mut r = r.map_err(|e| ds_err("search", e))?;

@@ -18,7 +18,7 @@ use engram_common::Identity;
 use engram_proto::{DeleteNotesRequest, GetNotesRequest, PutNotesRequest};
 
 use super::store::{SessionKey, WorkingWrite, fragment_from_note, note_of};
-use crate::downstream::call;
+use crate::downstream::{DownstreamError, call};
 use crate::gateway::Gateway;
 
 /// What the shared copy made of a batch of writes.
@@ -76,14 +76,18 @@ pub async fn refresh(gw: &Gateway, identity: &Arc<Identity>, key: &SessionKey, n
 }
 
 /// Deletes the caller's notes with these ids from the shared copy; how
-/// many it held (0 when search-svc does not answer).
-pub async fn delete(gw: &Gateway, identity: &Arc<Identity>, ids: &[String]) -> u32 {
+/// many it held. An error when search-svc does not answer: the delete is
+/// not acknowledged, since the next session read on any replica would
+/// bring the note back from the shared copy.
+pub async fn delete(
+    gw: &Gateway,
+    identity: &Arc<Identity>,
+    ids: &[String],
+) -> Result<u32, DownstreamError> {
     let req = DeleteNotesRequest { ids: ids.to_vec() };
-    match call(&gw.downstreams().delete_notes, identity, req).await {
-        Ok(r) => r.deleted,
-        Err(e) => {
-            tracing::warn!(error = %e, "working memory not deleted from the shared copy");
-            0
-        }
+    let r = call(&gw.downstreams().delete_notes, identity, req).await;
+    if let Err(e) = &r {
+        tracing::warn!(error = %e, "working memory not deleted from the shared copy");
     }
+    Ok(r?.deleted)
 }
