@@ -378,15 +378,21 @@ const PUT_NOTE_SQL: &str = "INSERT INTO working_notes AS w \
      WHERE w.access_level <= $9 \
      RETURNING version, (xmax = 0) AS created";
 
-/// Makes room in the tenant's byte budget for `incoming` bytes: its
-/// oldest notes at or below `trust` go first (a lower-trust writer never
-/// pushes out a higher-trust note).
+/// Makes room in the tenant's byte and note budgets for `incoming` bytes
+/// and notes: its oldest notes at or below `trust` go first (a lower-trust
+/// writer never pushes out a higher-trust note). Reads the tenant's notes
+/// newest first (migration 0014's index) and never more than the note
+/// budget past what it keeps.
 const TENANT_ROOM_SQL: &str = "DELETE FROM working_notes WHERE (tenant_id, agent_id, session_id, id) IN ( \
      SELECT tenant_id, agent_id, session_id, id FROM ( \
        SELECT tenant_id, agent_id, session_id, id, \
-              sum(octet_length(body)) OVER (ORDER BY written_at DESC, id) AS upto \
+              sum(octet_length(body)) OVER (ORDER BY written_at DESC, id) AS upto, \
+              row_number() OVER (ORDER BY written_at DESC, id) AS n \
        FROM working_notes WHERE tenant_id = $1 AND access_level <= $2) kept \
-     WHERE upto > $3)";
+     WHERE upto > $3 OR n > $4)";
+
+/// The most working notes a tenant keeps at or below one trust level.
+pub const TENANT_NOTES: i64 = 100_000;
 
 /// The session's notes past its cap, oldest written first; only those at
 /// or below the writer's trust go (a lower-trust key of the same agent
@@ -416,6 +422,7 @@ pub async fn put_notes(
         .bind(&identity.tenant)
         .bind(trust)
         .bind(TENANT_NOTE_BYTES - incoming)
+        .bind(TENANT_NOTES - put.notes.len() as i64)
         .execute(&mut *tx)
         .await?;
     // Rows are written in key order, so two batches over the same notes
