@@ -119,6 +119,35 @@ where
     svc.clone().oneshot(Call::new(identity, msg)).await
 }
 
+/// Shared-state calls in flight from one gateway, all tenants together.
+const STATE_CONCURRENCY: usize = 16;
+
+/// A shared-state call (GatewayStateService) through `gate`, of which one
+/// tenant holds half at most: a tenant over its share is told
+/// [`DownstreamError::Overloaded`] (its callers then keep the state on this
+/// replica, or refuse a delete) instead of waiting in every tenant's way.
+/// Gives up at `deadline` when there is one.
+pub async fn call_shared<T, R>(
+    svc: &Down<T, R>,
+    gate: &FairGate,
+    identity: &Arc<Identity>,
+    deadline_opt: Option<Instant>,
+    msg: T,
+) -> Result<R, DownstreamError>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+{
+    // The gate's own wait (tenant.slot_wait_ms) ends a wait with no deadline.
+    let wait_until = deadline_opt.unwrap_or_else(|| Instant::now() + Duration::from_secs(60));
+    let _slot = (gate.acquire(&identity.tenant, wait_until).await)
+        .map_err(|_| DownstreamError::Overloaded)?;
+    match deadline_opt {
+        Some(deadline) => call_until(svc, identity, deadline, msg).await,
+        None => call(svc, identity, msg).await,
+    }
+}
+
 /// [`call`] that also gives up at `deadline` (a request's time left).
 pub async fn call_until<T, R>(
     svc: &Down<T, R>,
@@ -238,6 +267,10 @@ pub struct Downstreams {
     /// 16 listing threads of one key took another tenant's retrieval p95
     /// from 20 to 270 ms (issue 47, item 7).
     pub list_gate: Arc<FairGate>,
+    /// Each tenant's share of the shared-state calls in flight (the five
+    /// GatewayStateService stacks together): one tenant's notes and turn
+    /// answers cannot take the slots every other tenant's sharing needs.
+    pub state_gate: Arc<FairGate>,
 }
 
 /// Listings in flight, all tenants together; one tenant alone at most half.
@@ -419,6 +452,10 @@ impl Downstreams {
                 WRITE_CONCURRENCY.min(ds.max_concurrency.max(1)),
             )),
             list_gate: Arc::new(list_gate(&settings.tenant)),
+            state_gate: Arc::new(
+                half_gate(&settings.tenant, STATE_CONCURRENCY)
+                    .named("shared state calls in flight"),
+            ),
         })
     }
 }
@@ -514,6 +551,32 @@ mod tests {
         let _b = gates.upsert.acquire("b", soon()).await.expect("b's slot");
         assert_eq!(started.elapsed(), Duration::ZERO, "b never waits for a");
         assert_eq!(held.len(), 8);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tenant_over_its_share_of_shared_state_is_told_overloaded() {
+        let gate = half_gate(&TenantLimitSettings::default(), 2);
+        let svc: Down<u32, u32> =
+            BoxCloneSyncService::new(tower::service_fn(|c: Call<u32>| async move {
+                Ok::<_, DownstreamError>(c.msg + 1)
+            }));
+        let who = |tenant: &str| {
+            Arc::new(Identity {
+                tenant: tenant.into(),
+                agent_id: "agent".into(),
+                trust: engram_common::AccessLevel::Internal,
+            })
+        };
+        let (a, b) = (who("a"), who("b"));
+        let held = gate.acquire("a", soon()).await.expect("a's half");
+        let over = call_shared(&svc, &gate, &a, Some(soon()), 1).await;
+        assert!(matches!(over, Err(DownstreamError::Overloaded)), "{over:?}");
+        assert_eq!(call_shared(&svc, &gate, &b, None, 1).await.ok(), Some(2));
+        drop(held);
+        assert_eq!(
+            call_shared(&svc, &gate, &a, Some(soon()), 41).await.ok(),
+            Some(42)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -19,7 +19,7 @@ use prost::Message;
 use super::cache::{Caches, turn_key};
 use tokio::time::Instant;
 
-use crate::downstream::{Downstreams, call_until};
+use crate::downstream::{Downstreams, call_shared};
 
 /// How long a shared turn answer is kept: as long as this replica's own.
 const KEEP: Duration = Duration::from_secs(600);
@@ -43,7 +43,8 @@ pub async fn recall(
     let req = GetTurnRequest {
         key: turn_key(identity, turn_id).to_vec(),
     };
-    let found = match call_until(&ds.get_turn, identity, deadline, req).await {
+    let found = match call_shared(&ds.get_turn, &ds.state_gate, identity, Some(deadline), req).await
+    {
         Ok(r) if r.found => RetrieveResponse::decode(r.answer.as_slice()).ok(),
         Ok(_) => None,
         Err(e) => {
@@ -75,7 +76,7 @@ pub async fn share(
         answer: answer.encode_to_vec(),
         ttl_ms: u32::try_from(KEEP.as_millis()).unwrap_or(u32::MAX),
     };
-    if let Err(e) = call_until(&ds.put_turn, identity, deadline, req).await {
+    if let Err(e) = call_shared(&ds.put_turn, &ds.state_gate, identity, Some(deadline), req).await {
         tracing::debug!(error = %e, "turn answer not shared");
     }
 }

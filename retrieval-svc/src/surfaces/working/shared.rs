@@ -18,7 +18,7 @@ use engram_common::Identity;
 use engram_proto::{DeleteNotesRequest, GetNotesRequest, PutNotesRequest};
 
 use super::store::{SessionKey, WorkingWrite, fragment_from_note, note_of};
-use crate::downstream::{DownstreamError, call};
+use crate::downstream::{DownstreamError, call_shared};
 use crate::gateway::Gateway;
 
 /// What the shared copy made of a batch of writes.
@@ -45,7 +45,8 @@ pub async fn put(
             .unwrap_or(u32::MAX)
             .max(1),
     };
-    match call(&gw.downstreams().put_notes, identity, req).await {
+    let ds = gw.downstreams();
+    match call_shared(&ds.put_notes, &ds.state_gate, identity, None, req).await {
         Ok(r) if r.refused > 0 => Shared::Refused(r.refused as usize - 1),
         Ok(r) if r.notes.len() == writes.len() => {
             Shared::Stored(r.notes.iter().map(|n| (n.version, n.created)).collect())
@@ -64,7 +65,8 @@ pub async fn refresh(gw: &Gateway, identity: &Arc<Identity>, key: &SessionKey, n
     let req = GetNotesRequest {
         session_id: key.session.clone(),
     };
-    match call(&gw.downstreams().get_notes, identity, req).await {
+    let ds = gw.downstreams();
+    match call_shared(&ds.get_notes, &ds.state_gate, identity, None, req).await {
         Ok(r) => {
             let notes = r.notes.iter().filter_map(fragment_from_note).collect();
             gw.working().sync(key, identity.trust, notes, now);
@@ -85,7 +87,8 @@ pub async fn delete(
     ids: &[String],
 ) -> Result<u32, DownstreamError> {
     let req = DeleteNotesRequest { ids: ids.to_vec() };
-    let r = call(&gw.downstreams().delete_notes, identity, req).await;
+    let ds = gw.downstreams();
+    let r = call_shared(&ds.delete_notes, &ds.state_gate, identity, None, req).await;
     if let Err(e) = &r {
         tracing::warn!(error = %e, "working memory not deleted from the shared copy");
     }
