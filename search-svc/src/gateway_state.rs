@@ -144,8 +144,9 @@ impl TryFrom<pb::PutTurnRequest> for PutTurn {
 pub async fn heartbeat(pool: &PgPool, h: &Heartbeat) -> Result<u32> {
     let mut tx = bounds::begin(pool, TIMEOUT_MS).await?;
     if h.leaving {
-        sqlx::query("DELETE FROM gateway_members WHERE member_id = $1")
+        sqlx::query("DELETE FROM gateway_members WHERE member_id = $1 AND group_name = $2")
             .bind(&h.member_id)
+            .bind(&h.group)
             .execute(&mut *tx)
             .await?;
     } else {

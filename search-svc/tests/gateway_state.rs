@@ -77,3 +77,45 @@ async fn batches_over_the_same_notes_in_opposite_orders_both_land() {
         assert!(matches!(b, Ok(Ok(_))), "{b:?}");
     }
 }
+
+fn beat(member: &str, group: &str, leaving: bool) -> search_svc::gateway_state::Heartbeat {
+    let req = pb::HeartbeatRequest {
+        member_id: member.into(),
+        group: group.into(),
+        ttl_ms: 60_000,
+        leaving,
+    };
+    search_svc::gateway_state::Heartbeat::try_from(req).expect("valid heartbeat")
+}
+
+#[tokio::test]
+async fn a_leaving_replica_stops_counting_at_once_and_only_in_its_group() {
+    use search_svc::gateway_state::heartbeat;
+    let h = start().await;
+    let group = format!("g-{}", uuid::Uuid::new_v4().simple());
+    let (a, b) = (format!("{group}-a"), format!("{group}-b"));
+    assert_eq!(
+        heartbeat(&h.pool, &beat(&a, &group, false)).await.ok(),
+        Some(1)
+    );
+    assert_eq!(
+        heartbeat(&h.pool, &beat(&b, &group, false)).await.ok(),
+        Some(2)
+    );
+    // Another group cannot take b out.
+    let other = heartbeat(&h.pool, &beat(&b, "another-group", true)).await;
+    assert_eq!(other.ok(), Some(1), "the other group's count");
+    assert_eq!(
+        heartbeat(&h.pool, &beat(&a, &group, false)).await.ok(),
+        Some(2)
+    );
+    // b leaves: a counts alone at its next heartbeat.
+    assert_eq!(
+        heartbeat(&h.pool, &beat(&b, &group, true)).await.ok(),
+        Some(1)
+    );
+    assert_eq!(
+        heartbeat(&h.pool, &beat(&a, &group, false)).await.ok(),
+        Some(1)
+    );
+}

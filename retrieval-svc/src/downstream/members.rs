@@ -26,7 +26,8 @@ pub struct Member {
 }
 
 /// Heartbeats as `member` until `on_live` returns false (its gateway is
-/// gone), telling it the live count after each answer.
+/// gone), telling it the live count after each answer; then says it is
+/// leaving, so the others take its share at once rather than after [`TTL`].
 pub async fn follow(
     channel: Channel,
     token: String,
@@ -38,17 +39,7 @@ pub async fn follow(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let mut req = tonic::Request::new(HeartbeatRequest {
-            member_id: member.id.clone(),
-            group: member.group.clone(),
-            ttl_ms: u32::try_from(TTL.as_millis()).unwrap_or(u32::MAX),
-            leaving: false,
-        });
-        if let Ok(v) = MetadataValue::try_from(token.as_str()) {
-            req.metadata_mut().insert(INTERNAL_TOKEN_KEY, v);
-        }
-        req.set_timeout(EVERY);
-        let live = match client.heartbeat(req).await {
+        let live = match client.heartbeat(request(&member, &token, false)).await {
             Ok(r) => r.into_inner().live,
             Err(e) => {
                 tracing::debug!(error = %e, "gateway heartbeat failed; keeping the last replica count");
@@ -56,7 +47,25 @@ pub async fn follow(
             }
         };
         if !on_live(live) {
-            return;
+            break;
         }
     }
+    if let Err(e) = client.heartbeat(request(&member, &token, true)).await {
+        tracing::debug!(error = %e, "leaving heartbeat failed; the membership expires on its own");
+    }
+}
+
+/// One heartbeat of `member`, with the internal token.
+fn request(member: &Member, token: &str, leaving: bool) -> tonic::Request<HeartbeatRequest> {
+    let mut req = tonic::Request::new(HeartbeatRequest {
+        member_id: member.id.clone(),
+        group: member.group.clone(),
+        ttl_ms: u32::try_from(TTL.as_millis()).unwrap_or(u32::MAX),
+        leaving,
+    });
+    if let Ok(v) = MetadataValue::try_from(token) {
+        req.metadata_mut().insert(INTERNAL_TOKEN_KEY, v);
+    }
+    req.set_timeout(EVERY);
+    req
 }
