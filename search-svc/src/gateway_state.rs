@@ -37,6 +37,9 @@ const MAX_TURN_TTL_MS: u32 = 3_600_000;
 pub const TENANT_NOTE_BYTES: i64 = 64 << 20;
 /// One note's encoding at most (64 KiB of text, a vector, the rest).
 const MAX_NOTE_BYTES: usize = 256 << 10;
+/// The longest a note may be kept: a year (working memory's own cap,
+/// `working.max_ttl_ms`, is a week by default).
+const MAX_NOTE_LIFE_MS: i64 = 366 * 24 * 3_600_000;
 const MAX_NOTES: usize = 1_000;
 const MAX_SESSION_ID_CHARS: usize = 128;
 const MAX_NOTE_ID_CHARS: usize = 64;
@@ -284,8 +287,12 @@ impl TryFrom<pb::SessionNote> for Note {
         if n.content_hash.len() != KEY_BYTES {
             return Err(invalid("notes.content_hash", "must be 32 bytes"));
         }
-        if n.expires_at_ms <= 0 {
-            return Err(invalid("notes.expires_at_ms", "must be positive"));
+        let latest = chrono::Utc::now().timestamp_millis() + MAX_NOTE_LIFE_MS;
+        if n.expires_at_ms <= 0 || n.expires_at_ms > latest {
+            return Err(invalid(
+                "notes.expires_at_ms",
+                "must be a time (ms since the epoch) at most a year from now",
+            ));
         }
         Ok(Self {
             session_id: n.session_id,

@@ -119,3 +119,19 @@ async fn a_leaving_replica_stops_counting_at_once_and_only_in_its_group() {
         Some(1)
     );
 }
+
+#[test]
+fn a_note_kept_past_a_year_is_refused_by_name() {
+    let mut n = note("s", "far", AccessLevel::Public);
+    n.expires_at_ms = i64::MAX;
+    let req = pb::PutNotesRequest {
+        notes: vec![n],
+        max_per_session: 10,
+    };
+    let e = PutNotes::try_from(req).err().map(|e| e.to_string());
+    assert!(
+        e.as_deref()
+            .is_some_and(|e| e.contains("notes.expires_at_ms")),
+        "{e:?}"
+    );
+}

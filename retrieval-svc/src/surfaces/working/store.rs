@@ -180,7 +180,9 @@ impl WorkingWrite {
         let fields = metadata.map(|m| m.fields).unwrap_or_default();
         let session_id = match fields.get("session_id").and_then(|v| v.kind.as_ref()) {
             Some(Kind::StringValue(s))
-                if !s.trim().is_empty() && s.chars().count() <= MAX_SESSION_ID_CHARS =>
+                if !s.trim().is_empty()
+                    && s.chars().count() <= MAX_SESSION_ID_CHARS
+                    && !s.contains('\0') =>
             {
                 s.clone()
             }
@@ -188,7 +190,7 @@ impl WorkingWrite {
                 return Err(Error::invalid(
                     "memories.metadata.session_id",
                     format!(
-                        "a working memory needs a string session_id of 1..={MAX_SESSION_ID_CHARS} characters"
+                        "a working memory needs a string session_id of 1..={MAX_SESSION_ID_CHARS} characters, no NUL"
                     ),
                 ));
             }
@@ -1168,6 +1170,13 @@ mod tests {
         };
         let e = WorkingWrite::from_memory(m, &s).expect_err("ttl 0");
         assert!(e.to_string().contains("memories.metadata.ttl_ms"), "{e}");
+        // A NUL would be refused by the shared copy: refused here, named.
+        let m = Memory {
+            metadata: meta(&[("session_id", Kind::StringValue("s\01".into()))]),
+            ..base.clone()
+        };
+        let e = WorkingWrite::from_memory(m, &s).expect_err("NUL");
+        assert!(e.to_string().contains("session_id"), "{e}");
         let m = Memory {
             metadata: meta(&[("session_id", Kind::StringValue("s1".into()))]),
             source_confidence: Some(0.7),
