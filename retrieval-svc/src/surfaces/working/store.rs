@@ -1172,7 +1172,7 @@ mod tests {
         assert!(e.to_string().contains("memories.metadata.ttl_ms"), "{e}");
         // A NUL would be refused by the shared copy: refused here, named.
         let m = Memory {
-            metadata: meta(&[("session_id", Kind::StringValue("s\01".into()))]),
+            metadata: meta(&[("session_id", Kind::StringValue("s\0".into()))]),
             ..base.clone()
         };
         let e = WorkingWrite::from_memory(m, &s).expect_err("NUL");
