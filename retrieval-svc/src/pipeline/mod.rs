@@ -414,8 +414,6 @@ impl Pipeline {
         })
     }
 
-    /// Whether this turn was answered, by this replica or another one (an
-    /// answer another gave joins this replica's turn cache: turns.rs).
     /// Answers that need no search: this turn's answer already given, a
     /// caller whose context is sufficient, a greeting.
     fn shortcut(

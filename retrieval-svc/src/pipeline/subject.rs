@@ -79,11 +79,17 @@ pub fn order(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize {
         return 0;
     }
     let wants = Wants::of(question);
-    let fits = |i: usize| wants.offered_by(&ranked[i].0.cand.memory.content, &names);
+    // Each place's key once: (offers what is asked, query cosine).
+    let key = |i: usize| {
+        let c = &ranked[i].0;
+        (wants.offered_by(&c.cand.memory.content, &names), cosine(c))
+    };
+    let keys: Vec<(bool, f32)> = (0..n).map(key).collect();
     let mut by_closeness = places.clone();
     // Stable: equal keys keep the fused order.
     by_closeness.sort_by(|&a, &b| {
-        (fits(b).cmp(&fits(a))).then(cosine(&ranked[b].0).total_cmp(&cosine(&ranked[a].0)))
+        let ((fa, ca), (fb, cb)) = (keys[a], keys[b]);
+        fb.cmp(&fa).then(cb.total_cmp(&ca))
     });
     // from[place]: the place whose memory lands there.
     let mut from: Vec<usize> = (0..n).collect();

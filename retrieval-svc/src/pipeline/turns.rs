@@ -15,10 +15,9 @@ use std::time::Duration;
 use engram_common::Identity;
 use engram_proto::{GetTurnRequest, PutTurnRequest, RetrieveResponse};
 use prost::Message;
-
-use super::cache::{Caches, turn_key};
 use tokio::time::Instant;
 
+use super::cache::{Caches, turn_key};
 use crate::downstream::{Downstreams, call_shared};
 
 /// How long a shared turn answer is kept: as long as this replica's own.

@@ -54,8 +54,8 @@ impl Wants {
     pub fn offered_by(self, content: &str, asked: &HashSet<String>) -> bool {
         match self {
             Wants::Anything => true,
-            Wants::Name => new_names(content, asked).next().is_some(),
-            Wants::Someone => new_names(content, asked).any(|place| !place),
+            Wants::Name => !new_names(content, asked).is_empty(),
+            Wants::Someone => new_names(content, asked).contains(&false),
         }
     }
 }
@@ -63,7 +63,7 @@ impl Wants {
 /// For each run of capitalised words in `content` that holds a word the
 /// question does not name (a run opened by a filler word such as "The"
 /// starts after it), whether it comes right after "in" (a place).
-fn new_names<'a>(content: &'a str, asked: &'a HashSet<String>) -> impl Iterator<Item = bool> + 'a {
+fn new_names(content: &str, asked: &HashSet<String>) -> Vec<bool> {
     let words: Vec<&str> = content
         .split_whitespace()
         .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()))
@@ -87,7 +87,7 @@ fn new_names<'a>(content: &'a str, asked: &'a HashSet<String>) -> impl Iterator<
             runs.push(before.is_some_and(|b| b == "in"));
         }
     }
-    runs.into_iter()
+    runs
 }
 
 /// A word without its possessive, lowercased: "Pujol's" → "pujol".
