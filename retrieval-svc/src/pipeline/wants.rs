@@ -3,8 +3,11 @@
 //!
 //! "Who heads Martins Bank?" asks for someone: a name, and not a name
 //! right after "in" ("… has its head office in Samarkand" says where, not
-//! who). "Which company employs K. Narayanan?" asks for a name of any kind
-//! ("… works as a nurse" offers none). Other questions ("What …", "Where
+//! who, and neither does "… are in the Czech Republic"). "Which company
+//! employs K. Narayanan?" asks for a name of any kind ("… works as a nurse"
+//! offers none); "In which city is the Jitao 9 made?" for a place, a name
+//! right after "in" ("The maker of the Jitao 9 is Middleton Railway"
+//! offers none). Other questions ("What …", "Where
 //! …", "When …") want anything, and so does a question that names its
 //! thing through a relative clause ("Who is the mayor of the city where
 //! Acme has its head office?" is a chain, chain.rs, whose first fact names
@@ -23,11 +26,17 @@ use super::text::{FILLER, clause_at, clause_words};
 pub enum Wants {
     /// "Who …", "Whom …", "To whom …": a name, not a place.
     Someone,
-    /// "Which …", "In which …", "For which …": a name.
+    /// "Which …", "For which …", "At which …": a name.
     Name,
+    /// "In which …": a place, a name right after "in" ("… is assembled in
+    /// Miami", not "The maker of … is Middleton Railway").
+    Place,
     /// Anything.
     Anything,
 }
+
+/// Words that may stand between "in" and a place's name.
+const ARTICLES: &[&str] = &["the", "a", "an"];
 
 /// Prepositions that may open a "which" question ("At which company …").
 const OPENERS: &[&str] = &["in", "at", "for", "to", "from", "with", "by", "on"];
@@ -44,6 +53,10 @@ impl Wants {
             [w, ..] if w == "who" || w == "whom" => Wants::Someone,
             [to, whom, ..] if to == "to" && whom == "whom" => Wants::Someone,
             [w, ..] if w == "which" => Wants::Name,
+            // "In which city does Léa Pool's employer have its head
+            // office?" asks where another thing is (a chain, chain.rs):
+            // the subject's own places must not lead, so any name does.
+            [p, w, ..] if p == "in" && w == "which" && !possessive(question) => Wants::Place,
             [p, w, ..] if OPENERS.contains(&p.as_str()) && w == "which" => Wants::Name,
             _ => Wants::Anything,
         }
@@ -56,13 +69,15 @@ impl Wants {
             Wants::Anything => true,
             Wants::Name => !new_names(content, asked).is_empty(),
             Wants::Someone => new_names(content, asked).contains(&false),
+            Wants::Place => new_names(content, asked).contains(&true),
         }
     }
 }
 
 /// For each run of capitalised words in `content` that holds a word the
 /// question does not name (a run opened by a filler word such as "The"
-/// starts after it), whether it comes right after "in" (a place).
+/// starts after it), whether it comes right after "in" (a place), articles
+/// between them aside ("in the Czech Republic").
 fn new_names(content: &str, asked: &HashSet<String>) -> Vec<bool> {
     let words: Vec<&str> = content
         .split_whitespace()
@@ -83,11 +98,18 @@ fn new_names(content: &str, asked: &HashSet<String>) -> Vec<bool> {
             i += 1;
         }
         if (words[start..i].iter()).any(|w| !asked.contains(&possessed(w))) {
-            let before = start.checked_sub(1).map(|b| words[b].to_lowercase());
+            let before = (words[..start].iter().rev())
+                .map(|w| w.to_lowercase())
+                .find(|w| !ARTICLES.contains(&w.as_str()));
             runs.push(before.is_some_and(|b| b == "in"));
         }
     }
     runs
+}
+
+/// Whether a word of the question is possessed ("Léa Pool's").
+fn possessive(question: &str) -> bool {
+    (question.split_whitespace()).any(|w| w.contains("'s") || w.contains("’s"))
 }
 
 /// A word without its possessive, lowercased: "Pujol's" → "pujol".
@@ -115,6 +137,13 @@ mod tests {
         assert_eq!(Wants::of("At which company does Rosa work?"), Wants::Name);
         assert_eq!(Wants::of("Where does Dana live?"), Wants::Anything);
         assert_eq!(Wants::of("What is Dana's line of work?"), Wants::Anything);
+        assert_eq!(
+            Wants::of("In which city is the Jitao 9 made?"),
+            Wants::Place
+        );
+        // Another thing's place: a name of any kind, as before.
+        let chain = "In which city does Léa Pool's employer have its head office?";
+        assert_eq!(Wants::of(chain), Wants::Name);
         let chain = "Who is the mayor of the city where Acme has its head office?";
         assert_eq!(Wants::of(chain), Wants::Anything);
     }
@@ -130,6 +159,11 @@ mod tests {
         assert!(Wants::Name.offered_by(home, &pujol));
         assert!(!Wants::Name.offered_by(job, &pujol));
         assert!(Wants::Anything.offered_by(job, &pujol));
+        // An article between "in" and the name: still a place.
+        let hq = "The headquarters of Martins Bank are in the Czech Republic.";
+        assert!(!Wants::Someone.offered_by(hq, &asked(&["martins", "bank"])));
+        assert!(Wants::Place.offered_by(hq, &asked(&["martins", "bank"])));
+        assert!(!Wants::Place.offered_by(spouse, &pujol));
         // "The" opens no name; "CEO" is one the question does not say.
         let ceo = "The CEO of Martins Bank is Lesley Selander.";
         assert!(Wants::Someone.offered_by(ceo, &asked(&["martins", "bank"])));
