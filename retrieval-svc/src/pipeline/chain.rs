@@ -27,7 +27,7 @@ use super::search::{
 };
 use super::slots::{self, is_note};
 use super::text::{
-    FILLER, RELATION_LINKS, clause_at, clause_words, lower_words, names, query_words,
+    RELATION_LINKS, clause_at, clause_words, lower_words, name_runs, names, query_words,
 };
 use super::validate::{Checked, static_checks};
 use crate::downstream::call_until;
@@ -443,41 +443,6 @@ fn value_of(m: &Memory, seen: &HashSet<String>) -> Vec<String> {
         })
         .find(|run| !run.is_empty())
         .unwrap_or_default()
-}
-
-/// The text's runs of capitalised words, lowercased, each word of three
-/// characters or more and not a filler ("The"), a possessive's "'s" cut.
-/// A lowercase word, a filler or a comma, semicolon or sentence end ends a
-/// run; a short abbreviation's period ("Dr.", "A.") does not.
-fn name_runs(text: &str) -> Vec<Vec<String>> {
-    let mut runs: Vec<Vec<String>> = Vec::new();
-    let mut run: Vec<String> = Vec::new();
-    for raw in text.split_whitespace() {
-        let word = raw.trim_matches(|c: char| !(c.is_alphanumeric() || c == '\''));
-        let word = word.trim_end_matches("'s").trim_end_matches('\'');
-        let lower = word.to_lowercase();
-        let capital = word.chars().next().is_some_and(char::is_uppercase);
-        let short = word.chars().count() <= 2;
-        if capital && short && !raw.ends_with([',', ';', ':', '!', '?', ')']) {
-            // An initial or a title ("A.", "Dr."): inside the run, not a name.
-            continue;
-        }
-        if !capital || FILLER.contains(&lower.as_str()) {
-            runs.push(std::mem::take(&mut run));
-            continue;
-        }
-        if !short {
-            run.push(lower);
-        }
-        let ends = raw.ends_with([',', ';', ':', '!', '?', ')'])
-            || (raw.ends_with('.') && word.chars().count() > 2);
-        if ends {
-            runs.push(std::mem::take(&mut run));
-        }
-    }
-    runs.push(run);
-    runs.retain(|r| !r.is_empty());
-    runs
 }
 
 /// A word that says when, not what ("Where was Acme's head office in

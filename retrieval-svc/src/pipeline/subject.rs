@@ -15,6 +15,11 @@
 //! nurse" and "… has its head office in Samarkand" above the fact that
 //! answers.
 //!
+//! A fact that holds the question's name only inside a longer one
+//! ("Florence Green …" for "Florence", "Cedar County" and "Vilnius" for
+//! "Vilnius County") is about something else, and goes after those that
+//! name it whole.
+//!
 //! Before that, `near_first`: a note far from the question's meaning does
 //! not lead one close to it, whatever the keyword and graph lists said.
 //!
@@ -25,7 +30,7 @@ use std::collections::HashSet;
 
 use super::search::VECTOR;
 use super::slots::is_note;
-use super::text::{collect_words, query_words};
+use super::text::{collect_words, name_runs, query_words};
 use super::validate::Checked;
 use super::wants::Wants;
 
@@ -79,17 +84,24 @@ pub fn order(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize {
         return 0;
     }
     let wants = Wants::of(question);
-    // Each place's key once: (offers what is asked, query cosine).
+    let runs = name_runs(question);
+    // Each place's key once: (names the subject as the question does,
+    // offers what is asked, query cosine).
     let key = |i: usize| {
         let c = &ranked[i].0;
-        (wants.offered_by(&c.cand.memory.content, &names), cosine(c))
+        let content = &c.cand.memory.content;
+        (
+            names_whole(content, &runs),
+            wants.offered_by(content, &names),
+            cosine(c),
+        )
     };
-    let keys: Vec<(bool, f32)> = (0..n).map(key).collect();
+    let keys: Vec<(bool, bool, f32)> = (0..n).map(key).collect();
     let mut by_closeness = places.clone();
     // Stable: equal keys keep the fused order.
     by_closeness.sort_by(|&a, &b| {
-        let ((fa, ca), (fb, cb)) = (keys[a], keys[b]);
-        fb.cmp(&fa).then(cb.total_cmp(&ca))
+        let ((wa, fa, ca), (wb, fb, cb)) = (keys[a], keys[b]);
+        wb.cmp(&wa).then(fb.cmp(&fa)).then(cb.total_cmp(&ca))
     });
     // from[place]: the place whose memory lands there.
     let mut from: Vec<usize> = (0..n).collect();
@@ -128,6 +140,16 @@ fn about(c: &Checked, names: &HashSet<String>) -> bool {
     let mut have = HashSet::new();
     collect_words(&m.content, &mut have);
     names.iter().all(|w| have.contains(w))
+}
+
+/// Whether each of the question's names (`runs`, text::name_runs) is a
+/// whole name in `content`, not part of a longer one: "Florence Green is
+/// the mayor of Pamplona" holds the words of "Florence" but is not about
+/// it, nor is "Vilnius is the capital of Cedar County" about "Vilnius
+/// County".
+fn names_whole(content: &str, runs: &[Vec<String>]) -> bool {
+    let have = name_runs(content);
+    runs.iter().all(|r| have.contains(r))
 }
 
 /// The memory's cosine to the question from the dense list (0 when dense
@@ -203,6 +225,38 @@ pub(super) mod tests {
         assert_eq!(order("Who heads Martins Bank?", &mut r), 2);
         // "other" does not name Martins: it keeps its place.
         assert_eq!(ids(&r), ["ceo", "other", "hq"]);
+    }
+
+    #[test]
+    fn a_fact_holding_the_name_inside_a_longer_one_goes_after() {
+        let mut r = vec![
+            fact(
+                "green",
+                "Florence Green is the mayor of Pamplona.",
+                Some(0.8),
+            ),
+            fact(
+                "gallu",
+                "Florence is governed by mayor Matthew Gallu.",
+                Some(0.7),
+            ),
+        ];
+        assert_eq!(order("Who holds the mayoralty of Florence?", &mut r), 2);
+        assert_eq!(ids(&r), ["gallu", "green"]);
+        let mut r = vec![
+            fact(
+                "cedar",
+                "Vilnius is the capital of Cedar County.",
+                Some(0.8),
+            ),
+            fact(
+                "palud",
+                "Nurbek Palud serves as governor of Vilnius County.",
+                Some(0.7),
+            ),
+        ];
+        assert_eq!(order("Who leads Vilnius County as governor?", &mut r), 2);
+        assert_eq!(ids(&r), ["palud", "cedar"]);
     }
 
     #[test]

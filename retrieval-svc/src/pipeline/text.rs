@@ -145,6 +145,41 @@ pub fn names<'m>(m: &'m Memory, asked: &'m HashSet<String>) -> impl Iterator<Ite
         .filter(move |w| seen.insert(w.clone()))
 }
 
+/// The text's runs of capitalised words, lowercased, each word of three
+/// characters or more and not a filler ("The"), a possessive's "'s" cut.
+/// A lowercase word, a filler or a comma, semicolon or sentence end ends a
+/// run; a short abbreviation's period ("Dr.", "A.") does not.
+pub fn name_runs(text: &str) -> Vec<Vec<String>> {
+    let mut runs: Vec<Vec<String>> = Vec::new();
+    let mut run: Vec<String> = Vec::new();
+    for raw in text.split_whitespace() {
+        let word = raw.trim_matches(|c: char| !(c.is_alphanumeric() || c == '\''));
+        let word = word.trim_end_matches("'s").trim_end_matches('\'');
+        let lower = word.to_lowercase();
+        let capital = word.chars().next().is_some_and(char::is_uppercase);
+        let short = word.chars().count() <= 2;
+        if capital && short && !raw.ends_with([',', ';', ':', '!', '?', ')']) {
+            // An initial or a title ("A.", "Dr."): inside the run, not a name.
+            continue;
+        }
+        if !capital || FILLER.contains(&lower.as_str()) {
+            runs.push(std::mem::take(&mut run));
+            continue;
+        }
+        if !short {
+            run.push(lower);
+        }
+        let ends = raw.ends_with([',', ';', ':', '!', '?', ')'])
+            || (raw.ends_with('.') && word.chars().count() > 2);
+        if ends {
+            runs.push(std::mem::take(&mut run));
+        }
+    }
+    runs.push(run);
+    runs.retain(|r| !r.is_empty());
+    runs
+}
+
 /// A memory with a title and content only, for unit tests.
 #[cfg(test)]
 pub fn page(title: &str, content: &str) -> Memory {
