@@ -3,15 +3,17 @@
 //!
 //! "Who heads Martins Bank?" asks for someone: a name, and not a name
 //! right after "in" ("… has its head office in Samarkand" says where, not
-//! who, and neither does "… are in the Czech Republic"). "Which company
-//! employs K. Narayanan?" asks for a name of any kind ("… works as a nurse"
-//! offers none); "In which city is the Jitao 9 made?" for a place, a name
-//! right after "in" ("The maker of the Jitao 9 is Middleton Railway"
-//! offers none). Other questions ("What …", "Where
-//! …", "When …") want anything, and so does a question that names its
-//! thing through a relative clause ("Who is the mayor of the city where
-//! Acme has its head office?" is a chain, chain.rs, whose first fact names
-//! a place).
+//! who, and neither does "… are in the Czech Republic" or "… resides in the
+//! city of Miami"). So does "Which company employs K. Narayanan?": the
+//! noun after "which" is no place ("… works as a nurse" offers no name,
+//! "… resides in the city of Miami" no company). "Which city …", "Which
+//! languages …" ask for a name of any kind (nouns whose names follow "in",
+//! [`IN_NOUNS`]); "In which city is the Jitao 9 made?" for a place, a name
+//! right after "in" ("The maker of the Jitao 9 is Middleton Railway" offers
+//! none). Other questions ("What …", "Where …", "When …") want anything,
+//! and so does a question that names its thing through a relative clause
+//! ("Who is the mayor of the city where Acme has its head office?" is a
+//! chain, chain.rs, whose first fact names a place).
 //!
 //! Stage 4c (subject.rs) puts the subject's facts that offer what is asked
 //! before those that do not; nothing else reads it.
@@ -24,9 +26,10 @@ use super::text::{FILLER, clause_at, clause_words};
 /// What a question asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wants {
-    /// "Who …", "Whom …", "To whom …": a name, not a place.
+    /// "Who …", "Whom …", "To whom …", "Which company …": a name, not a
+    /// place.
     Someone,
-    /// "Which …", "For which …", "At which …": a name.
+    /// "Which city …", "At which place …": a name.
     Name,
     /// "In which …": a place, a name right after "in" ("… is assembled in
     /// Miami", not "The maker of … is Middleton Railway").
@@ -52,12 +55,12 @@ impl Wants {
         match words.as_slice() {
             [w, ..] if w == "who" || w == "whom" => Wants::Someone,
             [to, whom, ..] if to == "to" && whom == "whom" => Wants::Someone,
-            [w, ..] if w == "which" => Wants::Name,
+            [w, noun, ..] if w == "which" => of_noun(noun),
             // "In which city does Léa Pool's employer have its head
             // office?" asks where another thing is (a chain, chain.rs):
             // the subject's own places must not lead, so any name does.
             [p, w, ..] if p == "in" && w == "which" && !possessive(question) => Wants::Place,
-            [p, w, ..] if OPENERS.contains(&p.as_str()) && w == "which" => Wants::Name,
+            [p, w, noun, ..] if OPENERS.contains(&p.as_str()) && w == "which" => of_noun(noun),
             _ => Wants::Anything,
         }
     }
@@ -98,13 +101,67 @@ fn new_names(content: &str, asked: &HashSet<String>) -> Vec<bool> {
             i += 1;
         }
         if (words[start..i].iter()).any(|w| !asked.contains(&possessed(w))) {
-            let before = (words[..start].iter().rev())
-                .map(|w| w.to_lowercase())
-                .find(|w| !ARTICLES.contains(&w.as_str()));
-            runs.push(before.is_some_and(|b| b == "in"));
+            runs.push(after_in(&words[..start]));
         }
     }
     runs
+}
+
+/// Whether the words before a name end in "in", articles and a place
+/// noun's "… of" aside: "in Prague", "in the Czech Republic", "in the city
+/// of Miami".
+fn after_in(before: &[&str]) -> bool {
+    let mut back = before.iter().rev().map(|w| w.to_lowercase()).peekable();
+    while let Some(w) = back.next() {
+        let of_place = w == "of" && back.peek().is_some_and(|n| is_place_noun(n));
+        if of_place {
+            back.next();
+        } else if !ARTICLES.contains(&w.as_str()) {
+            return w == "in";
+        }
+    }
+    false
+}
+
+/// "Which company …", "Which physician …": a name that is not a place;
+/// "Which city …", "Which languages …": any name ("… is a citizen of
+/// Argentina", "… is fluent in Czech").
+fn of_noun(noun: &str) -> Wants {
+    match is_place_noun(noun) {
+        true => Wants::Name,
+        false => Wants::Someone,
+    }
+}
+
+/// Nouns whose names are said after "in": places, and languages.
+const IN_NOUNS: &[&str] = &[
+    "city",
+    "town",
+    "village",
+    "country",
+    "nation",
+    "county",
+    "state",
+    "province",
+    "region",
+    "district",
+    "place",
+    "area",
+    "capital",
+    "continent",
+    "island",
+    "neighborhood",
+    "neighbourhood",
+    "language",
+    "location",
+];
+
+/// Whether the noun (singular or plural) is one of [`IN_NOUNS`].
+fn is_place_noun(noun: &str) -> bool {
+    let singular = (noun.strip_suffix("ies").map(|s| format!("{s}y")))
+        .or_else(|| noun.strip_suffix('s').map(str::to_string))
+        .unwrap_or_else(|| noun.to_string());
+    IN_NOUNS.contains(&noun) || IN_NOUNS.contains(&singular.as_str())
 }
 
 /// Whether a word of the question is possessed ("Léa Pool's").
@@ -133,8 +190,17 @@ mod tests {
     fn the_first_words_say_what_is_asked() {
         assert_eq!(Wants::of("To whom is Antonio Pujol wed?"), Wants::Someone);
         assert_eq!(Wants::of("Who's her boss?"), Wants::Someone);
-        assert_eq!(Wants::of("Which company employs Dana?"), Wants::Name);
-        assert_eq!(Wants::of("At which company does Rosa work?"), Wants::Name);
+        assert_eq!(Wants::of("Which company employs Dana?"), Wants::Someone);
+        assert_eq!(
+            Wants::of("At which company does Rosa work?"),
+            Wants::Someone
+        );
+        assert_eq!(
+            Wants::of("Which country is Rosa a citizen of?"),
+            Wants::Name
+        );
+        assert_eq!(Wants::of("Which languages does Rosa speak?"), Wants::Name);
+        assert_eq!(Wants::of("Which cities has Rosa visited?"), Wants::Name);
         assert_eq!(Wants::of("Where does Dana live?"), Wants::Anything);
         assert_eq!(Wants::of("What is Dana's line of work?"), Wants::Anything);
         assert_eq!(
@@ -164,6 +230,9 @@ mod tests {
         assert!(!Wants::Someone.offered_by(hq, &asked(&["martins", "bank"])));
         assert!(Wants::Place.offered_by(hq, &asked(&["martins", "bank"])));
         assert!(!Wants::Place.offered_by(spouse, &pujol));
+        let city = "Antonio Pujol resides in the city of Miami.";
+        assert!(Wants::Place.offered_by(city, &pujol));
+        assert!(!Wants::Someone.offered_by(city, &pujol));
         // "The" opens no name; "CEO" is one the question does not say.
         let ceo = "The CEO of Martins Bank is Lesley Selander.";
         assert!(Wants::Someone.offered_by(ceo, &asked(&["martins", "bank"])));
