@@ -173,12 +173,39 @@ pub fn versions(x: &Said, y: &Said, asked: &Asked) -> Option<Versions> {
     if !frame_asked || span_asked || !relation || has_digit(mid_a) != has_digit(mid_b) {
         return None;
     }
+    // A value swapped keeps the frame's small words: "… is made by Jordan
+    // Retail" against "… is assembled in Miami" swaps the relation ("by"
+    // against "in"), not the value.
+    let named = |w: &str| x.names.contains(w) || y.names.contains(w);
+    if links(mid_a, &named) != links(mid_b, &named) {
+        return None;
+    }
     Some(Versions {
         a: mid_a.join(" "),
         b: mid_b.join(" "),
         score: cardinality(&a[..p], mid_a, mid_b, &shared),
     })
 }
+
+/// A span's function words, in order, but its articles and those inside a
+/// name ("Bosnia and Herzegovina", "University of Virginia"): what links
+/// its value to the frame.
+fn links<'s>(span: &'s [String], named: &dyn Fn(&str) -> bool) -> Vec<&'s str> {
+    let inside = |i: usize| {
+        i > 0
+            && (span.get(i - 1)).is_some_and(|w| named(w))
+            && (span.get(i + 1)).is_some_and(|w| named(w))
+    };
+    (span.iter().enumerate())
+        .filter(|&(i, w)| {
+            FUNCTION.contains(&w.as_str()) && !ARTICLES.contains(&w.as_str()) && !inside(i)
+        })
+        .map(|(_, w)| w.as_str())
+        .collect()
+}
+
+/// Articles: "in the Czech Republic" and "in Iraq" link their values alike.
+const ARTICLES: &[&str] = &["a", "an", "the"];
 
 fn has_digit<S: AsRef<str>>(span: &[S]) -> bool {
     span.iter()
@@ -239,6 +266,42 @@ mod tests {
     }
 
     #[test]
+    fn a_swapped_relation_is_no_version() {
+        let v = judge(
+            "The Freda Prime 5 laptop is made by Jordan Retail.",
+            "The Freda Prime 5 laptop is assembled in Miami.",
+            "Which company produces the Freda Prime 5 laptop?",
+        );
+        assert_eq!(v, None);
+        let v = judge(
+            "The Lucas Halo 45 espresso machine is manufactured by United States Motion Picture Corporation.",
+            "The Lucas Halo 45 espresso machine is produced in a factory in Malmö.",
+            "Where does the Lucas Halo 45 espresso machine come off the production line?",
+        );
+        assert_eq!(v, None);
+        // Small words inside a name link nothing.
+        let v = judge(
+            "Romolo Guerrieri studies at University of Virginia.",
+            "Romolo Guerrieri studies at Tennessee State University.",
+            "Where is Romolo Guerrieri a student?",
+        );
+        assert!(v.is_some());
+        let v = judge(
+            "The headquarters of Martins Bank are in the Czech Republic.",
+            "The headquarters of Martins Bank are in Bosnia and Herzegovina.",
+            "What country is home to the main base of Martins Bank?",
+        );
+        assert!(v.is_some());
+        // A lowercase value with no small words is still a value.
+        let v = judge(
+            "By profession, Vincenzo Lapuma is a surgeon.",
+            "By profession, Vincenzo Lapuma is a pilot.",
+            "What is Vincenzo Lapuma's line of work?",
+        );
+        assert!(v.is_some());
+    }
+
+    #[test]
     fn names_are_capitalised_inside_a_sentence_or_in_a_run() {
         let n = names("Saif Ali Khan is a patient of Dr. Grace Lee. Standup is at 9:15.");
         for w in ["saif", "ali", "khan", "grace", "lee"] {
@@ -258,6 +321,12 @@ mod tests {
         .expect("versions");
         assert_eq!((v.a.as_str(), v.b.as_str()), ("lyon", "paris"));
         assert_eq!(v.score, ONE_VALUE);
+        let v = judge(
+            "The headquarters of Santander Group are in the Czech Republic.",
+            "The headquarters of Santander Group are in Iraq.",
+            "In which country does Santander Group have its headquarters?",
+        );
+        assert!(v.is_some());
     }
 
     #[test]
