@@ -27,7 +27,7 @@ use super::search::{
 };
 use super::slots::{self, is_note};
 use super::text::{
-    RELATION_LINKS, clause_at, clause_words, lower_words, name_runs, names, query_words,
+    RELATION_LINKS, clause_at, clause_of, clause_words, lower_words, name_runs, names, query_words,
 };
 use super::validate::{Checked, static_checks};
 use crate::downstream::call_until;
@@ -313,17 +313,6 @@ fn relates(question: &str) -> Shape {
 /// Notes among which a clause question's first fact is chosen.
 const START_POOL: usize = 3;
 
-/// The relative clause through which a question names its thing, in
-/// lower case: "In which country is the city where Val Guest lives?" →
-/// "val guest lives" (the words after "the city where", to the end).
-fn clause_of(question: &str) -> Option<String> {
-    let owned = clause_words(question);
-    let words: Vec<&str> = owned.iter().map(String::as_str).collect();
-    let at = clause_at(&words)?;
-    let clause = words.get(at + 3..).filter(|c| !c.is_empty())?;
-    Some(clause.join(" "))
-}
-
 /// For a question that names its thing by a relative clause, the chain
 /// starts from the fact that means the clause ("Val Guest's home is in
 /// Memphis" for "the city where Val Guest lives"), not from whichever
@@ -481,16 +470,6 @@ fn sorted(words: &HashSet<String>) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_clause_is_the_words_after_its_link() {
-        let q = "In which country is the city where Val Guest lives?";
-        assert_eq!(clause_of(q).as_deref(), Some("val guest lives"));
-        let q = "Who is the spouse of the man who directed Kiss of Death?";
-        assert_eq!(clause_of(q).as_deref(), Some("directed kiss of death"));
-        assert_eq!(clause_of("Where does Lena live?"), None);
-        assert_eq!(clause_of("Name the city where"), None);
-    }
 
     fn memory(id: &str, content: &str) -> Memory {
         Memory {

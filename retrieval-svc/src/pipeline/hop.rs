@@ -15,14 +15,25 @@
 //! 95.7, HotpotQA and LoCoMo unchanged (docs/benchmarks.md, "The next hop
 //! by name").
 
-use engram_proto::{Filters, KeywordSearchRequest, Memory};
+use std::collections::HashSet;
+
+use engram_proto::{EmbedRequest, Filters, KeywordSearchRequest, Memory};
 use tokio::time::Instant;
 
+use super::cache::cosine;
 use super::ctx::{Ctx, StageTrace};
-use super::search::{Candidate, HopPlan, KEYWORD, Plan, later_keyword, time_for_another};
-use super::text::{lower_words, names};
+use super::search::{
+    Candidate, HopPlan, KEYWORD, Plan, Vectors, later_keyword, read_vectors, stage_deadline,
+    time_for_another,
+};
+use super::text::{clause_of, collect_words, coverage, lower_words, names, query_words};
 use super::validate::{Checked, best_fused, static_checks};
+use crate::downstream::call_until;
 use crate::query::{MAX_TEXT_CHARS, Route};
+
+/// The best fused candidates among which a clause question's first memory
+/// is chosen.
+const SEED_POOL: usize = 3;
 
 /// The strategy a second-hop find is credited to in its provenance.
 pub const HOP: &str = "hop";
@@ -47,6 +58,7 @@ pub async fn run(
     plan: &Plan,
     route: Route,
     filters: &Filters,
+    prefetched: &Vectors,
 ) -> Found {
     let Some(hop_plan) = plan
         .hop_opt
@@ -57,8 +69,23 @@ pub async fn run(
     if trace.is_degraded(KEYWORD) || !time_for_another(ctx.deadline) {
         return Found::default();
     }
-    let Some(text) = first(checked).and_then(|m| query_text(&ctx.query.text, m, hop_plan.names))
-    else {
+    // A clause's memory is the bridge, not a find: the search looks past
+    // it (the best fused one already opens the slots).
+    let (seed, bridge_opt) = match by_clause(ctx, checked, prefetched).await {
+        Some(i) => (
+            Some(&checked[i].cand.memory),
+            Some(checked[i].cand.memory.id.clone()),
+        ),
+        None => (first(checked), None),
+    };
+    // The clause's thing is named once ("Project Atlas"), not with every
+    // name its memory holds ("MySQL", "PostgreSQL" lead to its other pages).
+    let max_names = if bridge_opt.is_some() {
+        1
+    } else {
+        hop_plan.names
+    };
+    let Some(text) = seed.and_then(|m| query_text(&ctx.query.text, m, max_names)) else {
         return Found::default();
     };
     let t = Instant::now();
@@ -70,7 +97,9 @@ pub async fn run(
     let Some(resp) = later_keyword(ctx, trace, HOP, req).await else {
         return Found::default();
     };
-    let hits = (resp.hits.into_iter()).filter_map(|h| Some((h.memory?, h.score)));
+    let hits = (resp.hits.into_iter())
+        .filter_map(|h| Some((h.memory?, h.score)))
+        .filter(|(m, _)| bridge_opt.as_ref() != Some(&m.id));
     let (ids, new) = credit(checked, hits);
     let added = static_checks(
         new,
@@ -96,6 +125,69 @@ fn room(ctx: &Ctx<'_>, h: &HopPlan) -> bool {
 /// The memory the answer opens with (`validate::best_fused`).
 fn first(checked: &[Checked]) -> Option<&Memory> {
     best_fused(checked.iter()).map(|i| &checked[i].cand.memory)
+}
+
+/// For a question that names its thing by a relative clause ("Who leads
+/// the project that migrates the billing system?"), the memory the second
+/// search starts from is the one among the [`SEED_POOL`] best fused whose
+/// words say most of the clause's, then whose vector is closest to it
+/// ("Project Atlas migrates the billing system …"), not the best fused
+/// ("The billing system sends monthly invoices to Acme Corp and Globex",
+/// as near the whole question and as near the clause, whose names lead to
+/// the customers). One embed, and a vectors read unless Stage 2 read them;
+/// any failure keeps the best fused. None when the question has no clause
+/// or the best fused is the closest.
+async fn by_clause(ctx: &Ctx<'_>, checked: &[Checked], prefetched: &Vectors) -> Option<usize> {
+    let clause = clause_of(&ctx.query.text)?;
+    let (_, wanted) = query_words(&clause);
+    let mut pool: Vec<usize> = (0..checked.len()).collect();
+    pool.sort_by(|&a, &b| (checked[b].cand.fused.rrf).total_cmp(&checked[a].cand.fused.rrf));
+    pool.truncate(SEED_POOL);
+    if pool.len() < 2 {
+        return None;
+    }
+    let deadline = stage_deadline(ctx.deadline);
+    let req = EmbedRequest {
+        texts: vec![clause],
+    };
+    let resp = call_until(&ctx.ds.embed, &ctx.identity, deadline, req)
+        .await
+        .ok()?;
+    let asked = resp.embeddings.into_iter().next()?.values;
+    let read;
+    let vectors = match prefetched {
+        Vectors::Read(v) => v,
+        _ => {
+            let ids = pool
+                .iter()
+                .map(|&i| checked[i].cand.memory.id.clone())
+                .collect();
+            read = read_vectors(ctx, ids, deadline).await;
+            match &read {
+                Vectors::Read(v) => v,
+                _ => return None,
+            }
+        }
+    };
+    let near = |i: usize| {
+        (vectors.get(&checked[i].cand.memory.id)).map_or(f32::MIN, |v| cosine(&asked, v))
+    };
+    let key = |i: usize| (says(&checked[i].cand.memory, &wanted), near(i));
+    let best = pool.iter().copied().max_by(|&a, &b| {
+        let ((sa, na), (sb, nb)) = (key(a), key(b));
+        sa.total_cmp(&sb).then(na.total_cmp(&nb))
+    })?;
+    (best != pool[0] && key(best) > key(pool[0])).then_some(best)
+}
+
+/// How much of a clause's words (`wanted`) a memory says, its title
+/// included: "migrates" is what tells the project's page from the billing
+/// system's for "the project that migrates the billing system".
+fn says(m: &Memory, wanted: &HashSet<String>) -> f32 {
+    let mut have = HashSet::new();
+    collect_words(&m.title, &mut have);
+    collect_words(&m.content, &mut have);
+    coverage(wanted, &have)
 }
 
 /// Credits the finds already among the candidates with a `hop` hit, and
@@ -156,6 +248,26 @@ mod tests {
         assert_eq!(
             query_text(q, &first, 10).as_deref(),
             Some("What country was the author of Brand a citizen of? norwegian henrik ibsen rome")
+        );
+    }
+
+    #[test]
+    fn the_clauses_thing_says_all_of_the_clause() {
+        let q = "Who leads the project that migrates the billing system?";
+        let clause = clause_of(q).expect("a clause");
+        let (_, wanted) = query_words(&clause);
+        let atlas = memory(
+            "Project Atlas",
+            "Project Atlas migrates the billing system from MySQL to PostgreSQL 18.",
+        );
+        let billing = memory(
+            "Billing system",
+            "The billing system sends monthly invoices to Acme Corp and Globex.",
+        );
+        assert!(says(&atlas, &wanted) > says(&billing, &wanted));
+        assert_eq!(
+            query_text(q, &atlas, 1).as_deref(),
+            Some("Who leads the project that migrates the billing system? atlas")
         );
     }
 

@@ -578,9 +578,17 @@ impl Pipeline {
         // stages after it use the cores again.
         take_work_slot(ctx).await?;
         let route = found.route_opt.unwrap_or(step.route);
-        let hop = hop::run(ctx, &mut trace, &mut checked, &plan, route, filters)
-            .instrument(stage_span("hop"))
-            .await;
+        let hop = hop::run(
+            ctx,
+            &mut trace,
+            &mut checked,
+            &plan,
+            route,
+            filters,
+            &found.vectors,
+        )
+        .instrument(stage_span("hop"))
+        .await;
         let learned = distill::Learned {
             ranker_opt: ctx.ranker_opt.as_deref(),
             query: &ctx.query.text,

@@ -43,6 +43,17 @@ pub fn clause_words(question: &str) -> Vec<String> {
         .collect()
 }
 
+/// The relative clause through which a question names its thing, in
+/// lower case: "In which country is the city where Val Guest lives?" →
+/// "val guest lives" (the words after "the city where", to the end).
+pub fn clause_of(question: &str) -> Option<String> {
+    let owned = clause_words(question);
+    let words: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let at = clause_at(&words)?;
+    let clause = words.get(at + 3..).filter(|c| !c.is_empty())?;
+    Some(clause.join(" "))
+}
+
 /// A memory's text as said: a conversation turn with a speaker reads
 /// "speaker: text" (search-svc embeds it so), anything else its content.
 pub fn said(m: &Memory) -> Cow<'_, str> {
@@ -193,6 +204,16 @@ pub fn page(title: &str, content: &str) -> Memory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clause_is_the_words_after_its_link() {
+        let q = "In which country is the city where Val Guest lives?";
+        assert_eq!(clause_of(q).as_deref(), Some("val guest lives"));
+        let q = "Who is the spouse of the man who directed Kiss of Death?";
+        assert_eq!(clause_of(q).as_deref(), Some("directed kiss of death"));
+        assert_eq!(clause_of("Where does Lena live?"), None);
+        assert_eq!(clause_of("Name the city where"), None);
+    }
 
     #[test]
     fn the_first_word_and_stopwords_are_not_names() {
