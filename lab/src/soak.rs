@@ -177,6 +177,13 @@ pub async fn run_on(dep: &mut Deployment, args: &SoakArgs) -> anyhow::Result<ser
     load::seed(&mut a, &dep.tenants.attacker.1, args.corpus / 2).await?;
     // Warm-up: first use builds the tenant's graph and warms the pools.
     load::saturation_qps(&b, &questions, 2, 2.0).await;
+    // The warm-up reads as fast as it can and may spend B's whole burst
+    // (answers from the cache come faster than the rate refills it); B's
+    // solo phase must start with the bucket its steady rate would leave,
+    // or its first reads are refused by its own limit (a CI run saw one).
+    let t = &dep.settings.tenant;
+    let refill = f64::from(t.burst) / f64::from(t.requests_per_second.max(1));
+    tokio::time::sleep(Duration::from_secs_f64(refill.min(10.0))).await;
     let mut report = serde_json::Map::new();
     report.insert(
         "config".into(),
