@@ -16,21 +16,20 @@
 
 use std::collections::HashSet;
 
-use engram_proto::{EmbedRequest, Filters, KeywordSearchRequest, Memory};
+use engram_proto::{Filters, KeywordSearchRequest, Memory};
 use tokio::time::Instant;
 
 use super::cache::cosine;
 use super::ctx::{Ctx, StageTrace};
 use super::current::order_key;
 use super::search::{
-    Candidate, KEYWORD, Vectors, later_keyword, read_vectors, stage_deadline, time_for_another,
+    Candidate, KEYWORD, Vectors, later_keyword, stage_deadline, text_and_vectors, time_for_another,
 };
 use super::slots::{self, is_note};
 use super::text::{
     RELATION_LINKS, clause_at, clause_of, clause_words, lower_words, name_runs, names, query_words,
 };
 use super::validate::{Checked, static_checks};
-use crate::downstream::call_until;
 
 /// The strategy a chain's find is credited to, and its degraded label.
 pub const CHAIN: &str = "chain";
@@ -197,18 +196,12 @@ async fn by_meaning(ctx: &Ctx<'_>, finds: Vec<Checked>, want: Want<'_>) -> Vec<C
     if finds.len() < 2 {
         return finds;
     }
-    let deadline = stage_deadline(ctx.deadline);
-    let req = EmbedRequest {
-        texts: vec![sorted(want.unsaid).join(" ")],
-    };
-    let Ok(resp) = call_until(&ctx.ds.embed, &ctx.identity, deadline, req).await else {
-        return finds;
-    };
-    let Some(asked) = resp.embeddings.into_iter().next().map(|e| e.values) else {
-        return finds;
-    };
     let ids = finds.iter().map(|c| c.cand.memory.id.clone()).collect();
-    let Vectors::Read(vectors) = read_vectors(ctx, ids, deadline).await else {
+    let deadline = stage_deadline(ctx.deadline);
+    let unsaid = sorted(want.unsaid).join(" ");
+    let not_read = Vectors::NotRead;
+    let Some((asked, vectors)) = text_and_vectors(ctx, unsaid, ids, &not_read, deadline).await
+    else {
         return finds;
     };
     let score = |c: &Checked| {
@@ -331,20 +324,13 @@ async fn start_by_clause(ctx: &Ctx<'_>, ranked: &mut [(Checked, f32)]) -> bool {
     if pool.len() < 2 || pool[0] != 0 {
         return false;
     }
-    let deadline = stage_deadline(ctx.deadline);
-    let req = EmbedRequest {
-        texts: vec![clause],
-    };
-    let Ok(resp) = call_until(&ctx.ds.embed, &ctx.identity, deadline, req).await else {
-        return false;
-    };
-    let Some(asked) = resp.embeddings.into_iter().next().map(|e| e.values) else {
-        return false;
-    };
     let ids = (pool.iter())
         .map(|&i| ranked[i].0.cand.memory.id.clone())
         .collect();
-    let Vectors::Read(vectors) = read_vectors(ctx, ids, deadline).await else {
+    let deadline = stage_deadline(ctx.deadline);
+    let not_read = Vectors::NotRead;
+    let Some((asked, vectors)) = text_and_vectors(ctx, clause, ids, &not_read, deadline).await
+    else {
         return false;
     };
     let near = |i: usize| {

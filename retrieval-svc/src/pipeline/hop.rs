@@ -17,18 +17,17 @@
 
 use std::collections::HashSet;
 
-use engram_proto::{EmbedRequest, Filters, KeywordSearchRequest, Memory};
+use engram_proto::{Filters, KeywordSearchRequest, Memory};
 use tokio::time::Instant;
 
 use super::cache::cosine;
 use super::ctx::{Ctx, StageTrace};
 use super::search::{
-    Candidate, HopPlan, KEYWORD, Plan, Vectors, later_keyword, read_vectors, stage_deadline,
+    Candidate, HopPlan, KEYWORD, Plan, Vectors, later_keyword, stage_deadline, text_and_vectors,
     time_for_another,
 };
 use super::text::{clause_of, collect_words, coverage, lower_words, names, query_words};
 use super::validate::{Checked, best_fused, static_checks};
-use crate::downstream::call_until;
 use crate::query::{MAX_TEXT_CHARS, Route};
 
 /// The best fused candidates among which a clause question's first memory
@@ -146,29 +145,12 @@ async fn by_clause(ctx: &Ctx<'_>, checked: &[Checked], prefetched: &Vectors) -> 
     if pool.len() < 2 {
         return None;
     }
+    let ids = pool
+        .iter()
+        .map(|&i| checked[i].cand.memory.id.clone())
+        .collect();
     let deadline = stage_deadline(ctx.deadline);
-    let req = EmbedRequest {
-        texts: vec![clause],
-    };
-    let resp = call_until(&ctx.ds.embed, &ctx.identity, deadline, req)
-        .await
-        .ok()?;
-    let asked = resp.embeddings.into_iter().next()?.values;
-    let read;
-    let vectors = match prefetched {
-        Vectors::Read(v) => v,
-        _ => {
-            let ids = pool
-                .iter()
-                .map(|&i| checked[i].cand.memory.id.clone())
-                .collect();
-            read = read_vectors(ctx, ids, deadline).await;
-            match &read {
-                Vectors::Read(v) => v,
-                _ => return None,
-            }
-        }
-    };
+    let (asked, vectors) = text_and_vectors(ctx, clause, ids, prefetched, deadline).await?;
     let near = |i: usize| {
         (vectors.get(&checked[i].cand.memory.id)).map_or(f32::MIN, |v| cosine(&asked, v))
     };

@@ -7,6 +7,7 @@
 //! by the graph's entity evidence (evidence.rs). Graph hits carry only ids,
 //! so the fused pool's missing memories are fetched with one `Get`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -14,8 +15,8 @@ use engram_common::settings::{
     ComplementSettings, FusionWeights, PipelineSettings, StrategyWeights,
 };
 use engram_proto::{
-    FactSeed, Filters, GetRequest, KeywordSearchRequest, Memory, PprRequest, PprResponse,
-    SearchResponse, Seed, StrategyHit, VectorSearchRequest,
+    EmbedRequest, FactSeed, Filters, GetRequest, KeywordSearchRequest, Memory, PprRequest,
+    PprResponse, SearchResponse, Seed, StrategyHit, VectorSearchRequest,
 };
 use tokio::time::Instant;
 
@@ -440,6 +441,32 @@ pub async fn read_vectors(ctx: &Ctx<'_>, ids: Vec<String>, deadline: Instant) ->
             Vectors::Failed
         }
     }
+}
+
+/// The embedding of `text` (a clause, for the stages that start a hop or
+/// a chain from the memory closest to it) and the vectors of `ids`: one
+/// embed, and a vectors read unless `prefetched` holds them. None when
+/// either call fails.
+pub async fn text_and_vectors<'v>(
+    ctx: &Ctx<'_>,
+    text: String,
+    ids: Vec<String>,
+    prefetched: &'v Vectors,
+    deadline: Instant,
+) -> Option<(Vec<f32>, Cow<'v, HashMap<String, Vec<f32>>>)> {
+    let req = EmbedRequest { texts: vec![text] };
+    let resp = call_until(&ctx.ds.embed, &ctx.identity, deadline, req)
+        .await
+        .ok()?;
+    let asked = resp.embeddings.into_iter().next()?.values;
+    let vectors = match prefetched {
+        Vectors::Read(v) => Cow::Borrowed(v),
+        _ => match read_vectors(ctx, ids, deadline).await {
+            Vectors::Read(v) => Cow::Owned(v),
+            _ => return None,
+        },
+    };
+    Some((asked, vectors))
 }
 
 /// Candidates per strategy after Stage 2 plus the fused total, observed in

@@ -204,8 +204,9 @@ fn links<'s>(span: &'s [String], named: &dyn Fn(&str) -> bool) -> Vec<&'s str> {
         .collect()
 }
 
-/// Articles: "in the Czech Republic" and "in Iraq" link their values alike.
-const ARTICLES: &[&str] = &["a", "an", "the"];
+/// Articles: "in the Czech Republic" and "in Iraq" link their values alike
+/// (and wants.rs reads a place after "in the" as after "in").
+pub const ARTICLES: &[&str] = &["a", "an", "the"];
 
 fn has_digit<S: AsRef<str>>(span: &[S]) -> bool {
     span.iter()

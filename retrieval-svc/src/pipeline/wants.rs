@@ -38,9 +38,6 @@ pub enum Wants {
     Anything,
 }
 
-/// Words that may stand between "in" and a place's name.
-const ARTICLES: &[&str] = &["the", "a", "an"];
-
 /// Prepositions that may open a "which" question ("At which company …").
 const OPENERS: &[&str] = &["in", "at", "for", "to", "from", "with", "by", "on"];
 
@@ -118,7 +115,7 @@ fn after_in(before: &[&str]) -> bool {
         let of_place = w == "of" && back.peek().is_some_and(|n| is_place_noun(n));
         if of_place {
             back.next();
-        } else if !ARTICLES.contains(&w.as_str()) {
+        } else if !slots::ARTICLES.contains(&w.as_str()) {
             return w == "in";
         }
     }
