@@ -37,6 +37,16 @@ async fn demo_path_returns_real_results() -> anyhow::Result<()> {
     )
     .await?;
     assert_eq!(multi.route, engram_proto::QueryRoute::MultiHop as i32);
+    // The clause's memory opens the answer and the bridge answer follows it
+    // (issue 49: the bridge answer in the top 2 of Retrieve).
+    let top2: Vec<&str> = (multi.records.iter().take(2))
+        .filter_map(|x| x.memory.as_ref().map(|m| m.content.as_str()))
+        .collect();
+    assert!(
+        top2.iter()
+            .any(|c| c.contains("engineering lead of Project Atlas")),
+        "the bridge answer is not in the top 2: {top2:?}"
+    );
     assert!(
         multi.records.iter().any(|x| x
             .provenance

@@ -35,6 +35,10 @@ pub struct After<'a> {
     pub hedge_opt: Option<&'a str>,
     /// The second search's finds, best first (hop.rs).
     pub hop: &'a [String],
+    /// A clause question's memory of the clause (hop.rs `Found::opens_opt`):
+    /// it opens the slots in the fusion's #1's stead, and the second
+    /// search's find takes the place right after it.
+    pub opening_opt: Option<&'a str>,
 }
 
 /// Stage 4b: the slots, then the place after them: the hedge, then the
@@ -47,27 +51,30 @@ pub async fn run(
     prefetched: Vectors,
     after: After<'_>,
 ) {
-    slots(ctx, trace, ranked, query_opt, prefetched).await;
+    let by_clause = slots(ctx, trace, ranked, query_opt, prefetched, after.opening_opt).await;
     let at = ctx.settings.pipeline.complement.slots;
     hedge(ranked, after.hedge_opt, at);
-    next_hop(ranked, after.hop, at);
+    // A clause's memory opened the slots: the find its name led to is the
+    // chain's next memory, right after it.
+    next_hop(ranked, after.hop, if by_clause { 1 } else { at });
 }
 
 /// Reorders the head of `ranked` (best first, each with its Stage 4
 /// score) when the settings ask for it, with the vectors Stage 2 read (or,
 /// when it did not, read here); on a failed read the order stands and the
-/// stage is reported degraded.
+/// stage is reported degraded. Whether a clause's memory opened the slots.
 async fn slots(
     ctx: &mut Ctx<'_>,
     trace: &mut StageTrace,
     ranked: &mut [(Checked, f32)],
     query_opt: Option<&[f32]>,
     prefetched: Vectors,
-) {
+    opening_opt: Option<&str>,
+) -> bool {
     let c = &ctx.settings.pipeline.complement;
     let pool = c.pool.min(ranked.len());
     let (Some(query), true) = (query_opt, pool >= 2) else {
-        return;
+        return false;
     };
     let t = Instant::now();
     let read = match prefetched {
@@ -81,7 +88,7 @@ async fn slots(
     };
     let Vectors::Read(vectors) = read else {
         trace.degraded.push(COMPLEMENT.into());
-        return;
+        return false;
     };
     let head = &mut ranked[..pool];
     let order = {
@@ -102,12 +109,14 @@ async fn slots(
                 },
             })
             .collect();
-        let first = fused_first(head);
-        choose(query, &slots, first, c)
+        let (first, by_clause) = opening(head, opening_opt);
+        (choose(query, &slots, first, c), by_clause)
     };
+    let (order, by_clause) = order;
     apply(head, &order);
     keep_scores_descending(head);
     ctx.timed(COMPLEMENT, t);
+    by_clause && !order.is_empty()
 }
 
 /// The hedge: the simple reading's #1 (`id_opt`, Stage 2's
@@ -161,7 +170,19 @@ fn keep_scores_descending<T>(head: &mut [(T, f32)]) {
     }
 }
 
-/// Which of the head opens the answer: the fusion's best (highest fused
+/// Which of the head opens the answer: a clause question's memory of the
+/// clause when hop.rs chose it to open ([`After::opening_opt`]) and the
+/// head holds it, else [`fused_first`]. Also whether the clause's memory
+/// is the one.
+fn opening(head: &[(Checked, f32)], id_opt: Option<&str>) -> (usize, bool) {
+    let clause_opt = id_opt.and_then(|id| head.iter().position(|(k, _)| k.cand.memory.id == id));
+    match clause_opt {
+        Some(i) => (i, true),
+        None => (fused_first(head), false),
+    }
+}
+
+/// Which of the head opens the answer otherwise: the fusion's best (highest fused
 /// score), not necessarily Stage 4's. The ranker lifts memories linked from
 /// the fused #1, which helps them into the top few but sometimes over the
 /// #1 itself: the dev sets' R@1 was 2.5–3 points below the fusion alone's
@@ -331,6 +352,19 @@ mod tests {
         assert_eq!(order(&r), ["a", "b", "c", "e", "f", "d"]);
         let scores: Vec<f32> = r.iter().map(|(_, s)| *s).collect();
         assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    }
+
+    #[test]
+    fn a_clause_memory_in_the_head_opens_it_and_its_find_follows_it() {
+        let r = ranked(&["billing", "atlas", "acme", "alice"]);
+        assert_eq!(opening(&r, Some("atlas")), (1, true));
+        // Not in the head, or none chosen: the fusion's best opens.
+        assert!(!opening(&r, Some("zz")).1);
+        assert!(!opening(&r, None).1);
+        // Slots [atlas, billing, acme]: the find its name led to is next.
+        let mut r = ranked(&["atlas", "billing", "acme", "alice"]);
+        next_hop(&mut r, &["alice".into()], 1);
+        assert_eq!(order(&r), ["atlas", "alice", "billing", "acme"]);
     }
 
     #[test]

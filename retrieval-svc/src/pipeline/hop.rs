@@ -26,6 +26,7 @@ use super::search::{
     Candidate, HopPlan, KEYWORD, Plan, Vectors, later_keyword, stage_deadline, text_and_vectors,
     time_for_another,
 };
+use super::slots::{MAX_TOKENS, fact_tokens};
 use super::text::{clause_of, collect_words, coverage, lower_words, names, query_words};
 use super::validate::{Checked, best_fused, static_checks};
 use crate::query::{MAX_TEXT_CHARS, Route};
@@ -43,6 +44,15 @@ pub const HOP: &str = "hop";
 pub struct Found {
     pub ids: Vec<String>,
     pub added: usize,
+    /// A clause question's memory of the clause ([`by_clause`]) when it is
+    /// a short statement that says every word of the clause ("Project
+    /// Atlas migrates the billing system …" for "Who leads the project
+    /// that migrates the billing system?"): it opens Stage 4b's slots, and
+    /// the find its name led to follows it. A passage, or a memory that
+    /// says only part of the clause, leaves the fusion's #1 first: on the
+    /// dev sets' pages, opening with every clause memory cost MuSiQue R@2
+    /// 3.1 points (docs/benchmarks.md).
+    pub opens_opt: Option<String>,
 }
 
 /// Stage 3b for one attempt: the second search, when the plan and the
@@ -69,13 +79,17 @@ pub async fn run(
         return Found::default();
     }
     // A clause's memory is the bridge, not a find: the search looks past
-    // it (the best fused one already opens the slots).
-    let (seed, bridge_opt) = match by_clause(ctx, checked, prefetched).await {
-        Some(i) => (
-            Some(&checked[i].cand.memory),
-            Some(checked[i].cand.memory.id.clone()),
-        ),
-        None => (first(checked), None),
+    // it, and it opens the slots (complement.rs).
+    let (seed, bridge_opt, opens_opt) = match by_clause(ctx, checked, prefetched).await {
+        Some((i, says)) => {
+            let m = &checked[i].cand.memory;
+            (
+                Some(m),
+                Some(m.id.clone()),
+                opens(m, says).then(|| m.id.clone()),
+            )
+        }
+        None => (first(checked), None, None),
     };
     // The clause's thing is named once ("Project Atlas"), not with every
     // name its memory holds ("MySQL", "PostgreSQL" lead to its other pages).
@@ -110,6 +124,7 @@ pub async fn run(
     let found = Found {
         ids,
         added: added.len(),
+        opens_opt,
     };
     checked.extend(added);
     ctx.timed(HOP, t);
@@ -135,8 +150,13 @@ fn first(checked: &[Checked]) -> Option<&Memory> {
 /// as near the whole question and as near the clause, whose names lead to
 /// the customers). One embed, and a vectors read unless Stage 2 read them;
 /// any failure keeps the best fused. None when the question has no clause
-/// or the best fused is the closest.
-async fn by_clause(ctx: &Ctx<'_>, checked: &[Checked], prefetched: &Vectors) -> Option<usize> {
+/// or the best fused is the closest; else the memory and how much of the
+/// clause it says.
+async fn by_clause(
+    ctx: &Ctx<'_>,
+    checked: &[Checked],
+    prefetched: &Vectors,
+) -> Option<(usize, f32)> {
     let clause = clause_of(&ctx.query.text)?;
     let (_, wanted) = query_words(&clause);
     let mut pool: Vec<usize> = (0..checked.len()).collect();
@@ -159,7 +179,14 @@ async fn by_clause(ctx: &Ctx<'_>, checked: &[Checked], prefetched: &Vectors) -> 
         let ((sa, na), (sb, nb)) = (key(a), key(b));
         sa.total_cmp(&sb).then(na.total_cmp(&nb))
     })?;
-    (best != pool[0] && key(best) > key(pool[0])).then_some(best)
+    (best != pool[0] && key(best) > key(pool[0])).then(|| (best, key(best).0))
+}
+
+/// Whether a clause's memory opens the slots ([`Found::opens_opt`]): it
+/// says all of the clause (`says`, [`says`]) and is a statement of at most
+/// slots.rs's [`MAX_TOKENS`] words, not a passage.
+fn opens(m: &Memory, says: f32) -> bool {
+    says >= 1.0 && fact_tokens(&m.content).len() <= MAX_TOKENS
 }
 
 /// How much of a clause's words (`wanted`) a memory says, its title
@@ -214,6 +241,21 @@ mod tests {
     use engram_common::settings::ComplementSettings;
 
     use super::super::text::page as memory;
+
+    #[test]
+    fn a_short_memory_that_says_the_whole_clause_opens_the_slots() {
+        let m = |content: &str| Memory {
+            content: content.into(),
+            ..Default::default()
+        };
+        let atlas = m("Project Atlas migrates the billing system from MySQL to PostgreSQL 18.");
+        assert!(opens(&atlas, 1.0));
+        // Part of the clause said: the fusion's #1 keeps the first place.
+        assert!(!opens(&atlas, 0.75));
+        // A passage is led by the graph from its title.
+        let passage = m(&"The port handled many containers in that year. ".repeat(8));
+        assert!(!opens(&passage, 1.0));
+    }
 
     #[test]
     fn the_question_gains_the_names_its_first_memory_adds_in_order() {

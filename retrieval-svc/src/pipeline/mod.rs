@@ -605,6 +605,7 @@ impl Pipeline {
             let after = complement::After {
                 hedge_opt: found.hedge_opt.as_deref(),
                 hop: &hop.ids,
+                opening_opt: hop.opens_opt.as_deref(),
             };
             complement::run(
                 ctx,
