@@ -91,7 +91,7 @@ async fn slots(
         return false;
     };
     let head = &mut ranked[..pool];
-    let order = {
+    let (order, by_clause) = {
         let bridging = c.bridge_weight > 0.0 && !comparative(&ctx.query.text);
         let asked = if bridging {
             lower_words(&ctx.query.text)
@@ -112,7 +112,6 @@ async fn slots(
         let (first, by_clause) = opening(head, opening_opt);
         (choose(query, &slots, first, c), by_clause)
     };
-    let (order, by_clause) = order;
     apply(head, &order);
     keep_scores_descending(head);
     ctx.timed(COMPLEMENT, t);

@@ -26,7 +26,7 @@ use super::search::{
     Candidate, HopPlan, KEYWORD, Plan, Vectors, later_keyword, stage_deadline, text_and_vectors,
     time_for_another,
 };
-use super::slots::{MAX_TOKENS, fact_tokens};
+use super::slots::is_statement;
 use super::text::{clause_of, collect_words, coverage, lower_words, names, query_words};
 use super::validate::{Checked, best_fused, static_checks};
 use crate::query::{MAX_TEXT_CHARS, Route};
@@ -174,19 +174,22 @@ async fn by_clause(
     let near = |i: usize| {
         (vectors.get(&checked[i].cand.memory.id)).map_or(f32::MIN, |v| cosine(&asked, v))
     };
-    let key = |i: usize| (says(&checked[i].cand.memory, &wanted), near(i));
-    let best = pool.iter().copied().max_by(|&a, &b| {
-        let ((sa, na), (sb, nb)) = (key(a), key(b));
-        sa.total_cmp(&sb).then(na.total_cmp(&nb))
-    })?;
-    (best != pool[0] && key(best) > key(pool[0])).then(|| (best, key(best).0))
+    // Each memory's (says, near), judged once; the pool's first is the
+    // best fused.
+    let keys: Vec<(usize, (f32, f32))> = (pool.iter())
+        .map(|&i| (i, (says(&checked[i].cand.memory, &wanted), near(i))))
+        .collect();
+    let &(best, key) = keys
+        .iter()
+        .max_by(|(_, (sa, na)), (_, (sb, nb))| sa.total_cmp(sb).then(na.total_cmp(nb)))?;
+    (best != pool[0] && key > keys[0].1).then_some((best, key.0))
 }
 
 /// Whether a clause's memory opens the slots ([`Found::opens_opt`]): it
 /// says all of the clause (`says`, [`says`]) and is a statement of at most
-/// slots.rs's [`MAX_TOKENS`] words, not a passage.
+/// slots.rs's bound on a fact ([`is_statement`]), not a passage.
 fn opens(m: &Memory, says: f32) -> bool {
-    says >= 1.0 && fact_tokens(&m.content).len() <= MAX_TOKENS
+    says >= 1.0 && is_statement(&m.content)
 }
 
 /// How much of a clause's words (`wanted`) a memory says, its title

@@ -124,7 +124,12 @@ impl Asked {
 /// subject, so Stages 4c and 4d judge notes only.
 pub fn is_note(m: &engram_proto::Memory) -> bool {
     let is_turn = m.turn.as_ref().is_some_and(|t| !t.speaker.is_empty());
-    !is_turn && m.title.is_empty() && fact_tokens(&m.content).len() <= MAX_TOKENS
+    !is_turn && m.title.is_empty() && is_statement(&m.content)
+}
+
+/// A statement, not a passage: at most [`MAX_TOKENS`] words.
+pub fn is_statement(text: &str) -> bool {
+    fact_tokens(text).len() <= MAX_TOKENS
 }
 
 /// What differs between two versions, and how sure a replacement is.
