@@ -1,7 +1,9 @@
-//! `engram`: run any set of services, the demo, ingest, query; eval, tune
-//! and bench come from the lab (`engram-lab`). Commands live in the
-//! libraries (`engram::commands`, `engram_lab::run`); this file only parses.
+//! `engram`: run any set of services, the demo, ingest, query; eval, tune,
+//! bench, soak and ranker training are the lab's, run by the `engram-lab`
+//! binary (`engram::lab`). Commands live in the library; this file only
+//! parses.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -18,7 +20,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(
     name = "engram",
     version,
-    about = "Retrieval for AI agents' long-term memory"
+    about = "Retrieval for AI agents' long-term memory",
+    after_help = engram::lab::HELP
 )]
 struct Cli {
     /// TOML config file (default: ./engram.toml when present; env ENGRAM__SECTION__KEY overrides).
@@ -30,6 +33,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Product(Product),
+    // eval, tune, bench, soak, ranker: run by `engram-lab` (after_help).
+    #[command(external_subcommand)]
+    Lab(Vec<OsString>),
+}
+
+/// What this binary runs itself.
+#[derive(Subcommand)]
+enum Product {
     /// All services in one process on the embedded Postgres (or DATABASE_URL).
     Up,
     /// Any subset of services: --services retrieval,search,graph,rerank.
@@ -49,9 +62,6 @@ enum Command {
         #[command(flatten)]
         conn: engram::commands::Conn,
     },
-    // eval, tune, bench (engram-lab), listed here as they always were.
-    #[command(flatten)]
-    Lab(engram_lab::LabCommand),
     /// Recompute every memory's decay_score now (search-svc's decay job, one pass).
     Decay {
         /// One full pass, then exit.
@@ -98,6 +108,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let command = match cli.command {
+        Command::Lab(args) => return engram::lab::run(cli.config.as_deref(), args),
+        Command::Product(command) => command,
+    };
     let settings = match engram_common::Settings::load(cli.config.as_deref()) {
         Ok(s) => s,
         Err(e) => {
@@ -118,20 +132,19 @@ fn main() -> ExitCode {
     };
     use engram::commands;
     let result = rt.block_on(async move {
-        match cli.command {
-            Command::Up => commands::up(settings, None).await,
-            Command::Serve { services } => commands::up(settings, Some(services)).await,
-            Command::Demo => commands::demo(settings).await,
-            Command::Ingest { file, conn } => commands::ingest(settings, &file, conn).await,
-            Command::Lab(command) => engram_lab::run(settings, command).await,
-            Command::Decay { once } => commands::decay(settings, once).await,
-            Command::IndexFacts { tenant, batch } => {
+        match command {
+            Product::Up => commands::up(settings, None).await,
+            Product::Serve { services } => commands::up(settings, Some(services)).await,
+            Product::Demo => commands::demo(settings).await,
+            Product::Ingest { file, conn } => commands::ingest(settings, &file, conn).await,
+            Product::Decay { once } => commands::decay(settings, once).await,
+            Product::IndexFacts { tenant, batch } => {
                 commands::index_facts(settings, tenant, batch).await
             }
-            Command::Memories { command } => engram::memories::run(settings, command).await,
-            Command::Conflicts { command } => engram::conflicts::run(settings, command).await,
-            Command::Mcp { args } => engram::mcp::run(settings, args).await,
-            Command::Query {
+            Product::Memories { command } => engram::memories::run(settings, command).await,
+            Product::Conflicts { command } => engram::conflicts::run(settings, command).await,
+            Product::Mcp { args } => engram::mcp::run(settings, args).await,
+            Product::Query {
                 text,
                 options,
                 conn,

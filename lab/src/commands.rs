@@ -132,7 +132,7 @@ pub enum RankerAction {
 }
 
 /// Runs one lab command. `bench` without `--in-process` starts the services
-/// as `<current exe> serve --services <one>`: call it from the `engram` binary.
+/// as `engram serve --services <one>` (`split::engram_exe` finds `engram`).
 pub async fn run(settings: Settings, command: LabCommand) -> anyhow::Result<()> {
     match command {
         LabCommand::Eval { dataset } => eval(settings, dataset).await,

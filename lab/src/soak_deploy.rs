@@ -117,7 +117,7 @@ impl Deployment {
             pg_opt,
             runner: Runner::Processes {
                 split: Box::new(split),
-                exe: std::env::current_exe().context("locating the engram binary")?,
+                exe: crate::split::engram_exe()?,
                 dir,
                 replaced: BTreeMap::new(),
             },

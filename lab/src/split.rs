@@ -25,6 +25,25 @@ pub struct SplitStack {
 
 /// A free loopback port: bind port 0 and release it. The child binds it a
 /// moment later; a collision in between fails the start loudly, not silently.
+/// The `engram` binary the services run from: `ENGRAM_BIN` (set by
+/// `engram` when it hands a lab command to this binary), else the `engram`
+/// beside this executable (both land in `target/release`).
+pub fn engram_exe() -> anyhow::Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("ENGRAM_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let me = std::env::current_exe().context("locating this executable")?;
+    let beside = me.with_file_name(format!("engram{}", std::env::consts::EXE_SUFFIX));
+    if !beside.is_file() {
+        bail!(
+            "the services run from the `engram` binary, and there is none at {} \
+             (build it: cargo build --release -p engram; or set ENGRAM_BIN)",
+            beside.display()
+        );
+    }
+    Ok(beside)
+}
+
 fn free_addr() -> anyhow::Result<SocketAddr> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?)
@@ -54,7 +73,7 @@ impl SplitStack {
 
         let dir = settings.home.join("bench-split");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let exe = std::env::current_exe().context("locating the engram binary")?;
+        let exe = engram_exe()?;
         let mut children = Vec::new();
         for (svc, _) in &addrs {
             // Each child needs its own admin (and, for the gateway, HTTP) port.
