@@ -114,6 +114,14 @@ impl Gateway {
         &self.inner.pipeline
     }
 
+    /// A write of `tenant`'s went through this gateway (or may have, when
+    /// it failed half way): its answers cached here are stale. Other
+    /// replicas hear of it from search-svc's change feed
+    /// (`follow_changes`); writers need not know how answers are cached.
+    pub fn invalidate(&self, tenant: &str) {
+        self.inner.pipeline.caches().invalidate_tenant(tenant);
+    }
+
     pub fn settings(&self) -> &Settings {
         self.inner.pipeline.settings()
     }

@@ -107,7 +107,7 @@ pub async fn upsert(
         let _slot = write_slot(&gw.downstreams().write_gates.upsert, &tenant).await?;
         let r = call(&gw.downstreams().upsert, &identity, req).await;
         // Even a failed batch may have written part of it.
-        gw.pipeline().caches().invalidate_tenant(&tenant);
+        gw.invalidate(&tenant);
         results = r.map_err(|e| ds_err("search", e))?.results;
         tracing::info!(tenant = %tenant, count = results.len(), "upserted memories");
     }
@@ -144,7 +144,7 @@ pub async fn delete(
     let shared = working::shared::delete(gw, &identity, &req.ids).await;
     let from_working = here.max(shared.map_err(|e| ds_err("search", e))?);
     let r = call(&gw.downstreams().delete, &identity, req).await;
-    gw.pipeline().caches().invalidate_tenant(&tenant);
+    gw.invalidate(&tenant);
     let mut r = r.map_err(|e| ds_err("search", e))?;
     r.deleted += from_working;
     tracing::info!(tenant = %tenant, count = r.deleted, "deleted memories");
@@ -184,7 +184,7 @@ pub async fn add_edges(
     let tenant = identity.tenant.clone();
     let _slot = write_slot(&gw.downstreams().write_gates.add_edges, &tenant).await?;
     let r = call(&gw.downstreams().add_edges, &Arc::new(identity), req).await;
-    gw.pipeline().caches().invalidate_tenant(&tenant);
+    gw.invalidate(&tenant);
     let r = r.map_err(|e| ds_err("search", e))?;
     tracing::info!(tenant = %tenant, count = r.added, "added edges");
     Ok(r)
@@ -200,7 +200,7 @@ pub async fn delete_edges(
     let tenant = identity.tenant.clone();
     let _slot = write_slot(&gw.downstreams().write_gates.add_edges, &tenant).await?;
     let r = call(&gw.downstreams().delete_edges, &Arc::new(identity), req).await;
-    gw.pipeline().caches().invalidate_tenant(&tenant);
+    gw.invalidate(&tenant);
     let r = r.map_err(|e| ds_err("search", e))?;
     tracing::info!(tenant = %tenant, count = r.deleted, "deleted edges");
     Ok(r)
