@@ -3,14 +3,14 @@
 //!   cargo bench -p retrieval-svc --bench rrf
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use retrieval_svc::lab::{StrategyList, rrf};
+use retrieval_svc::lab::{Strategy, StrategyList, rrf};
 
 fn lists() -> Vec<StrategyList> {
-    ["vector", "keyword", "graph"]
-        .iter()
+    [Strategy::Vector, Strategy::Keyword, Strategy::Graph]
+        .into_iter()
         .enumerate()
-        .map(|(s, &name)| StrategyList {
-            strategy: name,
+        .map(|(s, strategy)| StrategyList {
+            strategy,
             weight: 1.0 + s as f32 * 0.5,
             hits: (0..100)
                 .map(|i| {

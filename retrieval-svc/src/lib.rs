@@ -35,6 +35,7 @@ pub mod lab {
         features as rank_features, load_file as load_ranker, shipped as shipped_ranker,
     };
     pub use crate::pipeline::route::classify;
+    pub use crate::pipeline::strategy::Strategy;
     pub use crate::pipeline::validate::passage;
     pub use crate::query::Route;
 }

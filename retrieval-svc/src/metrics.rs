@@ -527,14 +527,7 @@ fn stage_label(stage: &str) -> &'static str {
 
 /// Bounded strategy label for a fusion hit.
 pub fn strategy_label(s: &str) -> &'static str {
-    match s {
-        "vector" => "vector",
-        "keyword" => "keyword",
-        "graph" => "graph",
-        "hyde" => "hyde",
-        "hop" => "hop",
-        _ => "other",
-    }
+    crate::pipeline::strategy::Strategy::of(s).map_or("other", |s| s.name())
 }
 
 #[cfg(test)]

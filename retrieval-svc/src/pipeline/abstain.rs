@@ -13,6 +13,7 @@ use std::collections::HashSet;
 
 use engram_proto::ScoredMemory;
 
+use super::strategy::Strategy;
 use super::text::{collect_words, coverage, query_words, said};
 
 /// Records whose text counts as "what the answer holds".
@@ -59,7 +60,7 @@ pub fn features(query: &str, records: &[ScoredMemory]) -> Features {
         }
         let dense = (r.provenance.iter())
             .flat_map(|p| &p.strategies)
-            .filter(|h| h.strategy == "vector")
+            .filter(|h| Strategy::Vector.credited(h))
             .map(|h| h.score);
         cosine = dense.fold(cosine, f32::max);
     }

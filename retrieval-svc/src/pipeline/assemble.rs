@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::ctx::{Ctx, StageTrace, stage_span};
-use super::search::GRAPH;
+use super::strategy::Strategy;
 use super::text::said;
 use super::validate::Checked;
 use crate::downstream::call_until;
@@ -62,7 +62,7 @@ async fn contradictions(
     trace: &mut StageTrace,
     ranked: &[(Checked, f32)],
 ) -> (Vec<ConflictPair>, HashSet<String>) {
-    if trace.is_degraded(GRAPH) {
+    if trace.is_degraded(Strategy::Graph.name()) {
         trace.degraded.push("conflicts".into());
         return Default::default();
     }

@@ -23,16 +23,18 @@ use super::cache::cosine;
 use super::ctx::{Ctx, StageTrace};
 use super::current::order_key;
 use super::search::{
-    Candidate, KEYWORD, Vectors, later_keyword, stage_deadline, text_and_vectors, time_for_another,
+    Candidate, Vectors, later_keyword, stage_deadline, text_and_vectors, time_for_another,
 };
 use super::slots::{self, is_note};
+use super::strategy::Strategy;
 use super::text::{
     RELATION_LINKS, clause_at, clause_of, clause_words, lower_words, name_runs, names, query_words,
 };
 use super::validate::{Checked, static_checks};
 
-/// The strategy a chain's find is credited to, and its degraded label.
-pub const CHAIN: &str = "chain";
+/// The strategy a chain's find is credited to; its name is the stage's
+/// label in traces (timed, degraded).
+pub const CHAIN: Strategy = Strategy::Chain;
 
 /// Facts followed past the first, at most (a chain of four facts).
 pub const MAX_HOPS: usize = 3;
@@ -67,7 +69,7 @@ pub async fn run(
     filters: &Filters,
 ) -> usize {
     let shape = relates(&ctx.query.text);
-    if shape == Shape::Clause && !trace.is_degraded(KEYWORD) {
+    if shape == Shape::Clause && !trace.is_degraded(Strategy::Keyword.name()) {
         let moved = start_by_clause(ctx, ranked).await;
         trace.counts.push(("chain_start_moves", usize::from(moved)));
     }
@@ -83,7 +85,8 @@ pub async fn run(
         Shape::Clause => 1,
         Shape::Link => MIN_UNSAID,
     };
-    if !is_note(&first) || unsaid.len() < min_unsaid || trace.is_degraded(KEYWORD) {
+    if !is_note(&first) || unsaid.len() < min_unsaid || trace.is_degraded(Strategy::Keyword.name())
+    {
         tracing::debug!(unsaid = unsaid.len(), min_unsaid, "no chain");
         return 0;
     }
@@ -118,7 +121,7 @@ pub async fn run(
     let placed = chain.len();
     tracing::debug!(placed, unsaid = unsaid.len(), "chain followed");
     place(ranked, chain);
-    ctx.timed(CHAIN, t);
+    ctx.timed(CHAIN.name(), t);
     placed
 }
 
@@ -152,7 +155,7 @@ async fn hop(
         filters: Some(filters.clone()),
         k: K,
     };
-    let resp = later_keyword(ctx, trace, CHAIN, req).await?;
+    let resp = later_keyword(ctx, trace, CHAIN.name(), req).await?;
     let placed = |id: &str| {
         ranked.first().is_some_and(|(c, _)| c.cand.memory.id == id)
             || chain.iter().any(|c| c.cand.memory.id == id)
@@ -381,7 +384,7 @@ fn start_pool(ranked: &[(Checked, f32)], named: &HashSet<String>) -> Vec<usize> 
 /// The memory's rank in the dense list, if it was there.
 fn dense_rank(c: &Checked) -> Option<u32> {
     (c.cand.fused.hits.iter())
-        .filter(|h| h.strategy == super::search::VECTOR)
+        .filter(|h| Strategy::Vector.credited(h))
         .map(|h| h.rank)
         .min()
 }

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use engram_common::settings::PipelineSettings;
 
 use super::ranker::{Ranker, Row, Signals, features, slot_of};
+use super::strategy::{SLOTS, Strategy};
 use super::validate::Checked;
 
 /// Stage 4's inputs beyond the candidates: the query, and the learned
@@ -70,10 +71,10 @@ pub fn feature_rows(checked: &[Checked], query: &str) -> Vec<Row> {
 /// What the ranker reads of one candidate: its rank and score in each
 /// strategy's list (the plain dense list over HyDE's when both ran).
 fn signals_of(pos: usize, c: &Checked) -> Signals<'_> {
-    let mut hits = [None; 3];
+    let mut hits = [None; SLOTS];
     for h in &c.cand.fused.hits {
         if let Some(slot) = slot_of(&h.strategy)
-            && (hits[slot].is_none() || h.strategy == super::search::VECTOR)
+            && (hits[slot].is_none() || Strategy::Vector.credited(h))
         {
             hits[slot] = Some((h.rank, h.score));
         }

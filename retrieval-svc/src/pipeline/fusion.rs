@@ -9,12 +9,13 @@ use std::hash::Hash;
 use engram_common::settings::{FusionWeights, StrategyWeights};
 use engram_proto::StrategyHit;
 
+use super::strategy::Strategy;
 use crate::query::Route;
 
 /// One strategy's candidates, best first.
 #[derive(Debug, Clone)]
 pub struct StrategyList {
-    pub strategy: &'static str,
+    pub strategy: Strategy,
     pub weight: f32,
     /// (memory id, strategy score).
     pub hits: Vec<(String, f32)>,
@@ -94,7 +95,7 @@ pub fn rrf(lists: &[StrategyList], k: f32) -> Vec<Fused> {
         for (i, (id, score)) in list.hits.iter().enumerate() {
             if seen.insert(id.as_str()) {
                 hits.entry(id.as_str()).or_default().push(StrategyHit {
-                    strategy: list.strategy.to_string(),
+                    strategy: list.strategy.name().to_string(),
                     rank: i as u32 + 1,
                     score: *score,
                 });
@@ -115,7 +116,7 @@ pub fn rrf(lists: &[StrategyList], k: f32) -> Vec<Fused> {
 mod tests {
     use super::*;
 
-    fn list(strategy: &'static str, weight: f32, ids: &[&str]) -> StrategyList {
+    fn list(strategy: Strategy, weight: f32, ids: &[&str]) -> StrategyList {
         StrategyList {
             strategy,
             weight,
@@ -127,8 +128,8 @@ mod tests {
     fn rrf_sums_weighted_reciprocal_ranks() {
         let fused = rrf(
             &[
-                list("vector", 1.0, &["a", "b", "c"]),
-                list("keyword", 1.0, &["b", "a", "d"]),
+                list(Strategy::Vector, 1.0, &["a", "b", "c"]),
+                list(Strategy::Keyword, 1.0, &["b", "a", "d"]),
             ],
             60.0,
         );
@@ -144,18 +145,25 @@ mod tests {
     fn weights_let_one_strategy_dominate() {
         let fused = rrf(
             &[
-                list("vector", 0.5, &["a", "b"]),
-                list("graph", 2.0, &["b", "c"]),
+                list(Strategy::Vector, 0.5, &["a", "b"]),
+                list(Strategy::Graph, 2.0, &["b", "c"]),
             ],
             60.0,
         );
         assert_eq!(fused[0].id, "b");
         assert_eq!(fused[1].id, "c");
         // A zero-weight list contributes nothing, not even provenance.
-        let fused = rrf(&[list("keyword", 0.0, &["z"])], 60.0);
+        let fused = rrf(&[list(Strategy::Keyword, 0.0, &["z"])], 60.0);
         assert!(fused.is_empty());
         assert!(
-            (max_score(&[list("v", 1.0, &[]), list("g", 2.0, &[])], 60.0) - 3.0 / 61.0).abs()
+            (max_score(
+                &[
+                    list(Strategy::Vector, 1.0, &[]),
+                    list(Strategy::Graph, 2.0, &[])
+                ],
+                60.0
+            ) - 3.0 / 61.0)
+                .abs()
                 < 1e-6
         );
     }

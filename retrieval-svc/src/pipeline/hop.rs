@@ -22,11 +22,12 @@ use tokio::time::Instant;
 
 use super::cache::cosine;
 use super::ctx::{Ctx, StageTrace};
+use super::plan::{HopPlan, Plan};
 use super::search::{
-    Candidate, HopPlan, KEYWORD, Plan, Vectors, later_keyword, stage_deadline, text_and_vectors,
-    time_for_another,
+    Candidate, Vectors, later_keyword, stage_deadline, text_and_vectors, time_for_another,
 };
 use super::slots::is_statement;
+use super::strategy::Strategy;
 use super::text::{clause_of, collect_words, coverage, lower_words, names, query_words};
 use super::validate::{Checked, best_fused, static_checks};
 use crate::query::{MAX_TEXT_CHARS, Route};
@@ -35,8 +36,9 @@ use crate::query::{MAX_TEXT_CHARS, Route};
 /// is chosen.
 const SEED_POOL: usize = 3;
 
-/// The strategy a second-hop find is credited to in its provenance.
-pub const HOP: &str = "hop";
+/// The strategy a second-hop find is credited to in its provenance; its
+/// name is the stage's label in traces.
+pub const HOP: Strategy = Strategy::Hop;
 
 /// What the second search found, best first (ids), for Stage 4b; `added`
 /// of them were not candidates yet.
@@ -75,7 +77,7 @@ pub async fn run(
     else {
         return Found::default();
     };
-    if trace.is_degraded(KEYWORD) || !time_for_another(ctx.deadline) {
+    if trace.is_degraded(Strategy::Keyword.name()) || !time_for_another(ctx.deadline) {
         return Found::default();
     }
     // A clause's memory is the bridge, not a find: the search looks past
@@ -107,7 +109,7 @@ pub async fn run(
         filters: Some(filters.clone()),
         k: hop_plan.depth,
     };
-    let Some(resp) = later_keyword(ctx, trace, HOP, req).await else {
+    let Some(resp) = later_keyword(ctx, trace, HOP.name(), req).await else {
         return Found::default();
     };
     let hits = (resp.hits.into_iter())
@@ -127,7 +129,7 @@ pub async fn run(
         opens_opt,
     };
     checked.extend(added);
-    ctx.timed(HOP, t);
+    ctx.timed(HOP.name(), t);
     found
 }
 
@@ -336,7 +338,7 @@ mod tests {
         let credited: Vec<(&str, u32)> = (c[0].cand.fused.hits.iter())
             .map(|h| (h.strategy.as_str(), h.rank))
             .collect();
-        assert_eq!(credited, [(HOP, 1)]);
+        assert_eq!(credited, [(HOP.name(), 1)]);
         assert!(c[1].cand.fused.hits.is_empty());
         assert_eq!(new.len(), 1);
         assert_eq!(new[0].memory.id, "n");

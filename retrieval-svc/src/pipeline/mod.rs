@@ -21,12 +21,14 @@ pub mod feedback;
 pub mod fusion;
 pub mod history;
 pub mod hop;
+pub mod plan;
 pub mod ranker;
 pub mod retry;
 pub mod route;
 pub mod search;
 pub mod session;
 pub mod slots;
+pub mod strategy;
 pub mod subject;
 pub mod text;
 pub mod turns;
@@ -587,7 +589,7 @@ impl Pipeline {
             filters,
             &found.vectors,
         )
-        .instrument(stage_span("hop"))
+        .instrument(stage_span(hop::HOP.name()))
         .await;
         let learned = distill::Learned {
             ranker_opt: ctx.ranker_opt.as_deref(),
@@ -635,9 +637,9 @@ impl Pipeline {
             trace.counts.push(("change_moves", news));
             trace.counts.push(("versions", pairs.len()));
             let chain = chain::run(ctx, &mut trace, &mut ranked, filters)
-                .instrument(stage_span("chain"))
+                .instrument(stage_span(chain::CHAIN.name()))
                 .await;
-            trace.counts.push(("chain", chain));
+            trace.counts.push((chain::CHAIN.name(), chain));
             pairs
         };
         let ask_conflicts = !step.is_raw() && !found.no_contradictions;

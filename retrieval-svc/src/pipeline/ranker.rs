@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 use engram_common::settings::RankerSettings;
 use serde::{Deserialize, Serialize};
 
+use super::strategy::{SLOTS, Strategy};
 use super::text::{collect_words, coverage, query_words};
 
 /// Every feature the gateway computes, by name; a model names the ones it
@@ -48,8 +49,9 @@ pub type Row = [f32; N];
 /// What Stage 4 knows of one candidate, the same online and in the lab.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Signals<'a> {
-    /// 1-based rank and score in each strategy's list: vector, keyword, graph.
-    pub hits: [Option<(u32, f32)>; 3],
+    /// 1-based rank and score in each strategy's list: vector, keyword,
+    /// graph (`Strategy::slot`).
+    pub hits: [Option<(u32, f32)>; SLOTS],
     /// 0-based position in the fused list.
     pub fused_pos: usize,
     pub title: &'a str,
@@ -59,17 +61,10 @@ pub struct Signals<'a> {
     pub speaker: &'a str,
 }
 
-/// Each strategy slot's name as the gateway reports hits (HyDE is a dense
-/// list: it fills the vector slot when the plain one did not run). The
-/// names are search.rs's constants, spelled out: search imports the request
-/// context, which holds a `Ranker`, so this leaf cannot import search.
+/// The slot of a hit's strategy, by its name on the wire (HyDE is a dense
+/// list: it fills the vector slot when the plain one did not run).
 pub fn slot_of(strategy: &str) -> Option<usize> {
-    match strategy {
-        "vector" | "hyde" => Some(0),
-        "keyword" => Some(1),
-        "graph" => Some(2),
-        _ => None,
-    }
+    Strategy::of(strategy).and_then(Strategy::slot)
 }
 
 /// One row per candidate. Keyword and graph scores live on scales that

@@ -7,7 +7,7 @@
 
 use engram_common::settings::PipelineSettings;
 
-use super::search::Plan;
+use super::plan::Plan;
 use super::text::RELATION_LINKS;
 use crate::query::{Mode, Query, Raw, Route};
 

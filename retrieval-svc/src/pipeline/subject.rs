@@ -28,8 +28,8 @@
 
 use std::collections::HashSet;
 
-use super::search::VECTOR;
 use super::slots::is_note;
+use super::strategy::Strategy;
 use super::text::{collect_words, name_runs, query_words};
 use super::validate::Checked;
 use super::wants::Wants;
@@ -156,7 +156,7 @@ fn names_whole(content: &str, runs: &[Vec<String>]) -> bool {
 /// search did not return it: it was farther than all it did return).
 pub(super) fn cosine(c: &Checked) -> f32 {
     (c.cand.fused.hits.iter())
-        .filter(|h| h.strategy == VECTOR)
+        .filter(|h| Strategy::Vector.credited(h))
         .map(|h| h.score)
         .fold(0.0, f32::max)
 }
@@ -171,7 +171,7 @@ pub(super) mod tests {
     pub(in crate::pipeline) fn fact(id: &str, content: &str, cos: Option<f32>) -> (Checked, f32) {
         let hits = (cos.iter())
             .map(|&score| StrategyHit {
-                strategy: VECTOR.into(),
+                strategy: Strategy::Vector.name().into(),
                 rank: 1,
                 score,
             })

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::error::Error;
 use crate::gateway::Gateway;
 use crate::pipeline::assemble::tokens;
-use crate::pipeline::search;
+use crate::pipeline::strategy::Strategy;
 use crate::query::{MAX_TEXT_CHARS, Mode, Query, Raw};
 use crate::surfaces::decompose::{self, Plan, SLOT};
 use crate::surfaces::llm::{self, LlmError};
@@ -361,12 +361,12 @@ fn raw_query(
     }
 }
 
-fn strategy_score(r: &ScoredMemory, strategy: &str) -> Option<f32> {
+fn strategy_score(r: &ScoredMemory, strategy: Strategy) -> Option<f32> {
     r.provenance
         .as_ref()?
         .strategies
         .iter()
-        .find(|h| h.strategy == strategy)
+        .find(|h| strategy.credited(h))
         .map(|h| h.score)
 }
 
@@ -425,35 +425,35 @@ pub async fn basic(
     );
     let r = gw.retrieve(identity, q, start, deadline).await?;
     let threshold = b.similarity_threshold;
-    let results: Vec<FoundryResult> =
-        r.records
-            .into_iter()
-            .filter_map(|rec| {
-                let sim_opt = strategy_score(&rec, search::VECTOR);
-                let score = match b.mode {
-                    Raw::Vector => {
-                        let sim = sim_opt.unwrap_or(0.0);
-                        if sim < threshold {
-                            return None;
-                        }
-                        sim
+    let results: Vec<FoundryResult> = r
+        .records
+        .into_iter()
+        .filter_map(|rec| {
+            let sim_opt = strategy_score(&rec, Strategy::Vector);
+            let score = match b.mode {
+                Raw::Vector => {
+                    let sim = sim_opt.unwrap_or(0.0);
+                    if sim < threshold {
+                        return None;
                     }
-                    Raw::Keyword => strategy_score(&rec, search::KEYWORD).unwrap_or(rec.score),
-                    Raw::Hybrid | Raw::Graph => {
-                        // Only a hit whose sole evidence is a weak vector match
-                        // is dropped: keyword and graph hits have no similarity.
-                        let other = rec.provenance.as_ref().is_some_and(|p| {
-                            p.strategies.iter().any(|h| h.strategy != search::VECTOR)
-                        });
-                        if !other && sim_opt.is_some_and(|s| s < threshold) {
-                            return None;
-                        }
-                        rec.score
+                    sim
+                }
+                Raw::Keyword => strategy_score(&rec, Strategy::Keyword).unwrap_or(rec.score),
+                Raw::Hybrid | Raw::Graph => {
+                    // Only a hit whose sole evidence is a weak vector match
+                    // is dropped: keyword and graph hits have no similarity.
+                    let other = rec.provenance.as_ref().is_some_and(|p| {
+                        p.strategies.iter().any(|h| !Strategy::Vector.credited(h))
+                    });
+                    if !other && sim_opt.is_some_and(|s| s < threshold) {
+                        return None;
                     }
-                };
-                to_result(rec, score)
-            })
-            .collect();
+                    rec.score
+                }
+            };
+            to_result(rec, score)
+        })
+        .collect();
     let tokens_used: u32 = results.iter().map(|r| tokens(&r.text)).sum();
     let step = FoundryStep {
         step_number: 1,
