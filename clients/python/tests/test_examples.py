@@ -41,6 +41,16 @@ def test_agent_loop(engram):
     assert "Porto" in home.content and home.supersedes
 
 
+def test_frameworks(engram, capsys):
+    person = "Dana " + word().capitalize()
+    top = load("frameworks").main(engram, person=person)
+    assert "Halvorsen" in top["langchain"] and "Halvorsen" in top["llama_index"], top
+    out = capsys.readouterr().out
+    assert "LangChain:" in out and "LlamaIndex:" in out
+    newest = engram.list_memories(page_size=1000, newest_first=True, include_historical=True)
+    assert not [m for m in newest.memories if person in m.content], "frameworks left its memories"
+
+
 @pytest.mark.asyncio
 async def test_async_agent_loop(aengram):
     w = word()
