@@ -28,6 +28,9 @@ pub struct Ctx<'a> {
     /// Cross-encoder scores already computed in this request: a retry
     /// re-ranks mostly the same memories.
     pub memo: ScoreMemo,
+    /// Texts this request already embedded: Stage 3b and Stage 4d may both
+    /// embed a question's clause.
+    pub embedded: EmbedMemo,
     /// The Stage 4 model, taken once so every attempt ranks with the same.
     pub ranker_opt: Option<Arc<Ranker>>,
     pub gates: &'a Gates,
@@ -97,5 +100,41 @@ pub struct ScoreMemo(pub std::collections::HashMap<(String, i32), f32>);
 impl ScoreMemo {
     pub fn key(m: &Memory) -> (String, i32) {
         (m.id.clone(), m.version)
+    }
+}
+
+/// Texts embedded in this request, with their embeddings: one embed call
+/// per text, however many stages ask (a handful of entries at most).
+#[derive(Debug, Default)]
+pub struct EmbedMemo(std::sync::Mutex<Vec<(String, Vec<f32>)>>);
+
+impl EmbedMemo {
+    pub fn get(&self, text: &str) -> Option<Vec<f32>> {
+        let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        (seen.iter())
+            .find(|(t, _)| t == text)
+            .map(|(_, v)| v.clone())
+    }
+
+    pub fn put(&self, text: String, embedding: Vec<f32>) {
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !seen.iter().any(|(t, _)| *t == text) {
+            seen.push((text, embedding));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_text_is_embedded_once_per_request() {
+        let memo = EmbedMemo::default();
+        assert_eq!(memo.get("the project that migrates"), None);
+        memo.put("the project that migrates".into(), vec![0.5, 0.5]);
+        memo.put("the project that migrates".into(), vec![9.0]);
+        assert_eq!(memo.get("the project that migrates"), Some(vec![0.5, 0.5]));
+        assert_eq!(memo.get("another clause"), None);
     }
 }

@@ -484,6 +484,7 @@ impl Pipeline {
             deadline,
             timings: Vec::new(),
             memo: Default::default(),
+            embedded: Default::default(),
             ranker_opt,
             gates: &self.gates,
             work_slot_opt: None,

@@ -230,8 +230,9 @@ pub async fn read_vectors(ctx: &Ctx<'_>, ids: Vec<String>, deadline: Instant) ->
 
 /// The embedding of `text` (a clause, for the stages that start a hop or
 /// a chain from the memory closest to it) and the vectors of `ids`: one
-/// embed, and a vectors read unless `prefetched` holds them. None when
-/// either call fails.
+/// embed unless this request already embedded the text (`Ctx::embedded`),
+/// and a vectors read unless `prefetched` holds them. None when either
+/// call fails.
 pub async fn text_and_vectors<'v>(
     ctx: &Ctx<'_>,
     text: String,
@@ -239,11 +240,20 @@ pub async fn text_and_vectors<'v>(
     prefetched: &'v Vectors,
     deadline: Instant,
 ) -> Option<(Vec<f32>, Cow<'v, HashMap<String, Vec<f32>>>)> {
-    let req = EmbedRequest { texts: vec![text] };
-    let resp = call_until(&ctx.ds.embed, &ctx.identity, deadline, req)
-        .await
-        .ok()?;
-    let asked = resp.embeddings.into_iter().next()?.values;
+    let asked = match ctx.embedded.get(&text) {
+        Some(asked) => asked,
+        None => {
+            let req = EmbedRequest {
+                texts: vec![text.clone()],
+            };
+            let resp = call_until(&ctx.ds.embed, &ctx.identity, deadline, req)
+                .await
+                .ok()?;
+            let asked = resp.embeddings.into_iter().next()?.values;
+            ctx.embedded.put(text, asked.clone());
+            asked
+        }
+    };
     let vectors = match prefetched {
         Vectors::Read(v) => Cow::Borrowed(v),
         _ => match read_vectors(ctx, ids, deadline).await {
