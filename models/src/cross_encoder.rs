@@ -305,7 +305,7 @@ mod tests {
 
     /// p50/p95 latency on this machine; `cargo test -p engram-models --release -- --ignored --nocapture bench`.
     #[test]
-    #[ignore]
+    #[ignore = "a latency benchmark: run with --release"]
     fn bench_cross_encoder_and_embedder() {
         use std::time::Instant;
         // ~128 BERT tokens per passage.

@@ -160,7 +160,7 @@ mod tests {
 
     /// Peak RSS of embedding long passages (run alone: VmHWM is per process).
     #[test]
-    #[ignore]
+    #[ignore = "measures peak RSS, which is per process: run it alone"]
     fn embed_peak_rss() {
         let e = embedder();
         let before = vm_hwm_mb();
@@ -180,7 +180,7 @@ mod tests {
     /// single-threaded sessions.
     /// `cargo test --release -p engram-models --lib embed_throughput -- --ignored --nocapture`
     #[test]
-    #[ignore]
+    #[ignore = "a throughput benchmark on ../shared 2Wiki passages: run with --release"]
     fn embed_throughput_on_wiki_passages() {
         use std::time::Instant;
         test_support::init();

@@ -35,7 +35,7 @@ fn p50(mut v: Vec<f64>) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore]
+#[ignore = "minutes of 2Wiki recall on ../shared/data; `engram eval 2wiki` is the measured path"]
 async fn recall_on_2wiki_dev() {
     let dir =
         std::env::var("ENGRAM_2WIKI_DIR").unwrap_or_else(|_| "/work/shared/data/hipporag".into());
