@@ -28,7 +28,8 @@ use super::search::{
 use super::slots::{self, is_note};
 use super::strategy::Strategy;
 use super::text::{
-    RELATION_LINKS, clause_at, clause_of, clause_words, lower_words, name_runs, names, query_words,
+    CLAUSE_LINKS, RELATION_LINKS, clause_at, clause_of, clause_words, lower_words, name_runs,
+    names, query_words,
 };
 use super::validate::{Checked, static_checks};
 
@@ -77,8 +78,9 @@ pub async fn run(
         return 0;
     };
     let (_, terms) = query_words(&ctx.query.text);
+    let passed = said_in_passing(&ctx.query.text, shape);
     let mut unsaid: HashSet<String> = (unsaid_by(&terms, &first).into_iter())
-        .filter(|w| !is_time_word(w))
+        .filter(|w| !is_time_word(w) && !passed.contains(w))
         .collect();
     let min_unsaid = match shape {
         Shape::None => usize::MAX,
@@ -306,6 +308,36 @@ fn relates(question: &str) -> Shape {
     }
 }
 
+/// The question's words a chain says without stating them, so no hop
+/// looks for them: the kinds of the things it passes through ("the city
+/// where …", "the company Julia Arthur's spouse works for": Bremen is the
+/// city, Bianchi Motors the company), and a relative clause's words, which
+/// the first fact means (Stage 4d starts from the fact closest to the
+/// clause: "… resides in the city of Bremen" for "where … lives").
+fn said_in_passing(question: &str, shape: Shape) -> HashSet<String> {
+    let words: Vec<&str> = (question.split(|c: char| !(c.is_alphanumeric() || c == '\'')))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let capitalised = |w: &str| w.chars().next().is_some_and(char::is_uppercase);
+    let names_one = |w: &[&str]| {
+        w[0].eq_ignore_ascii_case("the")
+            && w[1].chars().all(char::is_lowercase)
+            && (CLAUSE_LINKS.contains(&w[2].to_lowercase().as_str()) || capitalised(w[2]))
+    };
+    let kinds = (words.windows(3))
+        .filter(|w| names_one(w))
+        .map(|w| w[1].to_string());
+    let clause = match shape {
+        Shape::Clause => clause_of(question).unwrap_or_default(),
+        _ => String::new(),
+    };
+    let clause_words = clause
+        .split(' ')
+        .filter(|w| !w.is_empty())
+        .map(str::to_string);
+    kinds.chain(clause_words).collect()
+}
+
 /// Notes among which a clause question's first fact is chosen.
 const START_POOL: usize = 3;
 
@@ -476,6 +508,28 @@ mod tests {
         let (_, terms) = query_words("Where is Acme's head office?");
         let first = memory("b", "The head office of Acme is in the city of Bergen.");
         assert!(unsaid_by(&terms, &first).is_empty());
+    }
+
+    #[test]
+    fn kinds_and_a_clauses_words_are_said_in_passing() {
+        let q = "In which country is the city where Charles Davis Jameson lives?";
+        let passed = said_in_passing(q, relates(q));
+        assert_eq!(
+            sorted(&passed),
+            ["charles", "city", "davis", "jameson", "lives"]
+        );
+        // "lives" was said by "resides"; the hop looks for the country only.
+        let (_, terms) = query_words(q);
+        let first = memory("a", "Charles Davis Jameson resides in the city of Bremen.");
+        let unsaid: HashSet<String> = (unsaid_by(&terms, &first).into_iter())
+            .filter(|w| !passed.contains(w))
+            .collect();
+        assert_eq!(sorted(&unsaid), ["country"]);
+        let q =
+            "In which country is the head office of the company Julia Arthur's spouse works for?";
+        assert_eq!(sorted(&said_in_passing(q, relates(q))), ["company"]);
+        let q = "Who is the director of The Quitter?";
+        assert!(said_in_passing(q, relates(q)).is_empty());
     }
 
     #[test]
