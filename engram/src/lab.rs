@@ -33,8 +33,9 @@ fn lab_binary(me: &Path) -> PathBuf {
     }
 }
 
-/// Runs `engram-lab [--config F] <args>` in this process's place and
-/// returns its exit code; `args` starts with the subcommand.
+/// Runs `engram-lab [--config F] <args>` (stdin, stdout and stderr
+/// inherited), waits for it and returns its exit code; `args` starts with
+/// the subcommand.
 pub fn run(config: Option<&Path>, args: Vec<OsString>) -> ExitCode {
     let command = args.first().map(|a| a.to_string_lossy().into_owned());
     let command = command.unwrap_or_default();

@@ -23,8 +23,6 @@ pub struct SplitStack {
     children: Vec<(Service, tokio::process::Child)>,
 }
 
-/// A free loopback port: bind port 0 and release it. The child binds it a
-/// moment later; a collision in between fails the start loudly, not silently.
 /// The `engram` binary the services run from: `ENGRAM_BIN` (set by
 /// `engram` when it hands a lab command to this binary), else the `engram`
 /// beside this executable (both land in `target/release`).
@@ -44,6 +42,8 @@ pub fn engram_exe() -> anyhow::Result<PathBuf> {
     Ok(beside)
 }
 
+/// A free loopback port: bind port 0 and release it. The child binds it a
+/// moment later; a collision in between fails the start loudly, not silently.
 fn free_addr() -> anyhow::Result<SocketAddr> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?)
