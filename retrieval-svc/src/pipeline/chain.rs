@@ -348,8 +348,9 @@ const START_POOL: usize = 3;
 /// citizen of Saudi Arabia" is as near the whole question, which asks for
 /// a country). Among the first [`START_POOL`] places, the notes naming one
 /// of the question's names are compared with the clause by cosine; the
-/// closest takes the first place. One embed and one vectors read; any
-/// failure keeps the order. Returns whether it moved one.
+/// closest takes the first place, unless it is another version of the
+/// first place's fact. One embed and one vectors read; any failure keeps
+/// the order. Returns whether it moved one.
 async fn start_by_clause(ctx: &Ctx<'_>, ranked: &mut [(Checked, f32)]) -> bool {
     let Some(clause) = clause_of(&ctx.query.text) else {
         return false;
@@ -376,12 +377,21 @@ async fn start_by_clause(ctx: &Ctx<'_>, ranked: &mut [(Checked, f32)]) -> bool {
         .copied()
         .max_by(|&a, &b| near(a).total_cmp(&near(b)));
     match best {
-        Some(b) if b > 0 && near(b) > near(0) => {
+        Some(b) if b > 0 && near(b) > near(0) && !versions(ranked, 0, b, &ctx.query.text) => {
             move_first(ranked, b);
             true
         }
         _ => false,
     }
+}
+
+/// Whether two places hold versions of one slot (slots.rs): Stage 4c has
+/// already put the one that counts first ("… head office in Detroit" over
+/// the older "… in Pamplona"), and two versions mean the clause equally,
+/// so the start stays where Stage 4c put it.
+fn versions(ranked: &[(Checked, f32)], a: usize, b: usize, question: &str) -> bool {
+    let said = |i: usize| slots::Said::of(&ranked[i].0.cand.memory.content);
+    slots::versions(&said(a), &said(b), &slots::Asked::of(question)).is_some()
 }
 
 /// Where a clause question's first fact is chosen from: among the first
@@ -508,6 +518,19 @@ mod tests {
         let (_, terms) = query_words("Where is Acme's head office?");
         let first = memory("b", "The head office of Acme is in the city of Bergen.");
         assert!(unsaid_by(&terms, &first).is_empty());
+    }
+
+    #[test]
+    fn a_version_of_the_first_fact_does_not_take_its_place() {
+        let c = |id: &str, text: &str| (Checked::passed(memory(id, text), 0.0), 1.0);
+        let ranked = vec![
+            c("new", "Costa Ceramics has its head office in Detroit."),
+            c("old", "Costa Ceramics has its head office in Pamplona."),
+            c("other", "Costa Ceramics makes tiles in Lyon."),
+        ];
+        let q = "Who is the mayor of the city where Costa Ceramics has its head office?";
+        assert!(versions(&ranked, 0, 1, q));
+        assert!(!versions(&ranked, 0, 2, q));
     }
 
     #[test]
