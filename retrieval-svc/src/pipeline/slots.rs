@@ -171,8 +171,13 @@ pub fn versions(x: &Said, y: &Said, asked: &Asked) -> Option<Versions> {
     let content = |w: &str| !FUNCTION.contains(&w) && w.len() >= 2;
     let frame_asked = (shared.iter()).any(|w| content(w) && asked.words.contains(*w));
     let in_frame = |w: &String| shared.contains(&w);
-    let span_asked =
-        (mid_a.iter().chain(mid_b)).any(|w| content(w) && asked.words.contains(w) && !in_frame(w));
+    // Nor does a word of a name the question uses only as a common noun:
+    // "Caldwell Company" against "Bolt Motors", asked about "the company
+    // Gaston Popper works for", swaps the employer, not the subject.
+    let named_in_texts = |w: &str| x.names.contains(w) || y.names.contains(w);
+    let common_in_question = |w: &str| named_in_texts(w) && !asked.names.contains(w);
+    let span_asked = (mid_a.iter().chain(mid_b))
+        .any(|w| content(w) && asked.words.contains(w) && !in_frame(w) && !common_in_question(w));
     let name = |w: &str| asked.names.contains(w) || x.names.contains(w) || y.names.contains(w);
     let relation = (shared.iter()).any(|w| content(w) && !has_digit(&[w]) && !name(w));
     if !frame_asked || span_asked || !relation || has_digit(mid_a) != has_digit(mid_b) {
@@ -341,6 +346,25 @@ mod tests {
             "The head office of Acme is in the city of Lyon.",
             "The head office of Globex is in the city of Lyon.",
             "Where is Acme's head office?",
+        );
+        assert_eq!(v, None);
+        // A name's word the question says only as a common noun is no
+        // subject: the employer is the value.
+        let v = judge(
+            "Gaston Popper is employed by Caldwell Company.",
+            "Gaston Popper is employed by Bolt Motors.",
+            "In which city is the company Gaston Popper works for based?",
+        )
+        .expect("versions");
+        assert_eq!(
+            (v.a.as_str(), v.b.as_str()),
+            ("caldwell company", "bolt motors")
+        );
+        // Named in the question, it is the subject.
+        let v = judge(
+            "The head office of Caldwell Company is in Lyon.",
+            "The head office of Bolt Company is in Lyon.",
+            "Where is the head office of Caldwell Company?",
         );
         assert_eq!(v, None);
     }
