@@ -112,26 +112,8 @@ fn main() -> ExitCode {
         Command::Lab(args) => return engram::lab::run(cli.config.as_deref(), args),
         Command::Product(command) => command,
     };
-    let settings = match engram_common::Settings::load(cli.config.as_deref()) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("engram: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    engram_common::telemetry::init(&settings.log);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("engram: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     use engram::commands;
-    let result = rt.block_on(async move {
+    engram_stack::cli::run("engram", cli.config.as_deref(), |settings| async move {
         match command {
             Product::Up => commands::up(settings, None).await,
             Product::Serve { services } => commands::up(settings, Some(services)).await,
@@ -150,16 +132,5 @@ fn main() -> ExitCode {
                 conn,
             } => commands::query(settings, &text, options, conn).await,
         }
-    });
-    // Flush the spans still batched for the OTLP exporter (no-op without it).
-    engram_common::telemetry::shutdown();
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        // `engram memories list | head`: the reader had what it wanted.
-        Err(e) if engram_stack::out::is_broken_pipe(&e) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("engram: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }

@@ -31,32 +31,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let settings = match engram_common::Settings::load(cli.config.as_deref()) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("engram-lab: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    engram_common::telemetry::init(&settings.log);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("engram-lab: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = rt.block_on(engram_lab::run(settings, cli.command));
-    // Flush the spans still batched for the OTLP exporter (no-op without it).
-    engram_common::telemetry::shutdown();
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("engram-lab: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    engram_stack::cli::run("engram-lab", cli.config.as_deref(), |settings| {
+        engram_lab::run(settings, cli.command)
+    })
 }
