@@ -11,6 +11,31 @@ pub const TENANT_KEY: &str = "x-engram-tenant";
 pub const AGENT_KEY: &str = "x-engram-agent";
 pub const TRUST_KEY: &str = "x-engram-trust";
 pub const INTERNAL_TOKEN_KEY: &str = "x-engram-internal-token";
+/// The id a gateway gives one write call; search-svc returns it in the
+/// write's change event (`ChangeEvent.write_id`).
+pub const WRITE_ID_KEY: &str = "x-engram-write-id";
+/// The longest write id kept; a longer one (or one of other characters
+/// than ASCII letters, digits and '-') is read as none.
+const MAX_WRITE_ID: usize = 64;
+
+/// The write id an internal call carries, or "" when it has none or a
+/// malformed one: an id only spares its own gateway a second drop of
+/// cached answers, so a bad one costs nothing but that.
+pub fn read_write_id(md: &MetadataMap) -> String {
+    let id = md
+        .get(WRITE_ID_KEY)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let ok = id.len() <= MAX_WRITE_ID && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok { id.to_string() } else { String::new() }
+}
+
+/// Puts `id` on an outgoing internal call.
+pub fn write_write_id(md: &mut MetadataMap, id: &str) {
+    if let Ok(v) = MetadataValue::try_from(id) {
+        md.insert(WRITE_ID_KEY, v);
+    }
+}
 
 /// Trust levels, ordered; stored as smallint 1..=4 in Postgres.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -178,6 +203,18 @@ mod tests {
             Identity::read_internal(&md, None),
             Err(IdentityError::BadInternalToken)
         );
+    }
+
+    #[test]
+    fn write_ids_round_trip_and_malformed_ones_read_as_none() {
+        let mut md = MetadataMap::new();
+        assert_eq!(read_write_id(&md), "");
+        write_write_id(&mut md, "4f1c-9a");
+        assert_eq!(read_write_id(&md), "4f1c-9a");
+        write_write_id(&mut md, "a b");
+        assert_eq!(read_write_id(&md), "");
+        write_write_id(&mut md, &"x".repeat(65));
+        assert_eq!(read_write_id(&md), "");
     }
 
     #[test]

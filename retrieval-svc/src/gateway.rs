@@ -17,6 +17,7 @@ use crate::auth::Authenticator;
 use crate::downstream::{Downstreams, members};
 use crate::error::Error;
 use crate::metrics::{Metrics, Scrape};
+use crate::own_writes::OwnWrites;
 use crate::pipeline::Pipeline;
 use crate::query::Query;
 use crate::surfaces::changes;
@@ -36,6 +37,10 @@ struct Inner {
     llm_opt: Option<LlmClient>,
     working: WorkingMemory,
     demand: Demand,
+    own_writes: OwnWrites,
+    /// Set once the change feed has said anything (its first resync, or
+    /// that it is unavailable): see [`Gateway::feed_heard`].
+    feed_heard: tokio::sync::watch::Sender<bool>,
 }
 
 impl Gateway {
@@ -66,6 +71,8 @@ impl Gateway {
                 llm_opt,
                 working,
                 demand,
+                own_writes: OwnWrites::default(),
+                feed_heard: tokio::sync::watch::Sender::new(false),
             }),
         };
         let group = gateway.settings().tenant.replica_group.clone();
@@ -84,8 +91,13 @@ impl Gateway {
                 return false;
             };
             let caches = inner.pipeline.caches();
+            if event_opt.is_some() {
+                inner.feed_heard.send_replace(true);
+            }
             match event_opt {
                 Some(e) if e.resync => caches.invalidate_all(),
+                // This replica's own write, already dropped (own_writes.rs).
+                Some(e) if inner.own_writes.take(&e.write_id) => {}
                 Some(e) => caches.invalidate_tenant(&e.tenant),
                 None => {}
             }
@@ -110,6 +122,15 @@ impl Gateway {
         }));
     }
 
+    /// Waits, at most `max`, until the change feed has said anything. Its
+    /// first word is a resync, which drops every cached answer: an answer
+    /// computed before it is kept to this replica instead of shared, so a
+    /// replica serves only once it has heard the feed (or given up).
+    pub async fn feed_heard(&self, max: Duration) {
+        let mut heard = self.inner.feed_heard.subscribe();
+        let _ = tokio::time::timeout(max, heard.wait_for(|h| *h)).await;
+    }
+
     pub fn pipeline(&self) -> &Pipeline {
         &self.inner.pipeline
     }
@@ -120,6 +141,17 @@ impl Gateway {
     /// (`follow_changes`); writers need not know how answers are cached.
     pub fn invalidate(&self, tenant: &str) {
         self.inner.pipeline.caches().invalidate_tenant(tenant);
+    }
+
+    /// After a write call with `write_id` returned: `tenant`'s answers
+    /// cached here are stale ([`Self::invalidate`]), and when the call was
+    /// acknowledged its change event, coming back, is known as this
+    /// replica's own (own_writes.rs).
+    pub fn written(&self, tenant: &str, write_id: String, acknowledged: bool) {
+        if acknowledged {
+            self.inner.own_writes.acknowledged(write_id);
+        }
+        self.invalidate(tenant);
     }
 
     pub fn settings(&self) -> &Settings {

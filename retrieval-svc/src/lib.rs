@@ -6,7 +6,8 @@
 //! Layers, each depending only on those below it (docs/architecture.md):
 //! `api` (wire adapters) → `surfaces` (working memory, Foundry, HyDE,
 //! writes) → `gateway` (shared state) → `pipeline` (the stages) →
-//! `downstream` (stacks); `query`, `error`, `auth` and `metrics` are leaves.
+//! `downstream` (stacks); `query`, `error`, `auth`, `metrics` and
+//! `own_writes` are leaves.
 
 mod admission;
 mod api;
@@ -16,6 +17,7 @@ mod error;
 mod fair;
 mod gateway;
 mod metrics;
+mod own_writes;
 mod pipeline;
 mod query;
 mod receipt;
@@ -76,6 +78,9 @@ pub async fn run(
     serve_gateway(listener, Gateway::new(settings)?, shutdown).await
 }
 
+/// How long a starting gateway waits for search-svc's change feed.
+const FEED_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// [`run`] with a gateway built by the caller, so the same instance can also
 /// back the HTTP JSON API and the admin `/metrics` ([`Gateway::metrics_text`]).
 pub async fn serve_gateway(
@@ -92,6 +97,9 @@ pub async fn serve_gateway(
         ],
         ..engram_common::server::ServeOptions::from(&gateway.settings().listen)
     };
+    // A replica serves once its caches can be kept coherent with the
+    // others' writes, or after FEED_WAIT without search-svc's feed.
+    gateway.feed_heard(FEED_WAIT).await;
     let (reporter, health) = engram_common::server::health();
     reporter
         .set_serving::<RetrievalServiceServer<Retrieval>>()

@@ -39,6 +39,8 @@ struct Notification {
     op: String,
     #[serde(default)]
     ids: Vec<String>,
+    #[serde(default)]
+    write: String,
 }
 
 fn resync() -> pb::ChangeEvent {
@@ -200,6 +202,7 @@ async fn forward(
                     op: c.op,
                     resync: false,
                     ids: c.ids,
+                    write_id: c.write,
                 },
                 _ => {
                     tracing::warn!(bytes = n.payload().len(), "unparsable change notification");

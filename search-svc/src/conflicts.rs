@@ -259,8 +259,8 @@ pub async fn review(
         }
     };
     let ends = [r.new_id, r.old_id];
-    crate::writes::notify(&mut tx, &identity.tenant, "edges", &ends).await?;
-    crate::writes::notify(&mut tx, &identity.tenant, "upsert", &[r.old_id]).await?;
+    crate::writes::notify(&mut tx, (&identity.tenant, ""), "edges", &ends).await?;
+    crate::writes::notify(&mut tx, (&identity.tenant, ""), "upsert", &[r.old_id]).await?;
     crate::bounds::commit(tx).await?;
     tracing::info!(tenant = %identity.tenant, new = %r.new_id, old = %r.old_id, decision = ?r.decision, "detected conflict reviewed");
     Ok(reviewed.map(ConflictRow::into_proto))

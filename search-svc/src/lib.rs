@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use engram_common::identity::read_write_id;
 use engram_common::server::{ServingStatus, health};
 use engram_common::{Identity, Settings};
 use engram_proto as pb;
@@ -291,6 +292,7 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::UpsertRequest>,
     ) -> Result<Response<pb::UpsertResponse>, Status> {
+        let write_id = read_write_id(req.metadata());
         let (_slot, identity, batch) = self.open::<_, UpsertBatch>(req)?;
         self.writable().await?;
         let (pool, timeout_ms) = (&self.inner.pool, self.inner.timeouts.write_ms);
@@ -304,7 +306,7 @@ impl SearchService for SearchSvc {
         let results = writes::upsert(
             pool,
             &self.inner.embeddings,
-            &identity,
+            (&identity, &write_id),
             batch,
             timeout_ms,
             self.inner.fact_index,
@@ -333,11 +335,12 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
+        let write_id = read_write_id(req.metadata());
         let (_slot, identity, ids) = self.open::<_, DeleteIds>(req)?;
         self.writable().await?;
         let timeout_ms = self.inner.timeouts.write_ms;
         let asked = ids.0.clone();
-        let deleted = writes::delete(&self.inner.pool, &identity, ids, timeout_ms)
+        let deleted = writes::delete(&self.inner.pool, (&identity, &write_id), ids, timeout_ms)
             .await
             .map_err(|e| self.noted(e))
             .inspect_err(|_| self.inner.keyword_index.changed(&identity.tenant, None))?;
@@ -358,10 +361,11 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::AddEdgesRequest>,
     ) -> Result<Response<pb::AddEdgesResponse>, Status> {
+        let write_id = read_write_id(req.metadata());
         let (_slot, identity, batch) = self.open::<_, EdgeBatch>(req)?;
         self.writable().await?;
         let timeout_ms = self.inner.timeouts.write_ms;
-        let added = writes::add_edges(&self.inner.pool, &identity, batch, timeout_ms)
+        let added = writes::add_edges(&self.inner.pool, (&identity, &write_id), batch, timeout_ms)
             .await
             .map_err(|e| self.noted(e))?;
         Ok(Response::new(pb::AddEdgesResponse { added }))
@@ -371,12 +375,14 @@ impl SearchService for SearchSvc {
         &self,
         req: Request<pb::DeleteEdgesRequest>,
     ) -> Result<Response<pb::DeleteEdgesResponse>, Status> {
+        let write_id = read_write_id(req.metadata());
         let (_slot, identity, keys) = self.open::<_, EdgeKeys>(req)?;
         self.writable().await?;
         let timeout_ms = self.inner.timeouts.write_ms;
-        let deleted = writes::delete_edges(&self.inner.pool, &identity, keys, timeout_ms)
-            .await
-            .map_err(|e| self.noted(e))?;
+        let deleted =
+            writes::delete_edges(&self.inner.pool, (&identity, &write_id), keys, timeout_ms)
+                .await
+                .map_err(|e| self.noted(e))?;
         Ok(Response::new(pb::DeleteEdgesResponse { deleted }))
     }
 

@@ -747,9 +747,9 @@ pub async fn detect(
     let closed = close_replaced(&mut tx, &edges, policy.auto_supersede).await?;
     if !edges.is_empty() {
         let ends: Vec<Uuid> = edges.iter().flat_map(|(s, d, _)| [*s, *d]).collect();
-        crate::writes::notify(&mut tx, &identity.tenant, "edges", &ends).await?;
+        crate::writes::notify(&mut tx, (&identity.tenant, ""), "edges", &ends).await?;
         if !closed.is_empty() {
-            crate::writes::notify(&mut tx, &identity.tenant, "upsert", &closed).await?;
+            crate::writes::notify(&mut tx, (&identity.tenant, ""), "upsert", &closed).await?;
         }
         tracing::info!(tenant = %identity.tenant, count = edges.len(), closed = closed.len(), "updates detected");
     }

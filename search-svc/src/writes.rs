@@ -3,8 +3,12 @@
 //! transaction, so listeners see it exactly when the data is visible:
 //!
 //! ```text
-//! pg_notify('engram_changes', '{"tenant": "<tenant id>", "op": "upsert" | "delete" | "edges", "ids": ["<uuid>", ...]}')
+//! pg_notify('engram_changes', '{"tenant": "<tenant id>", "op": "upsert" | "delete" | "edges", "ids": ["<uuid>", ...], "write": "<write id>"}')
 //! ```
+//!
+//! `write` is the id the gateway gave the call (`x-engram-write-id`), ""
+//! for search-svc's own work: the replica that made the write knows its
+//! own change when it comes back (retrieval-svc/src/own_writes.rs).
 //!
 //! `ids` are the memories written, deleted, or at either end of the new
 //! edges. When the payload would exceed ~7,000 bytes (Postgres caps a
@@ -68,18 +72,21 @@ const MAX_ATTEMPTS: usize = 8;
 const MAX_BACKOFF: std::time::Duration = std::time::Duration::from_millis(400);
 
 /// Builds the change-event payload (see the module doc).
-pub fn change_payload(tenant: &str, op: &str, ids: &[Uuid]) -> String {
-    let full = serde_json::json!({"tenant": tenant, "op": op, "ids": ids}).to_string();
+pub fn change_payload(tenant: &str, op: &str, ids: &[Uuid], write_id: &str) -> String {
+    let full =
+        serde_json::json!({"tenant": tenant, "op": op, "ids": ids, "write": write_id}).to_string();
     if full.len() <= MAX_NOTIFY_BYTES {
         full
     } else {
-        serde_json::json!({"tenant": tenant, "op": op, "ids": []}).to_string()
+        serde_json::json!({"tenant": tenant, "op": op, "ids": [], "write": write_id}).to_string()
     }
 }
 
+/// The change event of a write, in its transaction. `write_id` is the
+/// gateway's id of the call ("" for search-svc's own writes).
 pub(crate) async fn notify(
     tx: &mut Transaction<'_, Postgres>,
-    tenant: &str,
+    (tenant, write_id): (&str, &str),
     op: &str,
     ids: &[Uuid],
 ) -> Result<()> {
@@ -90,7 +97,7 @@ pub(crate) async fn notify(
          SELECT pg_notify($1, $2)",
     )
     .bind(CHANNEL)
-    .bind(change_payload(tenant, op, ids))
+    .bind(change_payload(tenant, op, ids, write_id))
     .bind(tenant)
     .execute(&mut **tx)
     .await?;
@@ -145,7 +152,7 @@ fn keeps_embedding(existing: &HashMap<Uuid, Existing>, m: &NewMemory) -> bool {
 pub async fn upsert(
     pool: &PgPool,
     embeddings: &Embeddings,
-    identity: &Identity,
+    (identity, write_id): (&Identity, &str),
     batch: UpsertBatch,
     timeout_ms: u64,
     fact_index: bool,
@@ -197,7 +204,16 @@ pub async fn upsert(
         };
         let plan = (sorted.as_slice(), entity_plans.as_slice());
         let facts_opt = fact_index.then_some(&planned);
-        match write_batch(pool, timeout_ms, identity, plan, &mut computed, facts_opt).await {
+        match write_batch(
+            pool,
+            timeout_ms,
+            (identity, write_id),
+            plan,
+            &mut computed,
+            facts_opt,
+        )
+        .await
+        {
             Ok(results) => {
                 tracing::debug!(tenant = %identity.tenant, count = results.len(), attempt, "upserted memories");
                 return Ok(results);
@@ -399,7 +415,7 @@ async fn turn_contexts(
 async fn write_batch(
     pool: &PgPool,
     timeout_ms: u64,
-    identity: &Identity,
+    (identity, write_id): (&Identity, &str),
     (sorted, entity_plans): (&[(usize, NewMemory)], &[Vec<ExtractedEntity>]),
     computed: &mut HashMap<usize, Vec<f32>>,
     facts_opt: Option<&Planned>,
@@ -552,7 +568,7 @@ async fn write_batch(
     // The memories this batch closed changed too: graph-svc re-reads only
     // the memories a notification names.
     let changed: Vec<Uuid> = ids.iter().chain(&closed).copied().collect();
-    notify(&mut tx, &identity.tenant, "upsert", &changed).await?;
+    notify(&mut tx, (&identity.tenant, write_id), "upsert", &changed).await?;
     crate::bounds::commit(tx).await?;
     results.sort_by_key(|(idx, _)| *idx);
     Ok(results.into_iter().map(|(_, r)| r).collect())
@@ -733,7 +749,7 @@ async fn write_entities(
 /// reveal what exists.
 pub async fn delete(
     pool: &PgPool,
-    identity: &Identity,
+    (identity, write_id): (&Identity, &str),
     ids: DeleteIds,
     timeout_ms: u64,
 ) -> Result<u32> {
@@ -753,7 +769,7 @@ pub async fn delete(
         let mut delta = StatsDelta::default();
         delta.count(&gone, -1);
         delta.apply(&mut tx, &identity.tenant).await?;
-        notify(&mut tx, &identity.tenant, "delete", &deleted).await?;
+        notify(&mut tx, (&identity.tenant, write_id), "delete", &deleted).await?;
     }
     crate::bounds::commit(tx).await?;
     tracing::debug!(tenant = %identity.tenant, count = deleted.len(), "deleted memories");
@@ -887,7 +903,7 @@ impl StatsDelta {
 
 pub async fn add_edges(
     pool: &PgPool,
-    identity: &Identity,
+    (identity, write_id): (&Identity, &str),
     batch: EdgeBatch,
     timeout_ms: u64,
 ) -> Result<u32> {
@@ -938,7 +954,7 @@ pub async fn add_edges(
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    notify(&mut tx, &identity.tenant, "edges", &ends).await?;
+    notify(&mut tx, (&identity.tenant, write_id), "edges", &ends).await?;
     crate::bounds::commit(tx).await?;
     tracing::debug!(tenant = %identity.tenant, count = added, "added edges");
     Ok(u32::try_from(added).unwrap_or(u32::MAX))
@@ -951,7 +967,7 @@ pub async fn add_edges(
 /// re-reads the edges at a changed memory, so the edge leaves the graph.
 pub async fn delete_edges(
     pool: &PgPool,
-    identity: &Identity,
+    (identity, write_id): (&Identity, &str),
     keys: EdgeKeys,
     timeout_ms: u64,
 ) -> Result<u32> {
@@ -983,7 +999,7 @@ pub async fn delete_edges(
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        notify(&mut tx, &identity.tenant, "edges", &ends).await?;
+        notify(&mut tx, (&identity.tenant, write_id), "edges", &ends).await?;
     }
     crate::bounds::commit(tx).await?;
     tracing::debug!(tenant = %identity.tenant, count = gone.len(), "deleted edges");
@@ -1062,13 +1078,13 @@ mod tests {
 
     #[test]
     fn large_payload_means_reload_tenant() {
-        let few = change_payload("t", "upsert", &[Uuid::nil()]);
+        let few = change_payload("t", "upsert", &[Uuid::nil()], "w-1");
         assert!(
             few.contains("00000000-0000-0000-0000-000000000000"),
             "{few}"
         );
         let many: Vec<Uuid> = (0..500).map(|_| Uuid::new_v4()).collect();
-        let p = change_payload("t", "upsert", &many);
-        assert_eq!(p, r#"{"ids":[],"op":"upsert","tenant":"t"}"#);
+        let p = change_payload("t", "upsert", &many, "w-1");
+        assert_eq!(p, r#"{"ids":[],"op":"upsert","tenant":"t","write":"w-1"}"#);
     }
 }

@@ -876,7 +876,8 @@ async fn change_events_are_notified_on_commit() {
         }],
     )
     .await;
-    let want = serde_json::json!({"tenant": t, "op": "upsert", "ids": [id.to_string()]});
+    let want =
+        serde_json::json!({"tenant": t, "op": "upsert", "ids": [id.to_string()], "write": ""});
     assert_eq!(next_change(&mut listener, &t).await, want);
     // A write that closes another memory names it too: graph-svc re-reads
     // only the memories a notification names.
@@ -891,8 +892,27 @@ async fn change_events_are_notified_on_commit() {
         }],
     )
     .await;
-    let want = serde_json::json!({"tenant": t, "op": "upsert", "ids": [newer.to_string(), id.to_string()]});
+    let want = serde_json::json!({"tenant": t, "op": "upsert", "ids": [newer.to_string(), id.to_string()], "write": ""});
     assert_eq!(next_change(&mut listener, &t).await, want);
+    // The gateway's id of a write call comes back in its event, so the
+    // replica that made the write knows it (retrieval-svc own_writes.rs);
+    // a malformed one is dropped, not refused.
+    for (sent, echoed) in [("4f1c9a-w", "4f1c9a-w"), ("not an id", "")] {
+        let third = Uuid::new_v4();
+        let mut r = req(
+            pb::UpsertRequest {
+                memories: vec![pb::Memory {
+                    embedding: axis(3),
+                    ..mem(&third.to_string(), "", "third note")
+                }],
+            },
+            &me,
+        );
+        engram_common::identity::write_write_id(r.metadata_mut(), sent);
+        h.client.upsert(r).await.expect("upsert");
+        let got = next_change(&mut listener, &t).await;
+        assert_eq!(got["write"], echoed, "{got}");
+    }
 }
 
 /// The next change notification for `tenant`.

@@ -53,6 +53,8 @@ pub struct Call<T> {
     /// The stack gives up at this instant or at its own timeout, whichever
     /// comes first.
     pub deadline_opt: Option<Instant>,
+    /// A write call's id, sent as `x-engram-write-id` (own_writes.rs).
+    pub write_id_opt: Option<String>,
 }
 
 impl<T> Call<T> {
@@ -61,6 +63,7 @@ impl<T> Call<T> {
             identity: identity.clone(),
             msg,
             deadline_opt: None,
+            write_id_opt: None,
         }
     }
 }
@@ -117,6 +120,22 @@ where
     R: Send + 'static,
 {
     svc.clone().oneshot(Call::new(identity, msg)).await
+}
+
+/// [`call`] of a write, carrying `write_id` (own_writes.rs).
+pub async fn call_write<T, R>(
+    svc: &Down<T, R>,
+    identity: &Arc<Identity>,
+    write_id: &str,
+    msg: T,
+) -> Result<R, DownstreamError>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+{
+    let mut c = Call::new(identity, msg);
+    c.write_id_opt = Some(write_id.to_string());
+    svc.clone().oneshot(c).await
 }
 
 /// Shared-state calls in flight from one gateway, all tenants together.
@@ -201,6 +220,9 @@ where
         async move {
             let mut req = tonic::Request::new(call.msg);
             call.identity.write_internal(req.metadata_mut(), &token);
+            if let Some(id) = &call.write_id_opt {
+                engram_common::identity::write_write_id(req.metadata_mut(), id);
+            }
             engram_common::telemetry::inject_current(req.metadata_mut());
             let (advertised, by_caller) =
                 advertised_timeout(timeout, call.deadline_opt, Instant::now());
