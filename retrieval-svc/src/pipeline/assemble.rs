@@ -62,7 +62,7 @@ async fn contradictions(
     trace: &mut StageTrace,
     ranked: &[(Checked, f32)],
 ) -> (Vec<ConflictPair>, HashSet<String>) {
-    if trace.is_degraded(Strategy::Graph.name()) {
+    if trace.is_degraded(Strategy::Graph) {
         trace.degraded.push("conflicts".into());
         return Default::default();
     }

@@ -70,15 +70,18 @@ pub async fn run(
     filters: &Filters,
 ) -> usize {
     let shape = relates(&ctx.query.text);
-    if shape == Shape::Clause && !trace.is_degraded(Strategy::Keyword.name()) {
-        let moved = start_by_clause(ctx, ranked).await;
+    let clause_opt = clause(&ctx.query.text, shape);
+    if let Some(clause) = &clause_opt
+        && !trace.is_degraded(Strategy::Keyword)
+    {
+        let moved = start_by_clause(ctx, ranked, clause).await;
         trace.counts.push(("chain_start_moves", usize::from(moved)));
     }
     let Some(first) = ranked.first().map(|(c, _)| c.cand.memory.clone()) else {
         return 0;
     };
     let (_, terms) = query_words(&ctx.query.text);
-    let passed = said_in_passing(&ctx.query.text, shape);
+    let passed = said_in_passing(&ctx.query.text, clause_opt.as_deref());
     let mut unsaid: HashSet<String> = (unsaid_by(&terms, &first).into_iter())
         .filter(|w| !is_time_word(w) && !passed.contains(w))
         .collect();
@@ -87,8 +90,7 @@ pub async fn run(
         Shape::Clause => 1,
         Shape::Link => MIN_UNSAID,
     };
-    if !is_note(&first) || unsaid.len() < min_unsaid || trace.is_degraded(Strategy::Keyword.name())
-    {
+    if !is_note(&first) || unsaid.len() < min_unsaid || trace.is_degraded(Strategy::Keyword) {
         tracing::debug!(unsaid = unsaid.len(), min_unsaid, "no chain");
         return 0;
     }
@@ -314,7 +316,7 @@ fn relates(question: &str) -> Shape {
 /// city, Bianchi Motors the company), and a relative clause's words, which
 /// the first fact means (Stage 4d starts from the fact closest to the
 /// clause: "… resides in the city of Bremen" for "where … lives").
-fn said_in_passing(question: &str, shape: Shape) -> HashSet<String> {
+fn said_in_passing(question: &str, clause_opt: Option<&str>) -> HashSet<String> {
     let words: Vec<&str> = (question.split(|c: char| !(c.is_alphanumeric() || c == '\'')))
         .filter(|w| !w.is_empty())
         .collect();
@@ -327,15 +329,17 @@ fn said_in_passing(question: &str, shape: Shape) -> HashSet<String> {
     let kinds = (words.windows(3))
         .filter(|w| names_one(w))
         .map(|w| w[1].to_string());
-    let clause = match shape {
-        Shape::Clause => clause_of(question).unwrap_or_default(),
-        _ => String::new(),
-    };
-    let clause_words = clause
-        .split(' ')
+    let clause_words = (clause_opt.unwrap_or_default().split(' '))
         .filter(|w| !w.is_empty())
         .map(str::to_string);
     kinds.chain(clause_words).collect()
+}
+
+/// A clause question's relative clause, read once for both its uses.
+fn clause(question: &str, shape: Shape) -> Option<String> {
+    (shape == Shape::Clause)
+        .then(|| clause_of(question))
+        .flatten()
 }
 
 /// Notes among which a clause question's first fact is chosen.
@@ -351,10 +355,7 @@ const START_POOL: usize = 3;
 /// closest takes the first place, unless it is another version of the
 /// first place's fact. One embed and one vectors read; any failure keeps
 /// the order. Returns whether it moved one.
-async fn start_by_clause(ctx: &Ctx<'_>, ranked: &mut [(Checked, f32)]) -> bool {
-    let Some(clause) = clause_of(&ctx.query.text) else {
-        return false;
-    };
+async fn start_by_clause(ctx: &Ctx<'_>, ranked: &mut [(Checked, f32)], clause: &str) -> bool {
     let (named, _) = query_words(&ctx.query.text);
     let pool = start_pool(ranked, &named);
     if pool.len() < 2 || pool[0] != 0 {
@@ -365,7 +366,8 @@ async fn start_by_clause(ctx: &Ctx<'_>, ranked: &mut [(Checked, f32)]) -> bool {
         .collect();
     let deadline = stage_deadline(ctx.deadline);
     let not_read = Vectors::NotRead;
-    let Some((asked, vectors)) = text_and_vectors(ctx, clause, ids, &not_read, deadline).await
+    let Some((asked, vectors)) =
+        text_and_vectors(ctx, clause.to_string(), ids, &not_read, deadline).await
     else {
         return false;
     };
@@ -536,7 +538,7 @@ mod tests {
     #[test]
     fn kinds_and_a_clauses_words_are_said_in_passing() {
         let q = "In which country is the city where Charles Davis Jameson lives?";
-        let passed = said_in_passing(q, relates(q));
+        let passed = said_in_passing(q, clause(q, relates(q)).as_deref());
         assert_eq!(
             sorted(&passed),
             ["charles", "city", "davis", "jameson", "lives"]
@@ -550,9 +552,12 @@ mod tests {
         assert_eq!(sorted(&unsaid), ["country"]);
         let q =
             "In which country is the head office of the company Julia Arthur's spouse works for?";
-        assert_eq!(sorted(&said_in_passing(q, relates(q))), ["company"]);
+        assert_eq!(
+            sorted(&said_in_passing(q, clause(q, relates(q)).as_deref())),
+            ["company"]
+        );
         let q = "Who is the director of The Quitter?";
-        assert!(said_in_passing(q, relates(q)).is_empty());
+        assert!(said_in_passing(q, clause(q, relates(q)).as_deref()).is_empty());
     }
 
     #[test]

@@ -9,6 +9,7 @@ use engram_proto::{DroppedCandidate, Memory, StageLatency};
 use tokio::time::Instant;
 
 use super::ranker::Ranker;
+use super::strategy::Strategy;
 use crate::downstream::Downstreams;
 use crate::fair::{FairGate, Slot};
 use crate::metrics::Metrics;
@@ -76,8 +77,9 @@ pub struct StageTrace {
 }
 
 impl StageTrace {
-    pub fn is_degraded(&self, stage: &str) -> bool {
-        self.degraded.iter().any(|d| d == stage)
+    /// Whether `strategy`'s search failed or ran short in this run.
+    pub fn is_degraded(&self, strategy: Strategy) -> bool {
+        self.degraded.iter().any(|d| d == strategy.name())
     }
 }
 

@@ -77,7 +77,7 @@ pub async fn run(
     else {
         return Found::default();
     };
-    if trace.is_degraded(Strategy::Keyword.name()) || !time_for_another(ctx.deadline) {
+    if trace.is_degraded(Strategy::Keyword) || !time_for_another(ctx.deadline) {
         return Found::default();
     }
     // A clause's memory is the bridge, not a find: the search looks past
