@@ -123,9 +123,11 @@ impl Gateway {
     }
 
     /// Waits, at most `max`, until the change feed has said anything. Its
-    /// first word is a resync, which drops every cached answer: an answer
-    /// computed before it is kept to this replica instead of shared, so a
-    /// replica serves only once it has heard the feed (or given up).
+    /// first word is a resync, which drops every cached answer: a turn
+    /// answered before it stays on this replica instead of being shared.
+    /// Start-up (`engram up`, the test stacks) ends once the feed has
+    /// spoken; serving does not wait, so a slow search-svc delays no
+    /// request.
     pub async fn feed_heard(&self, max: Duration) {
         let mut heard = self.inner.feed_heard.subscribe();
         let _ = tokio::time::timeout(max, heard.wait_for(|h| *h)).await;

@@ -78,8 +78,9 @@ pub async fn run(
     serve_gateway(listener, Gateway::new(settings)?, shutdown).await
 }
 
-/// How long a starting gateway waits for search-svc's change feed.
-const FEED_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long whoever starts a gateway waits for its change feed to speak
+/// ([`Gateway::feed_heard`]); serving never waits for it.
+pub const FEED_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// [`run`] with a gateway built by the caller, so the same instance can also
 /// back the HTTP JSON API and the admin `/metrics` ([`Gateway::metrics_text`]).
@@ -97,9 +98,6 @@ pub async fn serve_gateway(
         ],
         ..engram_common::server::ServeOptions::from(&gateway.settings().listen)
     };
-    // A replica serves once its caches can be kept coherent with the
-    // others' writes, or after FEED_WAIT without search-svc's feed.
-    gateway.feed_heard(FEED_WAIT).await;
     let (reporter, health) = engram_common::server::health();
     reporter
         .set_serving::<RetrievalServiceServer<Retrieval>>()

@@ -231,6 +231,8 @@ impl Stack {
         }
 
         let mut tasks = Vec::new();
+        // Each gateway started here, to wait for its change feed once all serve.
+        let mut gateways = Vec::new();
         {
             let stop = shutdown.clone().cancelled_owned();
             let state = admin_state.clone();
@@ -268,6 +270,7 @@ impl Stack {
                 }
                 Service::Retrieval => {
                     let gw = retrieval_svc::Gateway::new(s)?;
+                    gateways.push(gw.clone());
                     let g = gw.clone();
                     admin_state.add_metrics(move || g.metrics_text());
                     if let Some(http) = http_listener_opt.take() {
@@ -299,6 +302,9 @@ impl Stack {
             shutdown,
         };
         stack.wait_serving(Duration::from_secs(120)).await?;
+        for gw in gateways {
+            gw.feed_heard(retrieval_svc::FEED_WAIT).await;
+        }
         Ok(stack)
     }
 

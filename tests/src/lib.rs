@@ -107,11 +107,13 @@ pub async fn spawn_gateway(settings: Settings) -> anyhow::Result<String> {
     let gw = retrieval_svc::Gateway::new(settings)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
+    let heard = gw.clone();
     tokio::spawn(retrieval_svc::serve_gateway(
         listener,
         gw,
         std::future::pending(),
     ));
+    heard.feed_heard(retrieval_svc::FEED_WAIT).await;
     Ok(format!("http://{addr}"))
 }
 
