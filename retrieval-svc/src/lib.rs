@@ -210,6 +210,26 @@ mod layering {
         }
     }
 
+    /// The leaves every stage may use stand on no stage: the strategy
+    /// enum and the text helpers on nothing of the pipeline, Stage 1's
+    /// `Plan` on the fusion weights and the session's lifts alone.
+    #[test]
+    fn leaves_stand_on_no_stage() {
+        let g = graph();
+        let inside = |m: &str| -> Vec<String> {
+            (g[m].iter())
+                .filter(|d| d.starts_with("pipeline::"))
+                .cloned()
+                .collect()
+        };
+        assert!(inside("pipeline::strategy").is_empty(), "{g:?}");
+        assert!(inside("pipeline::text").is_empty(), "{g:?}");
+        assert_eq!(
+            inside("pipeline::plan"),
+            ["pipeline::fusion", "pipeline::session"]
+        );
+    }
+
     #[test]
     fn no_import_cycle_among_modules() {
         let g = graph();

@@ -44,19 +44,20 @@ impl Step {
     /// Stage 2's plan. HYBRID is all three strategies weighted by the
     /// evidence route (indicated by the wording, whatever the step's route).
     pub fn plan(&self, q: &Query, p: &PipelineSettings) -> Plan {
-        let plan = match self.raw_opt {
-            Some(Raw::Hybrid) => Plan {
+        // The wording is read first, then plan.rs builds from it: one
+        // visit to each file.
+        let worded_opt = matches!(self.raw_opt, Some(Raw::Hybrid)).then(|| classify(&q.text));
+        let chained = chained(&q.text);
+        let plan = match (self.raw_opt, worded_opt) {
+            (Some(Raw::Hybrid), Some(worded)) => Plan {
                 complement: false,
-                ..Plan::by_evidence(classify(&q.text), p, q.limit)
+                ..Plan::by_evidence(worded, p, q.limit)
             },
-            Some(raw) => Plan::raw(raw, q.limit, p.rrf_k),
-            None if self.by_evidence => Plan::by_evidence(self.route, p, q.limit),
-            None => Plan::for_route(self.route, p, q.limit),
+            (Some(raw), _) => Plan::raw(raw, q.limit, p.rrf_k),
+            (None, _) if self.by_evidence => Plan::by_evidence(self.route, p, q.limit),
+            (None, _) => Plan::for_route(self.route, p, q.limit),
         };
-        Plan {
-            chained: chained(&q.text),
-            ..plan
-        }
+        Plan { chained, ..plan }
     }
 
     /// The caller's HyDE hypotheses join the dense search (not in raw modes,
