@@ -14,7 +14,7 @@ use tonic::metadata::MetadataMap;
 
 use crate::admission::{Admission, Lane, Permit};
 use crate::auth::Authenticator;
-use crate::downstream::{Downstreams, members};
+use crate::downstream::{Down, DownstreamError, Downstreams, call_write, members};
 use crate::error::Error;
 use crate::metrics::{Metrics, Scrape};
 use crate::own_writes::OwnWrites;
@@ -145,15 +145,28 @@ impl Gateway {
         self.inner.pipeline.caches().invalidate_tenant(tenant);
     }
 
-    /// After a write call with `write_id` returned: `tenant`'s answers
-    /// cached here are stale ([`Self::invalidate`]), and when the call was
-    /// acknowledged its change event, coming back, is known as this
-    /// replica's own (own_writes.rs).
-    pub fn written(&self, tenant: &str, write_id: String, acknowledged: bool) {
-        if acknowledged {
+    /// One write call to search-svc under a fresh write id. Afterwards
+    /// this replica's answers for the tenant are stale, even after a failed
+    /// call (it may have written part), and an acknowledged call's change
+    /// event is known as this replica's own when it comes back
+    /// (own_writes.rs).
+    pub async fn write<T, R>(
+        &self,
+        svc: &Down<T, R>,
+        identity: &Arc<Identity>,
+        msg: T,
+    ) -> Result<R, DownstreamError>
+    where
+        T: Send + 'static,
+        R: Send + 'static,
+    {
+        let write_id = OwnWrites::new_id();
+        let r = call_write(svc, identity, &write_id, msg).await;
+        if r.is_ok() {
             self.inner.own_writes.acknowledged(write_id);
         }
-        self.invalidate(tenant);
+        self.invalidate(&identity.tenant);
+        r
     }
 
     pub fn settings(&self) -> &Settings {

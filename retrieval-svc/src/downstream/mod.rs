@@ -66,6 +66,32 @@ impl<T> Call<T> {
             write_id_opt: None,
         }
     }
+
+    /// The call gives up at `deadline` too (a request's time left).
+    pub fn until(self, deadline: Instant) -> Self {
+        Self {
+            deadline_opt: Some(deadline),
+            ..self
+        }
+    }
+
+    /// The call is a write known by `write_id` (own_writes.rs).
+    pub fn write(self, write_id: &str) -> Self {
+        Self {
+            write_id_opt: Some(write_id.to_string()),
+            ..self
+        }
+    }
+}
+
+/// Sends one call through its stack. Stacks are cheap clones sharing
+/// breaker, limit and metrics, so none is held across the await.
+pub async fn send<T, R>(svc: &Down<T, R>, c: Call<T>) -> Result<R, DownstreamError>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+{
+    svc.clone().oneshot(c).await
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -108,8 +134,7 @@ impl DownstreamError {
 pub type Down<T, R> = BoxCloneSyncService<Call<T>, R, DownstreamError>;
 
 /// Calls one stack, bounded by the stack's own timeout only (writes, the
-/// feedback queue). Stacks are cheap clones sharing breaker, limit and
-/// metrics, so none is held across the await.
+/// feedback queue).
 pub async fn call<T, R>(
     svc: &Down<T, R>,
     identity: &Arc<Identity>,
@@ -119,7 +144,7 @@ where
     T: Send + 'static,
     R: Send + 'static,
 {
-    svc.clone().oneshot(Call::new(identity, msg)).await
+    send(svc, Call::new(identity, msg)).await
 }
 
 /// [`call`] of a write, carrying `write_id` (own_writes.rs).
@@ -133,9 +158,7 @@ where
     T: Send + 'static,
     R: Send + 'static,
 {
-    let mut c = Call::new(identity, msg);
-    c.write_id_opt = Some(write_id.to_string());
-    svc.clone().oneshot(c).await
+    send(svc, Call::new(identity, msg).write(write_id)).await
 }
 
 /// Shared-state calls in flight from one gateway, all tenants together.
@@ -178,9 +201,7 @@ where
     T: Send + 'static,
     R: Send + 'static,
 {
-    let mut c = Call::new(identity, msg);
-    c.deadline_opt = Some(deadline);
-    svc.clone().oneshot(c).await
+    send(svc, Call::new(identity, msg).until(deadline)).await
 }
 
 type RpcFuture<R> = Pin<Box<dyn Future<Output = Result<tonic::Response<R>, Status>> + Send>>;

@@ -13,11 +13,10 @@ use engram_proto::{
     DeleteResponse, GetRequest, GetResponse, UpsertRequest, UpsertResponse,
 };
 
-use crate::downstream::{Down, DownstreamError, call, call_write};
+use crate::downstream::{DownstreamError, call};
 use crate::error::Error;
 use crate::fair::{FairGate, Slot};
 use crate::gateway::Gateway;
-use crate::own_writes::OwnWrites;
 use crate::surfaces::working::{self, WorkingWrite};
 
 const MAX_WRITE_BATCH: usize = 1000;
@@ -69,26 +68,6 @@ fn check_write_trust(identity: &Identity, level: i32, field: &'static str) -> Re
     Ok(())
 }
 
-/// One write call to search-svc under a fresh write id. Afterwards this
-/// replica's answers for the tenant are stale, even after a failed call (it
-/// may have written part), and an acknowledged call's change event is
-/// known as this replica's own when it comes back (own_writes.rs).
-async fn write<T, R>(
-    gw: &Gateway,
-    svc: &Down<T, R>,
-    identity: &Arc<Identity>,
-    msg: T,
-) -> Result<R, DownstreamError>
-where
-    T: Send + 'static,
-    R: Send + 'static,
-{
-    let write_id = OwnWrites::new_id();
-    let r = call_write(svc, identity, &write_id, msg).await;
-    gw.written(&identity.tenant, write_id, r.is_ok());
-    r
-}
-
 /// Working-scope memories stay in this process; the rest go to search-svc.
 /// Every working one is validated before anything is written.
 pub async fn upsert(
@@ -126,7 +105,7 @@ pub async fn upsert(
     if !stored.is_empty() {
         let req = UpsertRequest { memories: stored };
         let _slot = write_slot(&gw.downstreams().write_gates.upsert, &tenant).await?;
-        let r = write(gw, &gw.downstreams().upsert, &identity, req).await;
+        let r = gw.write(&gw.downstreams().upsert, &identity, req).await;
         results = r.map_err(|e| ds_err("search", e))?.results;
         tracing::info!(tenant = %tenant, count = results.len(), "upserted memories");
     }
@@ -162,7 +141,7 @@ pub async fn delete(
     let here = gw.working().delete(&identity, &req.ids);
     let shared = working::shared::delete(gw, &identity, &req.ids).await;
     let from_working = here.max(shared.map_err(|e| ds_err("search", e))?);
-    let r = write(gw, &gw.downstreams().delete, &identity, req).await;
+    let r = gw.write(&gw.downstreams().delete, &identity, req).await;
     let mut r = r.map_err(|e| ds_err("search", e))?;
     r.deleted += from_working;
     tracing::info!(tenant = %tenant, count = r.deleted, "deleted memories");
@@ -201,7 +180,9 @@ pub async fn add_edges(
     check_batch("edges", req.edges.len(), MAX_EDGE_BATCH)?;
     let tenant = identity.tenant.clone();
     let _slot = write_slot(&gw.downstreams().write_gates.add_edges, &tenant).await?;
-    let r = write(gw, &gw.downstreams().add_edges, &Arc::new(identity), req).await;
+    let r = gw
+        .write(&gw.downstreams().add_edges, &Arc::new(identity), req)
+        .await;
     let r = r.map_err(|e| ds_err("search", e))?;
     tracing::info!(tenant = %tenant, count = r.added, "added edges");
     Ok(r)
@@ -216,7 +197,9 @@ pub async fn delete_edges(
     check_batch("edges", req.edges.len(), MAX_EDGE_BATCH)?;
     let tenant = identity.tenant.clone();
     let _slot = write_slot(&gw.downstreams().write_gates.add_edges, &tenant).await?;
-    let r = write(gw, &gw.downstreams().delete_edges, &Arc::new(identity), req).await;
+    let r = gw
+        .write(&gw.downstreams().delete_edges, &Arc::new(identity), req)
+        .await;
     let r = r.map_err(|e| ds_err("search", e))?;
     tracing::info!(tenant = %tenant, count = r.deleted, "deleted edges");
     Ok(r)
