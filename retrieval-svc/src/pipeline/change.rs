@@ -102,8 +102,11 @@ pub fn changes_first(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize 
         let replaces = |j: &usize| {
             let k = order_key(&ranked[*j].0.cand.memory);
             let older = notes[*j] && (k.1, k.2) < (newer.1, newer.2) && k.0 <= newer.0;
-            let old = &ranked[*j].0.cand.memory.content;
-            older && (near(i) || near(*j) && names_what_it_replaces(old, &words, &asked))
+            let (old, new) = (
+                &ranked[*j].0.cand.memory.content,
+                &ranked[i].0.cand.memory.content,
+            );
+            older && (near(i) || near(*j) && names_what_it_replaces(old, new, &asked))
         };
         if let Some(a) = order[..b].iter().position(replaces) {
             let i = order.remove(b);
@@ -115,14 +118,20 @@ pub fn changes_first(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize 
 
 /// Whether a note that says it is news names the older note's value: a
 /// word of one of the older note's names after its first (the first is
-/// what the note is about, "Lena's manager …"), that the question did not
-/// ask. "Reports to Anita Shah now; Greg went to the Denver office"
+/// what the note is about, "Lena's manager …"), that is not what the
+/// newer note is about (its own first name: "Lena's on an iPhone 15 now"
+/// replaces nothing of "friends call her Lena") and that the question did
+/// not ask. "Reports to Anita Shah now; Greg went to the Denver office"
 /// replaces "Lena's manager at work is Greg Pollard" although MiniLM puts
 /// it far from "Who's her boss?": a writer noting a change says what it
 /// replaces.
-fn names_what_it_replaces(older: &str, newer: &[String], asked: &HashSet<String>) -> bool {
+fn names_what_it_replaces(older: &str, newer: &str, asked: &HashSet<String>) -> bool {
+    let newer_runs = text::name_runs(newer);
+    let about = newer_runs.first().map_or(&[][..], Vec::as_slice);
+    let words = slots::tokens(newer);
     let runs = text::name_runs(older);
-    (runs.iter().skip(1).flatten()).any(|w| !asked.contains(w) && newer.contains(w))
+    (runs.iter().skip(1).flatten())
+        .any(|w| !asked.contains(w) && !about.contains(w) && words.contains(w))
 }
 
 #[cfg(test)]
@@ -199,14 +208,29 @@ mod tests {
                 20,
             ),
         ];
-        // "Lena" is what the manager note is about, not its value: the
-        // phone note stays; the note naming Greg rises above his.
+        // "Lena" is what the manager note is about, not its value, and what
+        // the phone note is about: it stays; the note naming Greg rises
+        // above his.
         assert_eq!(changes_first("Who's her boss?", &mut r), 4);
         assert_eq!(ids(&r), ["anita", "greg", "corvid", "phone"]);
         // A name the question asks is no replaced value.
         let mut r = vec![r[1].clone(), r[0].clone()];
         assert_eq!(changes_first("Is Greg still her boss?", &mut r), 0);
         assert_eq!(ids(&r), ["greg", "anita"]);
+        // The user's own name, later in the older note, is what the newer
+        // note is about.
+        let mut r = vec![
+            at(
+                fact(
+                    "name",
+                    "User's name is Elena Marsh; they call her Lena.",
+                    Some(0.41),
+                ),
+                10,
+            ),
+            at(fact("phone", "Lena's on an iPhone 15 now.", Some(0.30)), 20),
+        ];
+        assert_eq!(changes_first("What are her kids called?", &mut r), 0);
     }
 
     #[test]
