@@ -91,9 +91,8 @@ impl Gateway {
                 return false;
             };
             let caches = inner.pipeline.caches();
-            if event_opt.is_some() {
-                inner.feed_heard.send_replace(true);
-            }
+            // Any word, even "no feed here", ends start-up's wait.
+            inner.feed_heard.send_replace(true);
             match event_opt {
                 Some(e) if e.resync => caches.invalidate_all(),
                 // This replica's own write, already dropped (own_writes.rs).

@@ -25,7 +25,8 @@ fn resync() -> ChangeEvent {
 }
 
 /// Calls `on_event` for each change until it returns false (its gateway is
-/// gone); `None` only asks whether to go on. A lost or refused stream is
+/// gone); `None` says the feed answered that it has none (an older
+/// search-svc) and asks whether to go on. A lost or refused stream is
 /// reported as a resync.
 pub async fn follow(
     channel: Channel,
@@ -58,10 +59,10 @@ pub async fn follow(
                 // rollout): nothing was missed that a resync would recover,
                 // so keep the caches and ask again later.
                 tracing::warn!("search-svc has no change feed; cached answers expire by ttl only");
-                tokio::time::sleep(UNSUPPORTED_RETRY).await;
                 if !on_event(None) {
                     return;
                 }
+                tokio::time::sleep(UNSUPPORTED_RETRY).await;
                 continue;
             }
             Err(e) => tracing::debug!(error = %e, "change feed unavailable"),
