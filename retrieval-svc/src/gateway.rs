@@ -14,7 +14,7 @@ use tonic::metadata::MetadataMap;
 
 use crate::admission::{Admission, Lane, Permit};
 use crate::auth::Authenticator;
-use crate::downstream::{Down, DownstreamError, Downstreams, call_write, members};
+use crate::downstream::{Call, Down, DownstreamError, Downstreams, members, send};
 use crate::error::Error;
 use crate::metrics::{Metrics, Scrape};
 use crate::own_writes::OwnWrites;
@@ -160,7 +160,7 @@ impl Gateway {
         R: Send + 'static,
     {
         let write_id = OwnWrites::new_id();
-        let r = call_write(svc, identity, &write_id, msg).await;
+        let r = send(svc, Call::new(identity, msg).write(&write_id)).await;
         if r.is_ok() {
             self.inner.own_writes.acknowledged(write_id);
         }

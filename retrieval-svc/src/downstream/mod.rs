@@ -147,20 +147,6 @@ where
     send(svc, Call::new(identity, msg)).await
 }
 
-/// [`call`] of a write, carrying `write_id` (own_writes.rs).
-pub async fn call_write<T, R>(
-    svc: &Down<T, R>,
-    identity: &Arc<Identity>,
-    write_id: &str,
-    msg: T,
-) -> Result<R, DownstreamError>
-where
-    T: Send + 'static,
-    R: Send + 'static,
-{
-    send(svc, Call::new(identity, msg).write(write_id)).await
-}
-
 /// Shared-state calls in flight from one gateway, all tenants together.
 const STATE_CONCURRENCY: usize = 16;
 

@@ -99,14 +99,14 @@ pub fn changes_first(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize 
             continue;
         }
         let newer = order_key(&ranked[i].0.cand.memory);
+        // What the newer note is about: its first name run.
+        let runs = text::name_runs(&ranked[i].0.cand.memory.content);
+        let about = runs.first().map_or(&[][..], Vec::as_slice);
         let replaces = |j: &usize| {
             let k = order_key(&ranked[*j].0.cand.memory);
             let older = notes[*j] && (k.1, k.2) < (newer.1, newer.2) && k.0 <= newer.0;
-            let (old, new) = (
-                &ranked[*j].0.cand.memory.content,
-                &ranked[i].0.cand.memory.content,
-            );
-            older && (near(i) || near(*j) && names_what_it_replaces(old, new, &asked))
+            let old = &ranked[*j].0.cand.memory.content;
+            older && (near(i) || near(*j) && names_what_it_replaces(old, (about, &words), &asked))
         };
         if let Some(a) = order[..b].iter().position(replaces) {
             let i = order.remove(b);
@@ -116,7 +116,8 @@ pub fn changes_first(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize 
     move_places(ranked, &order)
 }
 
-/// Whether a note that says it is news names the older note's value: a
+/// Whether a note that says it is news (`about`, its first name run, and
+/// its `words`) names the older note's value: a
 /// word of one of the older note's names after its first (the first is
 /// what the note is about, "Lena's manager …"), that is not what the
 /// newer note is about (its own first name: "Lena's on an iPhone 15 now"
@@ -125,10 +126,11 @@ pub fn changes_first(question: &str, ranked: &mut Vec<(Checked, f32)>) -> usize 
 /// replaces "Lena's manager at work is Greg Pollard" although MiniLM puts
 /// it far from "Who's her boss?": a writer noting a change says what it
 /// replaces.
-fn names_what_it_replaces(older: &str, newer: &str, asked: &HashSet<String>) -> bool {
-    let newer_runs = text::name_runs(newer);
-    let about = newer_runs.first().map_or(&[][..], Vec::as_slice);
-    let words = slots::tokens(newer);
+fn names_what_it_replaces(
+    older: &str,
+    (about, words): (&[String], &[String]),
+    asked: &HashSet<String>,
+) -> bool {
     let runs = text::name_runs(older);
     (runs.iter().skip(1).flatten())
         .any(|w| !asked.contains(w) && !about.contains(w) && words.contains(w))
