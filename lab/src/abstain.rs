@@ -10,7 +10,7 @@
 use engram_proto::RetrieveRequest;
 use engram_stack::client::Client;
 use futures::StreamExt;
-use retrieval_svc::lab::{Calibration, Features, features, score};
+use retrieval_svc::lab::{Calibration, Features, features, nothing_relevant, score};
 
 /// Most answerable questions a calibration may flag.
 pub const MAX_ANSWERABLE_FLAGGED: f64 = 0.05;
@@ -60,7 +60,7 @@ pub async fn collect(
 fn flagged(rows: &[&Row], c: &Calibration) -> f64 {
     let n = rows
         .iter()
-        .filter(|r| r.records == 0 || score(&r.features, c) < c.threshold)
+        .filter(|r| nothing_relevant(&r.features, score(&r.features, c), r.records, c))
         .count();
     n as f64 / rows.len().max(1) as f64
 }
@@ -176,6 +176,7 @@ mod tests {
                 names,
                 terms: 0.5,
                 cosine: 0.4,
+                shape_missing: false,
             },
             records: 10,
         }

@@ -28,7 +28,7 @@ mod surfaces;
 /// cross-encoder blend and passage format, so what is fitted is exactly what
 /// runs.
 pub mod lab {
-    pub use crate::pipeline::abstain::{Calibration, Features, features, score};
+    pub use crate::pipeline::abstain::{Calibration, Features, features, nothing_relevant, score};
     pub use crate::pipeline::distill::blend;
     pub use crate::pipeline::evidence::{Evidence, route as route_by_evidence};
     pub use crate::pipeline::fusion::{StrategyList, rank_fusion, rrf, weights_for};

@@ -27,6 +27,7 @@ pub mod retry;
 pub mod route;
 pub mod search;
 pub mod session;
+pub mod shape;
 pub mod slots;
 pub mod strategy;
 pub mod subject;
@@ -734,9 +735,10 @@ fn answer(
         dropped,
     } = best.trace;
     let calibration = abstain::calibration(&ctx.settings.pipeline.abstain);
-    let evidence_score = abstain::score(&abstain::features(&q.text, &best.records), &calibration);
+    let features = abstain::features(&q.text, &best.records);
+    let evidence_score = abstain::score(&features, &calibration);
     let nothing_relevant =
-        abstain::nothing_relevant(evidence_score, best.records.len(), &calibration);
+        abstain::nothing_relevant(&features, evidence_score, best.records.len(), &calibration);
     let response = RetrieveResponse {
         nothing_relevant,
         evidence_score,
