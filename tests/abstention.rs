@@ -38,3 +38,32 @@ async fn a_question_about_someone_this_tenant_never_met_is_flagged() -> anyhow::
     ts.shutdown().await;
     Ok(())
 }
+
+/// Issue 46 item 6: a person the tenant knows well, asked for something
+/// no memory holds. The question's form says what the answer looks like
+/// (a phone number, an e-mail address); no memory about the person holds
+/// one, so nothing is relevant — while a question whose answer is there,
+/// in the shape it asks for, is not flagged.
+#[tokio::test]
+async fn a_known_persons_unknown_number_is_flagged() -> anyhow::Result<()> {
+    let ts = TestStack::start("sensitive").await?;
+    let mut c = ts.client().await?;
+    engram::demo::load_sample(&mut c, &ts.tenant).await?;
+    for q in [
+        "What is Bob Martinez's phone number?",
+        "What's Dana Okafor's email address?",
+    ] {
+        let r = c.retrieval.retrieve(ask(q)).await?.into_inner();
+        assert!(r.nothing_relevant, "{q}: {r:?}");
+        assert!(!r.records.is_empty(), "records still come back");
+    }
+    for q in [
+        "When is the Atlas cutover?",
+        "What time does Bob Martinez prefer calls?",
+    ] {
+        let r = c.retrieval.retrieve(ask(q)).await?.into_inner();
+        assert!(!r.nothing_relevant, "{q}: {r:?}");
+    }
+    ts.shutdown().await;
+    Ok(())
+}

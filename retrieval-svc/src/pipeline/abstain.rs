@@ -29,10 +29,39 @@ const TOP: usize = 10;
 /// "leave for Mexico", "move to Seattle" name a place; "important to
 /// Caroline", "a gift for Jon" name a person.
 const MOTION: &[&str] = &[
-    "fly", "flies", "flying", "flew", "out", "go", "goes", "going", "went", "travel", "travels",
-    "travelling", "traveling", "traveled", "travelled", "trip", "move", "moves", "moving", "moved",
-    "leave", "leaves", "leaving", "left", "head", "heads", "heading", "drive", "drives", "driving",
-    "flight", "flights", "back",
+    "fly",
+    "flies",
+    "flying",
+    "flew",
+    "out",
+    "go",
+    "goes",
+    "going",
+    "went",
+    "travel",
+    "travels",
+    "travelling",
+    "traveling",
+    "traveled",
+    "travelled",
+    "trip",
+    "move",
+    "moves",
+    "moving",
+    "moved",
+    "leave",
+    "leaves",
+    "leaving",
+    "left",
+    "head",
+    "heads",
+    "heading",
+    "drive",
+    "drives",
+    "driving",
+    "flight",
+    "flights",
+    "back",
 ];
 
 /// The query's names that place or qualify what is asked rather than name
@@ -128,7 +157,11 @@ pub fn features(query: &str, records: &[ScoredMemory]) -> Features {
 /// about its subject holds. Its subject: the records naming a name of the
 /// question that some record names; all records when none does (a name
 /// the tenant never wrote, "Portugal" for a trip to Lisbon, says nothing).
-fn shape_missing(query: &str, names: &HashSet<String>, texts: &[(String, HashSet<String>)]) -> bool {
+fn shape_missing(
+    query: &str,
+    names: &HashSet<String>,
+    texts: &[(String, HashSet<String>)],
+) -> bool {
     let Some(want) = shape::expected(query) else {
         return false;
     };
@@ -203,8 +236,15 @@ mod tests {
 
     #[test]
     fn a_place_the_tenant_never_wrote_is_no_missing_subject() {
-        let own = [rec("", "Offsite slipped a week: Lisbon outbound is Sept 19.", 0.5)];
-        let to = features("What day does she fly out to Portugal for the offsite?", &own);
+        let own = [rec(
+            "",
+            "Offsite slipped a week: Lisbon outbound is Sept 19.",
+            0.5,
+        )];
+        let to = features(
+            "What day does she fly out to Portugal for the offsite?",
+            &own,
+        );
         assert_eq!(to.names, 1.0);
         let foreign = features("What day does Caroline fly out for the offsite?", &own);
         assert_eq!(foreign.names, 0.0);

@@ -25,6 +25,9 @@ pub enum Shape {
     Percent,
     Age,
     Measure,
+    /// A day of the calendar: "what date", "date of birth".
+    Calendar,
+    /// Any time: a day, a weekday, an hour, "next month".
     Date,
 }
 
@@ -41,16 +44,20 @@ static ASKS: LazyLock<Vec<(Shape, Regex)>> = LazyLock::new(|| {
         (Shape::Phone, r"\b(phone|cell|mobile)\b"),
         (Shape::Email, r"\be-?mail\b"),
         (Shape::Web, r"\b(url|website|web site|homepage)\b"),
-        (Shape::Measure, r"\bhow (tall|heavy|short)\b|\bweigh|\bheight\b"),
+        (
+            Shape::Measure,
+            r"\bhow (tall|heavy|short)\b|\bweigh|\bheight\b",
+        ),
         (Shape::Percent, r"\bpercent(age)?\b"),
         (Shape::Age, r"\bhow old\b|\bwhat age\b"),
         (
             Shape::Money,
             r"\bhow much (does|do|did|is|was|will|would)\b|\b(price|budget|fee|fees|salary)\b",
         ),
+        (Shape::Calendar, r"\b(what|which) date\b|\bdate of birth\b"),
         (
             Shape::Date,
-            r"^\s*when (is|are|will|'s)\b|\b(what|which) date\b|\bbirthday\b|\bdeadline\b|\bdue date\b",
+            r"^\s*when (is|are|will|'s)\b|\bdeadline\b|\bdue date\b",
         ),
     ]
     .into_iter()
@@ -63,6 +70,9 @@ const DAYS: &str = "mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|monday|tuesday|w
 
 /// What each shape looks like in a memory.
 static HOLDS: LazyLock<Vec<(Shape, Regex)>> = LazyLock::new(|| {
+    let calendar = format!(
+        r"\b({MONTHS})\b|\b\d{{1,2}}[/.-]\d{{1,2}}\b|\b(19|20)\d\d\b|\b\d{{1,2}}(st|nd|rd|th)\b"
+    );
     let date = format!(
         r"\b({MONTHS})\b|\b({DAYS})s?\b|\b\d{{1,2}}[/.-]\d{{1,2}}\b|\b(19|20)\d\d\b|\b\d{{1,2}}(st|nd|rd|th)\b|\b\d{{1,2}}(:\d\d)?\s?(am|pm)\b|\b\d{{1,2}}:\d\d\b|\b(today|tomorrow|tonight|yesterday|soon|noon|midnight|weekly|daily|monthly|yearly|annually|weekend|weekends)\b|\b(next|last|this|every|each) (week|month|year|spring|summer|fall|autumn|winter|morning|evening|night)\b|\bin \d+ (days|weeks|months|years)\b|\b(spring|summer|autumn|winter|christmas|thanksgiving|easter|halloween|holidays?)\b"
     );
@@ -89,6 +99,7 @@ static HOLDS: LazyLock<Vec<(Shape, Regex)>> = LazyLock::new(|| {
             Shape::Money,
             r"[$€£¥]\s?\d|\d\s?(usd|eur|gbp|dollars?|bucks|euros?|k)\b|\bfree\b".to_string(),
         ),
+        (Shape::Calendar, calendar),
         (Shape::Date, date),
     ]
     .into_iter()
@@ -98,7 +109,9 @@ static HOLDS: LazyLock<Vec<(Shape, Regex)>> = LazyLock::new(|| {
 
 /// The shape `question` asks for, if its form says one.
 pub fn expected(question: &str) -> Option<Shape> {
-    ASKS.iter().find(|(_, p)| p.is_match(question)).map(|(s, _)| *s)
+    ASKS.iter()
+        .find(|(_, p)| p.is_match(question))
+        .map(|(s, _)| *s)
 }
 
 /// Whether `text` holds something of `shape`.
@@ -112,8 +125,8 @@ mod tests {
 
     #[test]
     fn every_pattern_compiles() {
-        assert_eq!(ASKS.len(), 8);
-        assert_eq!(HOLDS.len(), 8);
+        assert_eq!(ASKS.len(), 9);
+        assert_eq!(HOLDS.len(), 9);
     }
 
     #[test]
@@ -126,7 +139,15 @@ mod tests {
             ("How much does the plan cost?", Some(Shape::Money)),
             ("What's the budget for the offsite?", Some(Shape::Money)),
             ("How old is Pepper?", Some(Shape::Age)),
+            // "today" answers it in a chat turn.
             ("When is Tom's birthday?", Some(Shape::Date)),
+            ("Whose birthday did Melanie celebrate recently?", None),
+            ("How long ago was Caroline's 18th birthday?", None),
+            (
+                "What date does she leave for Mexico?",
+                Some(Shape::Calendar),
+            ),
+            ("When is the standup?", Some(Shape::Date)),
             ("What's the deadline for the migration?", Some(Shape::Date)),
             // Forms answered in words expect no shape.
             ("When did Caroline go to the support group?", None),
@@ -146,16 +167,40 @@ mod tests {
         assert!(!holds(Shape::Phone, "Kai is out Mar 17-21 on vacation."));
         assert!(holds(Shape::Email, "dana.w@brightlinefreight.com"));
         assert!(holds(Shape::Money, "Grocery budget is $600/month"));
-        assert!(!holds(Shape::Money, "Northpass renewed Heron for another year."));
+        assert!(!holds(
+            Shape::Money,
+            "Northpass renewed Heron for another year."
+        ));
         assert!(holds(Shape::Age, "Biscuit is a 5-year-old beagle mix"));
         assert!(holds(Shape::Age, "Older kid is Iris, turns 8 in May"));
-        assert!(!holds(Shape::Age, "Pepper is their dog, a border collie mix."));
+        assert!(!holds(
+            Shape::Age,
+            "Pepper is their dog, a border collie mix."
+        ));
         assert!(holds(Shape::Date, "Kestrel launch target: March 28."));
-        assert!(holds(Shape::Date, "Check-ins happen Thursday afternoons at 2"));
+        assert!(holds(
+            Shape::Date,
+            "Check-ins happen Thursday afternoons at 2"
+        ));
         assert!(holds(Shape::Date, "going to a conference this month"));
+        // A date is a day of the calendar, not "next month".
+        assert!(!holds(
+            Shape::Calendar,
+            "Tom wants a cooking class next month."
+        ));
+        assert!(holds(
+            Shape::Calendar,
+            "Flights are Oct 9 out, Oct 14 back."
+        ));
         // "Mar" in "Marsh" and "May" in "Maya" are no dates.
-        assert!(!holds(Shape::Date, "Husband: Tom Marsh, teaches chemistry."));
-        assert!(!holds(Shape::Date, "Maya co-owns Lantern with the data team."));
+        assert!(!holds(
+            Shape::Date,
+            "Husband: Tom Marsh, teaches chemistry."
+        ));
+        assert!(!holds(
+            Shape::Date,
+            "Maya co-owns Lantern with the data team."
+        ));
         assert!(holds(Shape::Measure, "Leo is 104 cm tall"));
         assert!(!holds(Shape::Measure, "turns 8 in May"));
     }
