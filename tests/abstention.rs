@@ -15,11 +15,17 @@ fn ask(text: &str) -> RetrieveRequest {
     }
 }
 
-#[tokio::test]
-async fn a_question_about_someone_this_tenant_never_met_is_flagged() -> anyhow::Result<()> {
+/// A stack whose tenant holds the demo's sample memories.
+async fn sample() -> anyhow::Result<(TestStack, engram::client::Client)> {
     let ts = TestStack::start("sensitive").await?;
     let mut c = ts.client().await?;
     engram::demo::load_sample(&mut c, &ts.tenant).await?;
+    Ok((ts, c))
+}
+
+#[tokio::test]
+async fn a_question_about_someone_this_tenant_never_met_is_flagged() -> anyhow::Result<()> {
+    let (ts, mut c) = sample().await?;
     let foreign = c
         .retrieval
         .retrieve(ask("When did Caroline go to the LGBTQ support group?"))
@@ -46,9 +52,7 @@ async fn a_question_about_someone_this_tenant_never_met_is_flagged() -> anyhow::
 /// in the shape it asks for, is not flagged.
 #[tokio::test]
 async fn a_known_persons_unknown_number_is_flagged() -> anyhow::Result<()> {
-    let ts = TestStack::start("sensitive").await?;
-    let mut c = ts.client().await?;
-    engram::demo::load_sample(&mut c, &ts.tenant).await?;
+    let (ts, mut c) = sample().await?;
     for q in [
         "What is Bob Martinez's phone number?",
         "What's Dana Okafor's email address?",

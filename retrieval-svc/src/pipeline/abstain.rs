@@ -125,14 +125,10 @@ pub fn features(query: &str, records: &[ScoredMemory]) -> Features {
     let (mut names, terms) = query_words(query);
     let mut have: HashSet<String> = HashSet::new();
     let mut cosine = 0.0f32;
-    let mut texts: Vec<(String, HashSet<String>)> = Vec::new();
     for r in records.iter().take(TOP) {
         if let Some(m) = &r.memory {
-            let text = format!("{}\n{}", m.title, said(m));
-            let mut own = HashSet::new();
-            collect_words(&text, &mut own);
-            have.extend(own.iter().cloned());
-            texts.push((text, own));
+            collect_words(&m.title, &mut have);
+            collect_words(&said(m), &mut have);
         }
         let dense = (r.provenance.iter())
             .flat_map(|p| &p.strategies)
@@ -140,7 +136,7 @@ pub fn features(query: &str, records: &[ScoredMemory]) -> Features {
             .map(|h| h.score);
         cosine = dense.fold(cosine, f32::max);
     }
-    let shape_missing = shape_missing(query, &names, &texts);
+    let shape_missing = shape_missing(query, &names, records);
     let qualifying = qualifiers(query);
     if names.iter().all(|n| qualifying.contains(n)) {
         names.retain(|n| have.contains(n));
@@ -157,14 +153,20 @@ pub fn features(query: &str, records: &[ScoredMemory]) -> Features {
 /// about its subject holds. Its subject: the records naming a name of the
 /// question that some record names; all records when none does (a name
 /// the tenant never wrote, "Portugal" for a trip to Lisbon, says nothing).
-fn shape_missing(
-    query: &str,
-    names: &HashSet<String>,
-    texts: &[(String, HashSet<String>)],
-) -> bool {
+fn shape_missing(query: &str, names: &HashSet<String>, records: &[ScoredMemory]) -> bool {
     let Some(want) = shape::expected(query) else {
         return false;
     };
+    // Read the records' words only for the questions that ask a shape.
+    let texts: Vec<(String, HashSet<String>)> = (records.iter().take(TOP))
+        .filter_map(|r| r.memory.as_ref())
+        .map(|m| {
+            let text = format!("{}\n{}", m.title, said(m));
+            let mut own = HashSet::new();
+            collect_words(&text, &mut own);
+            (text, own)
+        })
+        .collect();
     let about = |own: &HashSet<String>| names.iter().any(|n| own.contains(n));
     let known = texts.iter().any(|(_, own)| about(own));
     !(texts.iter())

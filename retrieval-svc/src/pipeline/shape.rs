@@ -74,7 +74,7 @@ static HOLDS: LazyLock<Vec<(Shape, Regex)>> = LazyLock::new(|| {
         r"\b({MONTHS})\b|\b\d{{1,2}}[/.-]\d{{1,2}}\b|\b(19|20)\d\d\b|\b\d{{1,2}}(st|nd|rd|th)\b"
     );
     let date = format!(
-        r"\b({MONTHS})\b|\b({DAYS})s?\b|\b\d{{1,2}}[/.-]\d{{1,2}}\b|\b(19|20)\d\d\b|\b\d{{1,2}}(st|nd|rd|th)\b|\b\d{{1,2}}(:\d\d)?\s?(am|pm)\b|\b\d{{1,2}}:\d\d\b|\b(today|tomorrow|tonight|yesterday|soon|noon|midnight|weekly|daily|monthly|yearly|annually|weekend|weekends)\b|\b(next|last|this|every|each) (week|month|year|spring|summer|fall|autumn|winter|morning|evening|night)\b|\bin \d+ (days|weeks|months|years)\b|\b(spring|summer|autumn|winter|christmas|thanksgiving|easter|halloween|holidays?)\b"
+        r"{calendar}|\b({DAYS})s?\b|\b\d{{1,2}}(:\d\d)?\s?(am|pm)\b|\b\d{{1,2}}:\d\d\b|\b(today|tomorrow|tonight|yesterday|soon|noon|midnight|weekly|daily|monthly|yearly|annually|weekend|weekends)\b|\b(next|last|this|every|each) (week|month|year|spring|summer|fall|autumn|winter|morning|evening|night)\b|\bin \d+ (days|weeks|months|years)\b|\b(spring|summer|autumn|winter|christmas|thanksgiving|easter|halloween|holidays?)\b"
     );
     [
         (Shape::Phone, r"\+?\d[\d\s().-]{5,}\d|\bending (in )?\d{3,}".to_string()),
@@ -99,7 +99,7 @@ static HOLDS: LazyLock<Vec<(Shape, Regex)>> = LazyLock::new(|| {
             Shape::Money,
             r"[$€£¥]\s?\d|\d\s?(usd|eur|gbp|dollars?|bucks|euros?|k)\b|\bfree\b".to_string(),
         ),
-        (Shape::Calendar, calendar),
+        (Shape::Calendar, calendar.clone()),
         (Shape::Date, date),
     ]
     .into_iter()
