@@ -88,6 +88,7 @@ pub async fn run(
     let min_unsaid = match shape {
         Shape::None => usize::MAX,
         Shape::Clause => 1,
+        Shape::Link if says_a_link(&ctx.query.text, &first) => 1,
         Shape::Link => MIN_UNSAID,
     };
     if !is_note(&first) || unsaid.len() < min_unsaid || trace.is_degraded(Strategy::Keyword) {
@@ -291,13 +292,45 @@ enum Shape {
     Clause,
 }
 
+/// The nouns a question links its things by: "maker" in "the maker of
+/// X", "spouse" in "X's spouse" (or "Acme Systems' spouse").
+fn link_nouns(question: &str) -> HashSet<String> {
+    let owned = clause_words(question);
+    let words: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let of = (words.windows(3))
+        .filter(|w| w[0] == "the" && RELATION_LINKS.contains(&w[2]))
+        .map(|w| w[1]);
+    let owned_by = (words.windows(2))
+        .filter(|w| possessive(w[0]))
+        .map(|w| w[1]);
+    of.chain(owned_by)
+        .filter(|w| w.chars().all(char::is_alphabetic))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether the first fact states one of the question's links ("The maker
+/// of the Spark 5 drone is Mine Safety" for "Where is the maker of the
+/// Spark 5 drone headquartered?"): then it is the chain's first hop for
+/// sure, and one word it leaves unsaid is the next relation, not a
+/// paraphrase of its own.
+fn says_a_link(question: &str, first: &Memory) -> bool {
+    let links = link_nouns(question);
+    unsaid_by(&links, first).len() < links.len()
+}
+
+/// "acme's", and a plural's "systems'".
+fn possessive(w: &str) -> bool {
+    (w.ends_with("'s") && w.len() > 2) || (w.ends_with('\'') && w.len() > 1)
+}
+
 /// Whether the question names a thing through another one: "the director
 /// of X", "the city where X lives", "X's spouse". A question for several
 /// values of one relation ("Which languages does X speak?") does not.
 fn relates(question: &str) -> Shape {
     let owned = clause_words(question);
     let words: Vec<&str> = owned.iter().map(String::as_str).collect();
-    let possessive = words.iter().any(|w| w.ends_with("'s") && w.len() > 2);
+    let possessive = words.iter().any(|w| possessive(w));
     let link = |w: &&[&str]| {
         w[0] == "the" && w[1].chars().all(char::is_alphabetic) && RELATION_LINKS.contains(&w[2])
     };
@@ -453,9 +486,13 @@ fn value_of(m: &Memory, seen: &HashSet<String>) -> Vec<String> {
     (name_runs(&m.content).into_iter())
         .map(|run| {
             let mut out: Vec<String> = Vec::new();
-            // The question's words keep their "'s" ("bank's"), the run's
-            // do not: either form was seen.
-            let unseen = |n: &String| !seen.contains(n) && !seen.contains(&format!("{n}'s"));
+            // The question's words keep their "'s" ("bank's", a plural's
+            // "systems'"), the run's do not: either form was seen.
+            let unseen = |n: &String| {
+                !seen.contains(n)
+                    && !seen.contains(&format!("{n}'s"))
+                    && !seen.contains(&format!("{n}'"))
+            };
             for name in run.into_iter().filter(unseen) {
                 if !out.contains(&name) {
                     out.push(name);
@@ -608,6 +645,37 @@ mod tests {
             Shape::None
         );
         assert_eq!(shape("Which customers are using Heron?"), Shape::None);
+    }
+
+    #[test]
+    fn a_first_fact_that_states_the_link_leaves_one_word_to_follow() {
+        let q = "Where is the maker of the Meyers Spark 5 drone headquartered?";
+        assert_eq!(sorted(&link_nouns(q)), ["maker"]);
+        let maker = memory(
+            "a",
+            "The maker of the Meyers Spark 5 drone is Mine Safety Appliances Corporation.",
+        );
+        assert!(says_a_link(q, &maker));
+        let price = memory("b", "The Meyers Spark 5 drone retails at $1,184.");
+        assert!(!says_a_link(q, &price));
+        // A wrong first fact keeps asking for two unsaid words.
+        let q = "Who is Community West Bank's board chairperson?";
+        assert_eq!(sorted(&link_nouns(q)), ["board"]);
+        let ceo = memory(
+            "c",
+            "Community West Bank is run by chief executive Vasili Pichul.",
+        );
+        assert!(!says_a_link(q, &ceo));
+        let q = "In which country is Conway Systems' head office?";
+        assert_eq!(sorted(&link_nouns(q)), ["head"]);
+    }
+
+    #[test]
+    fn a_plurals_possessive_is_not_part_of_the_value() {
+        let seen =
+            lower_words("In which country is the city where Conway Systems' head office is?");
+        let first = memory("a", "Conway Systems has its head office in Singapore.");
+        assert_eq!(value_of(&first, &seen), ["singapore"]);
     }
 
     #[test]
