@@ -98,6 +98,7 @@ pub async fn run(
     let t = Instant::now();
     let mut seen: HashSet<String> = lower_words(&ctx.query.text);
     let (mut earlier, _) = query_words(&ctx.query.text);
+    let kind_opt = answer_kind(&ctx.query.text);
     let mut chain: Vec<Checked> = Vec::new();
     let mut at = first;
     for _ in 0..MAX_HOPS {
@@ -113,6 +114,7 @@ pub async fn run(
         let want = Want {
             value: &value,
             unsaid: &unsaid,
+            kind: kind_opt.as_deref(),
             earlier: &earlier,
         };
         let Some(next) = hop(ctx, trace, ranked, &chain, filters, text, want).await else {
@@ -136,6 +138,9 @@ pub async fn run(
 struct Want<'a> {
     value: &'a [String],
     unsaid: &'a HashSet<String>,
+    /// The kind of thing the question asks for ("country" in "In which
+    /// country …"): the last fact's, so no early hop chooses by it.
+    kind: Option<&'a str>,
     /// The question's names and the values before this one.
     earlier: &'a HashSet<String>,
 }
@@ -196,17 +201,17 @@ fn forward(finds: Vec<Checked>, want: Want<'_>) -> Vec<Checked> {
     if on.is_empty() { passed } else { on }
 }
 
-/// The finds by how close each is in meaning to the words still unsaid
-/// (one embedding of them, the finds' stored vectors), a find told from
-/// the value's side [`VALUE_SIDE`] closer; in the order given when either
-/// read fails.
+/// The finds by how close each is in meaning to the words a hop chooses
+/// by ([`meant`]; one embedding of them, the finds' stored vectors), a
+/// find told from the value's side [`VALUE_SIDE`] closer; in the order
+/// given when either read fails.
 async fn by_meaning(ctx: &Ctx<'_>, finds: Vec<Checked>, want: Want<'_>) -> Vec<Checked> {
     if finds.len() < 2 {
         return finds;
     }
     let ids = finds.iter().map(|c| c.cand.memory.id.clone()).collect();
     let deadline = stage_deadline(ctx.deadline);
-    let unsaid = sorted(want.unsaid).join(" ");
+    let unsaid = sorted(&meant(want)).join(" ");
     let not_read = Vectors::NotRead;
     let Some((asked, vectors)) = text_and_vectors(ctx, unsaid, ids, &not_read, deadline).await
     else {
@@ -226,6 +231,46 @@ async fn by_meaning(ctx: &Ctx<'_>, finds: Vec<Checked>, want: Want<'_>) -> Vec<C
     let mut scored: Vec<(f32, Checked)> = finds.into_iter().map(|c| (score(&c), c)).collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0));
     scored.into_iter().map(|(_, c)| c).collect()
+}
+
+/// Unsaid words that remain when the kind asked for is left out.
+const HOLD_KIND: usize = 3;
+
+/// The unsaid words a hop chooses by. The kind asked for is the last
+/// fact's: while [`HOLD_KIND`] other words remain, a hop chooses by those
+/// ("In which country is the head office of the company X's spouse works
+/// for?": chosen by "country", the spouse's hop was "… is a citizen of
+/// Albania", not "… is employed by …"); after that, by the kind alone,
+/// the words left beside it being paraphrases of hops already made
+/// ("spouse" after "… is married to …").
+fn meant(want: Want<'_>) -> HashSet<String> {
+    let Some(kind) = want.kind.filter(|k| want.unsaid.contains(*k)) else {
+        return want.unsaid.clone();
+    };
+    let rest: HashSet<String> = (want.unsaid.iter())
+        .filter(|w| w.as_str() != kind)
+        .cloned()
+        .collect();
+    if rest.len() >= HOLD_KIND {
+        rest
+    } else {
+        HashSet::from([kind.to_string()])
+    }
+}
+
+/// Auxiliaries that follow "what" or "which" when no kind is named.
+const AUX: &[&str] = &[
+    "is", "are", "was", "were", "does", "do", "did", "has", "have", "had",
+];
+
+/// The noun after the question's "which" or "what", when it names a kind
+/// ("which country", "what city"; not "what is").
+fn answer_kind(question: &str) -> Option<String> {
+    let words = slots::tokens(question);
+    (words.windows(2))
+        .find(|w| w[0] == "which" || w[0] == "what")
+        .map(|w| w[1].clone())
+        .filter(|k| !AUX.contains(&k.as_str()) && k.chars().all(char::is_alphabetic))
 }
 
 /// Whether the memory names the value before any other name: it tells
@@ -671,6 +716,28 @@ mod tests {
     }
 
     #[test]
+    fn the_kind_asked_for_waits_for_the_last_hop() {
+        let q = "In which country is the head office of the company X's spouse works for?";
+        let kind = answer_kind(q);
+        assert_eq!(kind.as_deref(), Some("country"));
+        assert_eq!(answer_kind("What is X's country of citizenship?"), None);
+        let set = |ws: &[&str]| ws.iter().map(|w| w.to_string()).collect::<HashSet<_>>();
+        let (value, earlier) = (vec![], HashSet::new());
+        let want = |unsaid| Want {
+            value: &value,
+            unsaid,
+            kind: kind.as_deref(),
+            earlier: &earlier,
+        };
+        let early = set(&["country", "head", "office", "works"]);
+        assert_eq!(sorted(&meant(want(&early))), ["head", "office", "works"]);
+        let late = set(&["country", "spouse", "works"]);
+        assert_eq!(sorted(&meant(want(&late))), ["country"]);
+        let said = set(&["spouse", "works"]);
+        assert_eq!(sorted(&meant(want(&said))), ["spouse", "works"]);
+    }
+
+    #[test]
     fn a_plurals_possessive_is_not_part_of_the_value() {
         let seen =
             lower_words("In which country is the city where Conway Systems' head office is?");
@@ -734,6 +801,7 @@ mod tests {
         let want = Want {
             value: &value,
             unsaid: &unsaid,
+            kind: None,
             earlier: &earlier,
         };
         let ids: Vec<String> = (forward(finds, want).into_iter())
