@@ -115,6 +115,7 @@ pub async fn run(
             value: &value,
             unsaid: &unsaid,
             kind: kind_opt.as_deref(),
+            after_hop: !chain.is_empty(),
             earlier: &earlier,
         };
         let Some(next) = hop(ctx, trace, ranked, &chain, filters, text, want).await else {
@@ -141,6 +142,8 @@ struct Want<'a> {
     /// The kind of thing the question asks for ("country" in "In which
     /// country …"): the last fact's, so no early hop chooses by it.
     kind: Option<&'a str>,
+    /// Whether a hop was made before this one.
+    after_hop: bool,
     /// The question's names and the values before this one.
     earlier: &'a HashSet<String>,
 }
@@ -240,9 +243,11 @@ const HOLD_KIND: usize = 3;
 /// fact's: while [`HOLD_KIND`] other words remain, a hop chooses by those
 /// ("In which country is the head office of the company X's spouse works
 /// for?": chosen by "country", the spouse's hop was "… is a citizen of
-/// Albania", not "… is employed by …"); after that, by the kind alone,
-/// the words left beside it being paraphrases of hops already made
-/// ("spouse" after "… is married to …").
+/// Albania", not "… is employed by …"); after that, once a hop was made,
+/// by the kind alone, the words left beside it being paraphrases of hops
+/// already made ("spouse" after "… is married to …"). Before any hop they
+/// are the next relation ("citizen" in "Which country is the director of
+/// X a citizen of?"), and all the unsaid words count.
 fn meant(want: Want<'_>) -> HashSet<String> {
     let Some(kind) = want.kind.filter(|k| want.unsaid.contains(*k)) else {
         return want.unsaid.clone();
@@ -253,8 +258,10 @@ fn meant(want: Want<'_>) -> HashSet<String> {
         .collect();
     if rest.len() >= HOLD_KIND {
         rest
-    } else {
+    } else if want.after_hop {
         HashSet::from([kind.to_string()])
+    } else {
+        want.unsaid.clone()
     }
 }
 
@@ -342,16 +349,31 @@ enum Shape {
 fn link_nouns(question: &str) -> HashSet<String> {
     let owned = clause_words(question);
     let words: Vec<&str> = owned.iter().map(String::as_str).collect();
-    let of = (words.windows(3))
-        .filter(|w| w[0] == "the" && RELATION_LINKS.contains(&w[2]))
-        .map(|w| w[1]);
     let owned_by = (words.windows(2))
         .filter(|w| possessive(w[0]))
-        .map(|w| w[1]);
-    of.chain(owned_by)
-        .filter(|w| w.chars().all(char::is_alphabetic))
+        .map(|w| w[1])
+        .filter(|w| w.chars().all(char::is_alphabetic));
+    (linked(&words).into_iter().chain(owned_by))
         .map(str::to_string)
         .collect()
+}
+
+/// The nouns of "the *noun* of" and "the *two nouns* of" (of, by, where,
+/// …: [`RELATION_LINKS`]): "maker" in "the maker of X", "head" and
+/// "office" in "the head office of the company X works for".
+fn linked<'w>(words: &[&'w str]) -> Vec<&'w str> {
+    let noun = |w: &str| w.chars().all(char::is_alphabetic) && !RELATION_LINKS.contains(&w);
+    let link = |i: usize| words.get(i).is_some_and(|w| RELATION_LINKS.contains(w));
+    let mut out = Vec::new();
+    for (i, w) in words.iter().enumerate() {
+        let n = |k: usize| words.get(i + k).filter(|w| noun(w));
+        match (*w == "the", n(1), n(2)) {
+            (true, Some(a), _) if link(i + 2) => out.push(*a),
+            (true, Some(a), Some(b)) if link(i + 3) => out.extend([*a, *b]),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Whether the first fact states one of the question's links ("The maker
@@ -376,12 +398,9 @@ fn relates(question: &str) -> Shape {
     let owned = clause_words(question);
     let words: Vec<&str> = owned.iter().map(String::as_str).collect();
     let possessive = words.iter().any(|w| possessive(w));
-    let link = |w: &&[&str]| {
-        w[0] == "the" && w[1].chars().all(char::is_alphabetic) && RELATION_LINKS.contains(&w[2])
-    };
     if clause_at(&words).is_some() {
         Shape::Clause
-    } else if possessive || (words.windows(3)).any(|w| link(&w)) {
+    } else if possessive || !linked(&words).is_empty() {
         Shape::Link
     } else {
         Shape::None
@@ -686,6 +705,11 @@ mod tests {
         );
         assert_eq!(shape("Who is the CEO of Acme?"), Shape::Link);
         assert_eq!(
+            shape("Where is the head office of the company Gaston Popper works for?"),
+            Shape::Link
+        );
+        assert_eq!(shape("Who is in the band with Ann?"), Shape::None);
+        assert_eq!(
             shape("In what languages can Maurice Elvey hold a conversation?"),
             Shape::None
         );
@@ -711,6 +735,8 @@ mod tests {
             "Community West Bank is run by chief executive Vasili Pichul.",
         );
         assert!(!says_a_link(q, &ceo));
+        let q = "Where is the head office of the company Gaston Popper works for?";
+        assert_eq!(sorted(&link_nouns(q)), ["head", "office"]);
         let q = "In which country is Conway Systems' head office?";
         assert_eq!(sorted(&link_nouns(q)), ["head"]);
     }
@@ -723,18 +749,25 @@ mod tests {
         assert_eq!(answer_kind("What is X's country of citizenship?"), None);
         let set = |ws: &[&str]| ws.iter().map(|w| w.to_string()).collect::<HashSet<_>>();
         let (value, earlier) = (vec![], HashSet::new());
-        let want = |unsaid| Want {
+        let want = |unsaid, after_hop| Want {
             value: &value,
             unsaid,
             kind: kind.as_deref(),
+            after_hop,
             earlier: &earlier,
         };
         let early = set(&["country", "head", "office", "works"]);
-        assert_eq!(sorted(&meant(want(&early))), ["head", "office", "works"]);
+        assert_eq!(
+            sorted(&meant(want(&early, false))),
+            ["head", "office", "works"]
+        );
         let late = set(&["country", "spouse", "works"]);
-        assert_eq!(sorted(&meant(want(&late))), ["country"]);
+        assert_eq!(sorted(&meant(want(&late, true))), ["country"]);
         let said = set(&["spouse", "works"]);
-        assert_eq!(sorted(&meant(want(&said))), ["spouse", "works"]);
+        assert_eq!(sorted(&meant(want(&said, true))), ["spouse", "works"]);
+        // Before any hop, the words beside the kind are the next relation.
+        let first = set(&["country", "citizen"]);
+        assert_eq!(sorted(&meant(want(&first, false))), ["citizen", "country"]);
     }
 
     #[test]
@@ -802,6 +835,7 @@ mod tests {
             value: &value,
             unsaid: &unsaid,
             kind: None,
+            after_hop: false,
             earlier: &earlier,
         };
         let ids: Vec<String> = (forward(finds, want).into_iter())
