@@ -337,8 +337,9 @@ fn place(ranked: &mut Vec<(Checked, f32)>, chain: Vec<Checked>) {
 enum Shape {
     /// It does not: "Which languages does X speak?".
     None,
-    /// Through "of", "by" or a possessive: "the director of X", "X's
-    /// spouse" (also how a plain relation is asked: "the CEO of X").
+    /// Through "of", "by", a possessive or a name right after the kind:
+    /// "the director of X", "X's spouse", "the team X plays for" (also how
+    /// a plain relation is asked: "the CEO of X").
     Link,
     /// Through a relative clause: "the city where X lives".
     Clause,
@@ -398,9 +399,15 @@ fn relates(question: &str) -> Shape {
     let owned = clause_words(question);
     let words: Vec<&str> = owned.iter().map(String::as_str).collect();
     let possessive = words.iter().any(|w| possessive(w));
+    // "the team Michael Rae plays for": a clause with no link word.
+    let by_name = || {
+        kinds_before(question)
+            .iter()
+            .any(|(_, next)| capitalised(next))
+    };
     if clause_at(&words).is_some() {
         Shape::Clause
-    } else if possessive || !linked(&words).is_empty() {
+    } else if possessive || !linked(&words).is_empty() || by_name() {
         Shape::Link
     } else {
         Shape::None
@@ -414,22 +421,32 @@ fn relates(question: &str) -> Shape {
 /// the first fact means (Stage 4d starts from the fact closest to the
 /// clause: "… resides in the city of Bremen" for "where … lives").
 fn said_in_passing(question: &str, clause_opt: Option<&str>) -> HashSet<String> {
-    let words: Vec<&str> = (question.split(|c: char| !(c.is_alphanumeric() || c == '\'')))
-        .filter(|w| !w.is_empty())
-        .collect();
-    let capitalised = |w: &str| w.chars().next().is_some_and(char::is_uppercase);
-    let names_one = |w: &[&str]| {
-        w[0].eq_ignore_ascii_case("the")
-            && w[1].chars().all(char::is_lowercase)
-            && (CLAUSE_LINKS.contains(&w[2].to_lowercase().as_str()) || capitalised(w[2]))
-    };
-    let kinds = (words.windows(3))
-        .filter(|w| names_one(w))
-        .map(|w| w[1].to_string());
+    let kinds = (kinds_before(question).into_iter())
+        .filter(|(_, next)| {
+            CLAUSE_LINKS.contains(&next.to_lowercase().as_str()) || capitalised(next)
+        })
+        .map(|(kind, _)| kind);
     let clause_words = (clause_opt.unwrap_or_default().split(' '))
         .filter(|w| !w.is_empty())
         .map(str::to_string);
     kinds.chain(clause_words).collect()
+}
+
+/// Each "the *kind* *next word*" of the question, case kept: ("team",
+/// "Michael") in "the team Michael Rae plays for", ("city", "where") in
+/// "the city where X lives".
+fn kinds_before(question: &str) -> Vec<(String, String)> {
+    let words: Vec<&str> = (question.split(|c: char| !(c.is_alphanumeric() || c == '\'')))
+        .filter(|w| !w.is_empty())
+        .collect();
+    (words.windows(3))
+        .filter(|w| w[0].eq_ignore_ascii_case("the") && w[1].chars().all(char::is_lowercase))
+        .map(|w| (w[1].to_string(), w[2].to_string()))
+        .collect()
+}
+
+fn capitalised(w: &str) -> bool {
+    w.chars().next().is_some_and(char::is_uppercase)
 }
 
 /// A clause question's relative clause, read once for both its uses.
@@ -709,6 +726,10 @@ mod tests {
             Shape::Link
         );
         assert_eq!(shape("Who is in the band with Ann?"), Shape::None);
+        assert_eq!(
+            shape("Who coaches the team Michael Rae plays for?"),
+            Shape::Link
+        );
         assert_eq!(
             shape("In what languages can Maurice Elvey hold a conversation?"),
             Shape::None
