@@ -22,14 +22,15 @@ use tokio::time::Instant;
 use super::cache::cosine;
 use super::ctx::{Ctx, StageTrace};
 use super::current::order_key;
+use super::route::AUXILIARIES;
 use super::search::{
     Candidate, Vectors, later_keyword, stage_deadline, text_and_vectors, time_for_another,
 };
 use super::slots::{self, is_note};
 use super::strategy::Strategy;
 use super::text::{
-    CLAUSE_LINKS, RELATION_LINKS, clause_at, clause_of, clause_words, lower_words, name_runs,
-    names, query_words,
+    CLAUSE_LINKS, RELATION_LINKS, capitalised, clause_at, clause_of, clause_words, lower_words,
+    name_runs, names, query_words,
 };
 use super::validate::{Checked, static_checks};
 
@@ -265,11 +266,6 @@ fn meant(want: Want<'_>) -> HashSet<String> {
     }
 }
 
-/// Auxiliaries that follow "what" or "which" when no kind is named.
-const AUX: &[&str] = &[
-    "is", "are", "was", "were", "does", "do", "did", "has", "have", "had",
-];
-
 /// The noun after the question's "which" or "what", when it names a kind
 /// ("which country", "what city"; not "what is").
 fn answer_kind(question: &str) -> Option<String> {
@@ -277,7 +273,7 @@ fn answer_kind(question: &str) -> Option<String> {
     (words.windows(2))
         .find(|w| w[0] == "which" || w[0] == "what")
         .map(|w| w[1].clone())
-        .filter(|k| !AUX.contains(&k.as_str()) && k.chars().all(char::is_alphabetic))
+        .filter(|k| !AUXILIARIES.contains(&k.as_str()) && k.chars().all(char::is_alphabetic))
 }
 
 /// Whether the memory names the value before any other name: it tells
@@ -443,10 +439,6 @@ fn kinds_before(question: &str) -> Vec<(String, String)> {
         .filter(|w| w[0].eq_ignore_ascii_case("the") && w[1].chars().all(char::is_lowercase))
         .map(|w| (w[1].to_string(), w[2].to_string()))
         .collect()
-}
-
-fn capitalised(w: &str) -> bool {
-    w.chars().next().is_some_and(char::is_uppercase)
 }
 
 /// A clause question's relative clause, read once for both its uses.

@@ -335,8 +335,8 @@ const ATTRIBUTE_HEADS: &[&str] = &[
 const MAX_CHAIN_QUESTION_CHARS: usize = 300;
 
 /// Auxiliaries: "who is the person that…" asks about the person, it does
-/// not relate another one to them.
-const AUXILIARIES: &[&str] = &[
+/// not relate another one to them (and "what is …" names no kind, chain.rs).
+pub const AUXILIARIES: &[&str] = &[
     "is", "was", "are", "were", "am", "be", "been", "does", "did", "do", "has", "had", "have",
     "can", "could", "will", "would", "should", "shall", "may", "might", "must",
 ];

@@ -129,6 +129,11 @@ fn name_tokens(text: &str) -> impl Iterator<Item = &str> {
         .filter(|w| w.chars().count() >= 3)
 }
 
+/// Whether a word opens with a capital ("Acme", "Dr.").
+pub fn capitalised(w: &str) -> bool {
+    w.chars().next().is_some_and(char::is_uppercase)
+}
+
 /// The question's content words, lowercased (what [`names`] leaves out).
 pub fn lower_words(text: &str) -> HashSet<String> {
     name_tokens(text)

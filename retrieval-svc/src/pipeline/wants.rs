@@ -21,7 +21,7 @@
 use std::collections::HashSet;
 
 use super::slots;
-use super::text::{FILLER, clause_at, clause_words};
+use super::text::{FILLER, capitalised, clause_at, clause_words};
 
 /// What a question asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +84,6 @@ fn new_names(content: &str, asked: &HashSet<String>) -> Vec<bool> {
         .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()))
         .filter(|w| !w.is_empty())
         .collect();
-    let capitalised = |w: &str| w.chars().next().is_some_and(char::is_uppercase);
     let filler = |w: &str| FILLER.contains(&w.to_lowercase().as_str());
     let mut runs = Vec::new();
     let mut i = 0;
