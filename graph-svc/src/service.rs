@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use crate::error::Error;
 use crate::graph::{Graph, NodeBudget, PprParams, View};
+use crate::store::heard::MAX_WRITE_ID_CHARS;
 use crate::store::{Registry, Served};
 
 const MAX_QUERY_CHARS: usize = 8192;
@@ -105,6 +106,8 @@ pub struct PprQuery {
     /// graph.fact_entities and graph.fact_seed_share.
     pub fact_entities: usize,
     pub fact_seed_share: f64,
+    /// The write the answer must reflect to be fresh ("" = none).
+    pub after_write: String,
 }
 
 impl PprQuery {
@@ -125,7 +128,14 @@ impl PprQuery {
             namespace,
             include_historical,
             facts,
+            after_write,
         } = r;
+        if after_write.chars().count() > MAX_WRITE_ID_CHARS {
+            return Err(Error::invalid(
+                "after_write",
+                format!("at most {MAX_WRITE_ID_CHARS} characters"),
+            ));
+        }
         if query_text.chars().count() > MAX_QUERY_CHARS {
             return Err(Error::invalid(
                 "query_text",
@@ -186,6 +196,7 @@ impl PprQuery {
             facts,
             fact_entities: g.fact_entities as usize,
             fact_seed_share: f64::from(g.fact_seed_share),
+            after_write,
         })
     }
 }
@@ -379,17 +390,17 @@ impl GraphService for GraphSvc {
         let graph = served.graph().clone();
         let msw = self.settings.graph.memory_seed_weight;
         let started = Instant::now();
+        let after_write = q.after_write.clone();
+        let trust = id.trust.as_i16();
         let mut resp = blocking(move || {
-            let view = graph.view(
-                id.trust.as_i16(),
-                q.namespace_opt.as_deref(),
-                q.include_historical,
-            );
+            let view = graph.view(trust, q.namespace_opt.as_deref(), q.include_historical);
             run_ppr(&graph, &q, &view, msw, Some(deadline))
         })
         .await?;
         // Read after the walk: a change noted during it makes it stale too.
-        resp.stale = served.stale();
+        // The write first: once heard, its change is counted (store.rs).
+        let heard = self.registry.has_heard(&id.tenant, &after_write);
+        resp.stale = !heard || served.stale();
         tracing::debug!(
             hits = resp.hits.len(),
             stale = resp.stale,

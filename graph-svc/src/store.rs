@@ -17,6 +17,7 @@
 
 pub mod budget;
 pub mod delta;
+pub mod heard;
 pub mod pacer;
 pub mod parts;
 pub mod registry;
@@ -261,6 +262,9 @@ struct Change {
     /// out (too many for one notification).
     #[serde(default)]
     ids: Vec<String>,
+    /// The gateway's id of the write call ("" for search-svc's own work).
+    #[serde(default)]
+    write: String,
 }
 
 impl Change {
@@ -276,8 +280,13 @@ impl Change {
 /// What the listener tells the debouncer.
 #[derive(Debug)]
 pub enum Dirty {
-    /// A tenant changed; the memories it names, when known.
-    Tenant(String, Option<Vec<Uuid>>),
+    /// A tenant changed: the memories it names, when known, and the
+    /// gateway's id of the write ("" when none).
+    Tenant {
+        tenant: String,
+        ids_opt: Option<Vec<Uuid>>,
+        write_id: String,
+    },
     /// The connection dropped: notifications may have been lost.
     All,
 }
@@ -313,7 +322,11 @@ pub async fn listen(
                 Ok(Some(n)) => match serde_json::from_str::<Change>(n.payload()) {
                     Ok(c) if !c.tenant.is_empty() => {
                         let ids_opt = c.ids_opt();
-                        let _ = tx.send(Dirty::Tenant(c.tenant, ids_opt));
+                        let _ = tx.send(Dirty::Tenant {
+                            tenant: c.tenant,
+                            ids_opt,
+                            write_id: c.write,
+                        });
                     }
                     Ok(_) | Err(_) => {
                         tracing::warn!(bytes = n.payload().len(), "unparsable change notification")
@@ -380,12 +393,20 @@ async fn sleep_until_opt(at_opt: Option<Instant>) {
 /// rebuild of those this instance holds.
 fn note(registry: &Registry, pacer: &mut Pacer, d: Dirty) {
     let now = Instant::now();
-    let (tenants, ids_opt) = match d {
-        Dirty::Tenant(t, ids_opt) => (vec![t], ids_opt),
-        Dirty::All => (registry.tenants(), None),
+    let (tenants, ids_opt, write_id) = match d {
+        Dirty::Tenant {
+            tenant,
+            ids_opt,
+            write_id,
+        } => (vec![tenant], ids_opt, write_id),
+        Dirty::All => (registry.tenants(), None, String::new()),
     };
     for tenant in tenants {
-        if registry.note_change(&tenant, ids_opt.as_deref()) {
+        let held = registry.note_change(&tenant, ids_opt.as_deref());
+        // After the change is counted: a query that finds the write heard
+        // also finds its graph stale until the rebuild (heard.rs).
+        registry.heard(&tenant, &write_id);
+        if held {
             pacer.note(tenant, now);
         }
     }

@@ -57,8 +57,11 @@ async fn insert_memory(
     id
 }
 
-async fn notify(pool: &PgPool, tenant: &str, op: &str) {
-    let payload = serde_json::json!({"tenant": tenant, "op": op, "ids": []}).to_string();
+/// A change notification as search-svc sends it; `write` is the gateway's
+/// id of the write call.
+async fn notify(pool: &PgPool, tenant: &str, op: &str, write: &str) {
+    let payload =
+        serde_json::json!({"tenant": tenant, "op": op, "ids": [], "write": write}).to_string();
     sqlx::query("SELECT pg_notify('engram_changes', $1)")
         .bind(payload)
         .execute(pool)
@@ -106,6 +109,62 @@ async fn ppr_ids(
         }
     }
     panic!("the tenant's graph never loaded")
+}
+
+/// A graph-svc on port 0, once its health says SERVING (its change
+/// listener listens): the client, the stop signal and the server task.
+async fn serve(
+    settings: engram_common::settings::Settings,
+    pool: &PgPool,
+) -> (
+    GraphServiceClient<Channel>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(graph_svc::run(
+        listener,
+        settings,
+        pool.clone(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect_timeout(Duration::from_secs(5));
+    let mut connected = None;
+    for _ in 0..50 {
+        if let Ok(ch) = channel.connect().await {
+            connected = Some(ch);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ch = connected.expect("server up");
+    // SERVING once the listener listens.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+    let mut serving = false;
+    for _ in 0..50 {
+        let st = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: graph_svc::SERVICE_NAME.into(),
+            })
+            .await
+            .map(|r| r.into_inner().status)
+            .ok();
+        if st == Some(tonic_health::pb::health_check_response::ServingStatus::Serving as i32) {
+            serving = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(serving, "health never became SERVING");
+    (GraphServiceClient::new(ch), stop_tx, server)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,50 +217,7 @@ async fn graph_follows_postgres_through_notifications() {
     let mut settings = engram_common::db::test_settings();
     settings.auth.internal_token_opt = Some(TOKEN.into());
     settings.graph.debounce_ms = 50;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(graph_svc::run(
-        listener,
-        settings,
-        pool.clone(),
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect_timeout(Duration::from_secs(5));
-    let mut connected = None;
-    for _ in 0..50 {
-        if let Ok(ch) = channel.connect().await {
-            connected = Some(ch);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let ch = connected.expect("server up");
-    // SERVING once the listener listens.
-    let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
-    let mut serving = false;
-    for _ in 0..50 {
-        let st = health
-            .check(tonic_health::pb::HealthCheckRequest {
-                service: graph_svc::SERVICE_NAME.into(),
-            })
-            .await
-            .map(|r| r.into_inner().status)
-            .ok();
-        if st == Some(tonic_health::pb::health_check_response::ServingStatus::Serving as i32) {
-            serving = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(serving, "health never became SERVING");
-    let mut c = GraphServiceClient::new(ch);
+    let (mut c, stop_tx, server) = serve(settings, &pool).await;
 
     // No token: refused.
     let err = c
@@ -281,7 +297,7 @@ async fn graph_follows_postgres_through_notifications() {
         1,
     )
     .await;
-    notify(&pool, &tenant, "upsert").await;
+    notify(&pool, &tenant, "upsert", "").await;
     let mut seen = false;
     for _ in 0..100 {
         if ppr_ids(
@@ -328,6 +344,95 @@ async fn graph_follows_postgres_through_notifications() {
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
 }
 
+/// Whether graph-svc calls its answer stale when it must reflect `write`.
+async fn stale_after(c: &mut GraphServiceClient<Channel>, tenant: &str, write: &str) -> bool {
+    ppr_ids(c, tenant, AccessLevel::Public, "Lothair II").await;
+    let msg = PprRequest {
+        query_text: "Lothair II".into(),
+        after_write: write.into(),
+        ..Default::default()
+    };
+    c.personalized_page_rank(req(msg, tenant, AccessLevel::Public))
+        .await
+        .expect("ppr")
+        .into_inner()
+        .stale
+}
+
+/// A gateway that has just written names its write; until graph-svc has
+/// heard the write's notification, its answer is stale (not to be cached
+/// as fresh), and only the named tenant's notification counts (issue 47,
+/// item 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_is_stale_until_the_write_it_must_reflect_is_heard() {
+    let pool = engram_common::db::test_database()
+        .await
+        .expect("test database");
+    let tenant = format!("t-{}", Uuid::new_v4());
+    let other = format!("t-{}", Uuid::new_v4());
+    insert_memory(&pool, &tenant, "Lothair II", "Lothair II was a king.", 1).await;
+    let mut settings = engram_common::db::test_settings();
+    settings.auth.internal_token_opt = Some(TOKEN.into());
+    settings.graph.debounce_ms = 50;
+    let (mut c, stop_tx, server) = serve(settings, &pool).await;
+
+    assert!(!stale_after(&mut c, &tenant, "").await, "no write named");
+    let write = Uuid::new_v4().simple().to_string();
+    // The row is committed, its notification not yet sent: the graph
+    // cannot know of it.
+    let added = insert_memory(
+        &pool,
+        &tenant,
+        "Teutberga",
+        "Teutberga married Lothair II.",
+        1,
+    )
+    .await;
+    assert!(stale_after(&mut c, &tenant, &write).await);
+    // Another tenant's notification with the same id says nothing.
+    notify(&pool, &other, "upsert", &write).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(stale_after(&mut c, &tenant, &write).await);
+    notify(&pool, &tenant, "upsert", &write).await;
+    let mut fresh = false;
+    for _ in 0..100 {
+        if !stale_after(&mut c, &tenant, &write).await {
+            fresh = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        fresh,
+        "the write was heard and rebuilt, yet answers stay stale"
+    );
+    let hits = ppr_ids(&mut c, &tenant, AccessLevel::Public, "Teutberga").await;
+    assert!(
+        hits.contains(&added.to_string()),
+        "the fresh answer holds the write: {hits:?}"
+    );
+
+    let err = c
+        .personalized_page_rank(req(
+            PprRequest {
+                after_write: "w".repeat(65),
+                ..Default::default()
+            },
+            &tenant,
+            AccessLevel::Public,
+        ))
+        .await
+        .expect_err("an over-long write id");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("after_write"),
+        "{}",
+        err.message()
+    );
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preloaded_tenants_are_loaded_before_any_query() {
     let pool = engram_common::db::test_database()
@@ -349,31 +454,7 @@ async fn preloaded_tenants_are_loaded_before_any_query() {
     let mut settings = engram_common::db::test_settings();
     settings.auth.internal_token_opt = Some(TOKEN.into());
     settings.graph.preload_tenants = vec![tenant.clone()];
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(graph_svc::run(
-        listener,
-        settings,
-        pool.clone(),
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect_timeout(Duration::from_secs(5));
-    let mut connected = None;
-    for _ in 0..50 {
-        if let Ok(ch) = channel.connect().await {
-            connected = Some(ch);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let mut c = GraphServiceClient::new(connected.expect("server up"));
+    let (mut c, stop_tx, server) = serve(settings, &pool).await;
     // Stats never loads a graph: only the preload can make it loaded.
     let mut stats = None;
     for _ in 0..100 {

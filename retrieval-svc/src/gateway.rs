@@ -97,7 +97,7 @@ impl Gateway {
                 Some(e) if e.resync => caches.invalidate_all(),
                 // This replica's own write, already dropped (own_writes.rs).
                 Some(e) if inner.own_writes.take(&e.write_id) => {}
-                Some(e) => caches.invalidate_tenant(&e.tenant),
+                Some(e) => caches.wrote(&e.tenant, &e.write_id),
                 None => {}
             }
             true
@@ -136,19 +136,14 @@ impl Gateway {
         &self.inner.pipeline
     }
 
-    /// A write of `tenant`'s went through this gateway (or may have, when
-    /// it failed half way): its answers cached here are stale. Other
-    /// replicas hear of it from search-svc's change feed
-    /// (`follow_changes`); writers need not know how answers are cached.
-    pub fn invalidate(&self, tenant: &str) {
-        self.inner.pipeline.caches().invalidate_tenant(tenant);
-    }
-
     /// One write call to search-svc under a fresh write id. Afterwards
     /// this replica's answers for the tenant are stale, even after a failed
     /// call (it may have written part), and an acknowledged call's change
     /// event is known as this replica's own when it comes back
-    /// (own_writes.rs).
+    /// (own_writes.rs). Graph walks name the write until graph-svc has
+    /// heard of it (pipeline/unheard.rs). Other replicas hear of it from
+    /// search-svc's change feed (`follow_changes`); writers need not know
+    /// how answers are cached.
     pub async fn write<T, R>(
         &self,
         svc: &Down<T, R>,
@@ -161,10 +156,14 @@ impl Gateway {
     {
         let write_id = OwnWrites::new_id();
         let r = send(svc, Call::new(identity, msg).write(&write_id)).await;
+        // Even a failed call may have written part.
+        self.inner
+            .pipeline
+            .caches()
+            .wrote(&identity.tenant, &write_id);
         if r.is_ok() {
             self.inner.own_writes.acknowledged(write_id);
         }
-        self.invalidate(&identity.tenant);
         r
     }
 

@@ -21,6 +21,7 @@ use uuid::Uuid;
 
 use super::budget::{self, Resident};
 use super::delta;
+use super::heard::Heard;
 use super::load_parts;
 use super::parts::Parts;
 use crate::error::Error;
@@ -131,6 +132,8 @@ pub struct Registry {
     pool: PgPool,
     settings: GraphSettings,
     tenants: parking_lot::RwLock<HashMap<String, Arc<Tenant>>>,
+    /// Write ids whose notifications were noted (heard.rs).
+    heard: parking_lot::Mutex<Heard>,
     /// The clock of `last_used_ms` (tokio's, so tests can pause it).
     epoch: Instant,
 }
@@ -141,6 +144,7 @@ impl Registry {
             pool,
             settings,
             tenants: parking_lot::RwLock::new(HashMap::new()),
+            heard: parking_lot::Mutex::new(Heard::default()),
             epoch: Instant::now(),
         }
     }
@@ -410,6 +414,18 @@ impl Registry {
         }
         t.changes.fetch_add(1, Ordering::SeqCst);
         t.held()
+    }
+
+    /// The notification of `tenant`'s write `write_id` was noted (after
+    /// [`Registry::note_change`]).
+    pub fn heard(&self, tenant: &str, write_id: &str) {
+        self.heard.lock().note(tenant, write_id);
+    }
+
+    /// Whether the notification of `tenant`'s write `write_id` was noted
+    /// here; an empty id asks nothing.
+    pub fn has_heard(&self, tenant: &str, write_id: &str) -> bool {
+        self.heard.lock().has(tenant, write_id)
     }
 
     /// Evicts what the budget and the idle limit say must go.

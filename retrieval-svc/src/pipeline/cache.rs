@@ -31,6 +31,7 @@ use tokio::time::Instant;
 
 use super::ctx::ms_since;
 use super::text::query_words;
+use super::unheard::Unheard;
 use super::{current, slots};
 use crate::query::Query;
 
@@ -294,6 +295,8 @@ pub struct Caches {
     semantic: Shared<Vec<Arc<SemEntry>>>,
     turns: Shared<RetrieveResponse>,
     generations: Mutex<Generations>,
+    /// Each tenant's latest write graph-svc may not have heard of.
+    unheard: Mutex<Unheard>,
 }
 
 /// Per-tenant write counters, plus an epoch that a resync of the change
@@ -315,6 +318,7 @@ impl Caches {
             semantic: Shared::new(each, share, limits.ttl),
             turns: Shared::new(each, share, TURN_TTL),
             generations: Mutex::default(),
+            unheard: Mutex::default(),
         }
     }
 
@@ -344,6 +348,19 @@ impl Caches {
             .tenants
             .entry(tenant.to_string())
             .or_insert(0) += 1;
+    }
+
+    /// `tenant`'s write `write_id` went through (or may have): every cached
+    /// answer of it is stale, and graph walks name the write until
+    /// graph-svc has heard of it (unheard.rs).
+    pub fn wrote(&self, tenant: &str, write_id: &str) {
+        self.invalidate_tenant(tenant);
+        self.unheard.lock().wrote(tenant, write_id, Instant::now());
+    }
+
+    /// The write a graph walk for `tenant` must reflect to be fresh, or "".
+    pub fn unheard_write(&self, tenant: &str) -> String {
+        self.unheard.lock().write_for(tenant, Instant::now())
     }
 
     /// Changes may have been missed: every cached answer is stale.
@@ -630,6 +647,19 @@ mod tests {
         assert!(c.get_exact(&k_alice, "t1").is_some());
         c.invalidate_all();
         assert!(c.get_exact(&k_alice, "t1").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_write_drops_answers_and_is_named_to_the_graph() {
+        let c = Caches::new(limits(1 << 30));
+        let alice = id("t1", "alice", AccessLevel::Public);
+        let k = CacheKey::new(&alice, &query("What is X?"));
+        c.put(&k, "t1", c.generation("t1"), &resp("q1"), None);
+        assert_eq!(c.unheard_write("t1"), "");
+        c.wrote("t1", "w1");
+        assert!(c.get_exact(&k, "t1").is_none(), "the write drops answers");
+        assert_eq!(c.unheard_write("t1"), "w1");
+        assert_eq!(c.unheard_write("t2"), "", "only the writer's tenant");
     }
 
     #[test]

@@ -38,6 +38,10 @@ pub struct Ctx<'a> {
     /// This run's work slot while it holds one: from the start of an
     /// attempt until it waits for the cross-encoder (see [`Gates`]).
     pub work_slot_opt: Option<Slot>,
+    /// The tenant's latest write graph-svc may not have heard of ("" =
+    /// none): the graph walk names it, so an answer from a graph without
+    /// it says it is stale (unheard.rs).
+    pub after_write: String,
 }
 
 /// The gateway's two fair gates (fair.rs). A run holds a *work* slot while

@@ -33,6 +33,7 @@ pub mod strategy;
 pub mod subject;
 pub mod text;
 pub mod turns;
+pub mod unheard;
 pub mod validate;
 pub mod wants;
 pub mod when;
@@ -475,6 +476,7 @@ impl Pipeline {
 
     fn ctx(&self, identity: Arc<Identity>, q: Query, start: Instant, deadline: Instant) -> Ctx<'_> {
         let ranker_opt = self.ranker.get_for(&identity.tenant);
+        let after_write = self.caches.unheard_write(&identity.tenant);
         Ctx {
             settings: &self.settings,
             ds: &self.ds,
@@ -489,6 +491,7 @@ impl Pipeline {
             ranker_opt,
             gates: &self.gates,
             work_slot_opt: None,
+            after_write,
         }
     }
 

@@ -328,6 +328,7 @@ async fn fan_out(
         include_historical: filters.include_historical
             || filters.as_of_event.is_some()
             || filters.as_of_ingestion.is_some(),
+        after_write: ctx.after_write.clone(),
         ..Default::default()
     };
     let seeded = plan.graph && plan.vector && (plan.dense_seeds || fact_k > 0);
