@@ -385,9 +385,16 @@ fn call(tenant: String) -> BoxedStrategy<Call> {
                 similarity_threshold,
             })
         });
+    // The Foundry routes and the REST routes of the public RPCs.
     let path = prop_oneof![
         Just("/api/v1/retrieve/basic"),
-        Just("/api/v1/retrieve/agentic")
+        Just("/api/v1/retrieve/agentic"),
+        Just("/v1/retrieve"),
+        Just("/v1/memories"),
+        Just("/v1/feedback"),
+        Just("/v1/memories/list"),
+        Just("/v1/conflicts/list"),
+        Just("/v1/working-memory"),
     ];
     let http = (path, http_body(tenant)).prop_map(|(p, body)| Call::Http(p, body));
     prop_oneof![

@@ -103,6 +103,24 @@ const COMMANDS: &[(&str, Disposition)] = &[
         },
     ),
     (
+        r#"curl -s -H "authorization: Bearer $KEY" -d '{"memories":[{"content":"Bob takes his coffee black."}]}' 127.0.0.1:8080/v1/memories"#,
+        Run {
+            expect: "\"created\":true",
+        },
+    ),
+    (
+        r#"curl -s -H "authorization: Bearer $KEY" -d '{"text":"how does Bob take his coffee?","limit":3}' 127.0.0.1:8080/v1/retrieve"#,
+        Run {
+            expect: "Bob takes his coffee black.",
+        },
+    ),
+    (
+        "curl -s 127.0.0.1:8080/openapi.json | jq '.paths | keys'",
+        Run {
+            expect: "\"/v1/retrieve\"",
+        },
+    ),
+    (
         "curl -s 127.0.0.1:9464/health | jq .",
         Run {
             expect: "\"ready\"",
@@ -470,6 +488,12 @@ async fn every_readme_command_is_run_or_listed_with_a_reason() -> anyhow::Result
         ("127.0.0.1:50051", addr(Service::Retrieval)?),
         ("127.0.0.1:50052", addr(Service::Search)?),
         ("127.0.0.1:9464", ts.stack.admin_addr.to_string()),
+        (
+            "127.0.0.1:8080",
+            (ts.stack.http_addr_opt)
+                .map(|a| a.to_string())
+                .ok_or_else(|| anyhow::anyhow!("no HTTP port in the test stack"))?,
+        ),
     ];
 
     let mut setup = String::new();

@@ -11,7 +11,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use engram_common::convert::{json_to_struct, struct_to_json};
 use engram_common::text::{MAX_NESTING, NESTING_RULE, json_within_depth};
 use engram_proto::{AgenticRetrieveRequest, BasicRetrieveRequest, FoundryResponse};
@@ -21,12 +21,19 @@ use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 use tower_http::catch_panic::CatchPanicLayer;
 
+use super::rest;
 use crate::error::Error;
 use crate::gateway::Gateway;
 use crate::surfaces::foundry::{self, Agentic, Basic};
 
 pub const BASIC_PATH: &str = "/api/v1/retrieve/basic";
 pub const AGENTIC_PATH: &str = "/api/v1/retrieve/agentic";
+pub const OPENAPI_PATH: &str = "/openapi.json";
+
+/// The OpenAPI 3.1 document of the REST routes (openapi.rs).
+async fn openapi_json() -> Response {
+    (StatusCode::OK, axum::Json(super::openapi::document())).into_response()
+}
 
 /// Serves the HTTP API on `listener` until `shutdown`. A request's headers
 /// must arrive within `listen.header_read_timeout_ms` of the connection
@@ -44,9 +51,11 @@ pub async fn serve(
 }
 
 pub fn router(gateway: Gateway) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route(BASIC_PATH, post(basic))
         .route(AGENTIC_PATH, post(agentic))
+        .route(OPENAPI_PATH, get(openapi_json));
+    rest::router(routes)
         .with_state(gateway)
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(axum::middleware::from_fn(server_span))
@@ -58,8 +67,8 @@ pub fn router(gateway: Gateway) -> Router {
 /// raw path, so a scanner cannot mint span names.
 async fn server_span(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let route = match req.uri().path() {
-        p @ (BASIC_PATH | AGENTIC_PATH) => p,
-        _ => "unmatched",
+        p @ (BASIC_PATH | AGENTIC_PATH | OPENAPI_PATH) => p,
+        p => rest::route_name(p).unwrap_or("unmatched"),
     };
     let span = tracing::info_span!(
         "http.server",
@@ -108,7 +117,12 @@ fn http_code(code: tonic::Code) -> StatusCode {
 }
 
 fn error_response(e: Error) -> Response {
-    let status = tonic::Status::from(e);
+    status_response(tonic::Status::from(e))
+}
+
+/// A gRPC status as the API's error: the HTTP code and `{"error": {code,
+/// message}}`, where the message names the field and the rule.
+pub fn status_response(status: tonic::Status) -> Response {
     let body = json!({
         "error": {
             "code": format!("{:?}", status.code()),

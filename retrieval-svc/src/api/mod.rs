@@ -7,5 +7,7 @@ pub mod conflicts;
 pub mod foundry;
 pub mod http;
 pub mod memory;
+pub mod openapi;
+pub mod rest;
 pub mod retrieval;
 pub mod working;
