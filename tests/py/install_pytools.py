@@ -1,4 +1,5 @@
-"""Installs the external gRPC clients the reflection test drives.
+"""Installs the external gRPC clients the reflection test drives, and
+schemathesis for the REST routes (tests/schemathesis.rs).
 
 One installer for both `scripts/test` and `cargo test` (tests/reflection_client.rs)
 so the pins live in one place. The clients must not share code with the
@@ -29,10 +30,49 @@ PY_PKGS = [
 BUF_PKG = "@bufbuild/buf@1.75.0"
 MARKER = ".engram-pytools"
 
+# schemathesis, which tests/schemathesis.rs runs against the REST routes'
+# OpenAPI document, with every dependency pinned.
+SCHEMATHESIS_PKGS = [
+    "schemathesis==4.32.5",
+    "anyio==4.16.0",
+    "certifi==2026.10.19.post1",
+    "charset-normalizer==3.5.3",
+    "click==8.5.1",
+    "graphql-core==3.3.2",
+    "harfile==0.6.0",
+    "hypothesis==6.170.17",
+    "hypothesis-graphql==0.13.5",
+    "idna==3.20",
+    "iniconfig==2.3.1",
+    "jsonschema-rs==0.60.3",
+    "markdown-it-py==4.3.0",
+    "markupsafe==3.0.4",
+    "mdurl==0.1.2",
+    "packaging==26.4",
+    "pluggy==1.7.0",
+    "pygments==2.21.0",
+    "pyrate-limiter==4.5.1",
+    "pytest==9.2.0",
+    "pyyaml==6.0.4",
+    "requests==2.34.2",
+    "rich==15.0.0",
+    "sortedcontainers==2.4.0",
+    "typing-extensions==4.16.0",
+    "urllib3==2.8.0",
+    "werkzeug==3.1.9",
+]
+SCHEMATHESIS_MARKER = ".engram-schemathesis"
+
 
 def install_python(home):
     """Into HOME/pytools, atomically: a half-finished install is never seen."""
     return install_pins(os.path.join(home, "pytools"), PY_PKGS, MARKER)
+
+
+def install_schemathesis(home):
+    """Into HOME/schemathesis, atomically, like the clients."""
+    return install_pins(os.path.join(home, "schemathesis"), SCHEMATHESIS_PKGS,
+                        SCHEMATHESIS_MARKER)
 
 
 def install_buf(home):
@@ -71,6 +111,7 @@ def main():
         sys.exit("usage: install_pytools.py ENGRAM_HOME")
     home = os.path.abspath(sys.argv[1])
     install_python(home)
+    install_schemathesis(home)
     install_buf(home)
 
 
