@@ -22,6 +22,7 @@ use tonic::metadata::MetadataMap;
 use tower_http::catch_panic::CatchPanicLayer;
 
 use super::rest;
+use super::status::status_response;
 use crate::error::Error;
 use crate::gateway::Gateway;
 use crate::surfaces::foundry::{self, Agentic, Basic};
@@ -96,40 +97,8 @@ fn panic_response(payload: Box<dyn std::any::Any + Send + 'static>) -> Response 
     error_response(Error::Internal("internal error".into()))
 }
 
-fn http_code(code: tonic::Code) -> StatusCode {
-    use tonic::Code;
-    match code {
-        Code::Ok => StatusCode::OK,
-        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
-            StatusCode::BAD_REQUEST
-        }
-        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-        Code::PermissionDenied => StatusCode::FORBIDDEN,
-        Code::NotFound => StatusCode::NOT_FOUND,
-        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
-        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        Code::Cancelled => StatusCode::REQUEST_TIMEOUT,
-        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
-        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
-    }
-}
-
 fn error_response(e: Error) -> Response {
     status_response(tonic::Status::from(e))
-}
-
-/// A gRPC status as the API's error: the HTTP code and `{"error": {code,
-/// message}}`, where the message names the field and the rule.
-pub fn status_response(status: tonic::Status) -> Response {
-    let body = json!({
-        "error": {
-            "code": format!("{:?}", status.code()),
-            "message": status.message(),
-        }
-    });
-    (http_code(status.code()), axum::Json(body)).into_response()
 }
 
 fn object(body: &[u8]) -> Result<Map<String, Value>, Error> {
@@ -401,25 +370,5 @@ mod tests {
         };
         let e = Basic::try_from(request).expect_err("too deep");
         assert!(e.to_string().contains("filters"), "{e}");
-    }
-
-    #[test]
-    fn status_codes_map_to_http() {
-        assert_eq!(
-            http_code(tonic::Code::InvalidArgument),
-            StatusCode::BAD_REQUEST
-        );
-        assert_eq!(
-            http_code(tonic::Code::PermissionDenied),
-            StatusCode::FORBIDDEN
-        );
-        assert_eq!(
-            http_code(tonic::Code::Unauthenticated),
-            StatusCode::UNAUTHORIZED
-        );
-        assert_eq!(
-            http_code(tonic::Code::Unavailable),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
     }
 }

@@ -10,4 +10,5 @@ pub mod memory;
 pub mod openapi;
 pub mod rest;
 pub mod retrieval;
+pub mod status;
 pub mod working;

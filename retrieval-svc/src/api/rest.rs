@@ -5,7 +5,7 @@
 //! gRPC handler itself is called with the HTTP headers as its metadata
 //! (the same authentication, validation and limits), and its answer is
 //! written back as JSON with the proto's field names. An error is the gRPC
-//! status mapped to HTTP (`http::status_response`): the field and the rule
+//! status mapped to HTTP (`status::status_response`): the field and the rule
 //! in the body.
 //!
 //! The routes and the OpenAPI document (`openapi.rs`, served at
@@ -33,9 +33,9 @@ use tonic::Status;
 use tonic::metadata::MetadataMap;
 
 use super::foundry::Foundry;
-use super::http::status_response;
 use super::memory::Memory;
 use super::retrieval::Retrieval;
+use super::status::status_response;
 use super::working::Working;
 use crate::error::Error;
 use crate::gateway::Gateway;
