@@ -17,17 +17,7 @@ fn workspace_root() -> PathBuf {
 /// so plain `cargo test` works on a fresh checkout too. Returns the
 /// `PYTHONPATH` for the probe and the buf binary if npm could provide one.
 async fn ensure_clients(root: &Path) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
-    let home = root.join(".engram");
-    let out = tokio::process::Command::new("python3")
-        .arg(root.join("tests/py/install_pytools.py"))
-        .arg(&home)
-        .output()
-        .await?;
-    anyhow::ensure!(
-        out.status.success(),
-        "install_pytools.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let home = engram_tests::install_pytools(root).await?;
     let buf = home.join("node/node_modules/.bin/buf");
     Ok((home.join("pytools"), buf.is_file().then_some(buf)))
 }

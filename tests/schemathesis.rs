@@ -14,23 +14,6 @@ fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// schemathesis, pinned, installed by the script `scripts/test` runs, so
-/// plain `cargo test` works on a fresh checkout too.
-async fn ensure_schemathesis(root: &Path) -> anyhow::Result<PathBuf> {
-    let home = root.join(".engram");
-    let out = tokio::process::Command::new("python3")
-        .arg(root.join("tests/py/install_pytools.py"))
-        .arg(&home)
-        .output()
-        .await?;
-    anyhow::ensure!(
-        out.status.success(),
-        "install_pytools.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(home.join("schemathesis"))
-}
-
 /// "2653 generated, 2653 passed" → 2653, from schemathesis's summary.
 fn generated(summary: &str) -> Option<u64> {
     summary.lines().find_map(|l| {
@@ -46,7 +29,9 @@ fn generated(summary: &str) -> Option<u64> {
 async fn generated_requests_get_no_server_error_and_no_answer_outside_the_schema()
 -> anyhow::Result<()> {
     let root = workspace_root();
-    let site = ensure_schemathesis(&root).await?;
+    let site = engram_tests::install_pytools(&root)
+        .await?
+        .join("schemathesis");
     let ts = TestStack::start("internal").await?;
     let http = ts
         .stack

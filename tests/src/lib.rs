@@ -155,3 +155,22 @@ pub async fn remember(client: &mut Client, content: &str) -> anyhow::Result<()> 
         .await?;
     Ok(())
 }
+
+/// Runs `tests/py/install_pytools.py` into `<root>/.engram`, the script
+/// `scripts/test` runs (a no-op when warm), so plain `cargo test` works on
+/// a fresh checkout too; returns that home (`pytools/`, `schemathesis/`,
+/// `node/` when npm could provide buf).
+pub async fn install_pytools(root: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    let home = root.join(".engram");
+    let out = tokio::process::Command::new("python3")
+        .arg(root.join("tests/py/install_pytools.py"))
+        .arg(&home)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "install_pytools.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(home)
+}
