@@ -56,6 +56,9 @@ async fn a_known_persons_unknown_number_is_flagged() -> anyhow::Result<()> {
     for q in [
         "What is Bob Martinez's phone number?",
         "What's Dana Okafor's email address?",
+        "What's Dana Okafor's Slack handle?",
+        "What is Bob Martinez's blood type?",
+        "What's Bob Martinez's home address?",
     ] {
         let r = c.retrieval.retrieve(ask(q)).await?.into_inner();
         assert!(r.nothing_relevant, "{q}: {r:?}");
@@ -64,6 +67,32 @@ async fn a_known_persons_unknown_number_is_flagged() -> anyhow::Result<()> {
     for q in [
         "When is the Atlas cutover?",
         "What time does Bob Martinez prefer calls?",
+    ] {
+        let r = c.retrieval.retrieve(ask(q)).await?.into_inner();
+        assert!(!r.nothing_relevant, "{q}: {r:?}");
+    }
+    ts.shutdown().await;
+    Ok(())
+}
+
+/// The same questions once a memory holds the answer in its shape: not
+/// flagged.
+#[tokio::test]
+async fn a_known_persons_number_once_written_is_not_flagged() -> anyhow::Result<()> {
+    let (ts, mut c) = sample().await?;
+    let note = "Dana Okafor is @dana.ok on Slack; she sits at 12 Harbour Street, blood type O+.";
+    c.memories
+        .upsert(engram_proto::UpsertRequest {
+            memories: vec![engram_proto::Memory {
+                content: note.into(),
+                ..Default::default()
+            }],
+        })
+        .await?;
+    for q in [
+        "What's Dana Okafor's Slack handle?",
+        "What's Dana Okafor's home address?",
+        "What is Dana Okafor's blood type?",
     ] {
         let r = c.retrieval.retrieve(ask(q)).await?.into_inner();
         assert!(!r.nothing_relevant, "{q}: {r:?}");

@@ -1,10 +1,11 @@
 //! The shape of an answer. Some questions say what their answer looks like
-//! — a phone number, an e-mail or web address, an amount of money, a
-//! percentage, an age, a height or weight, a date — and a memory that
-//! answers them holds something of that shape. "What's Lena's blood
-//! type?" has no such shape, but "What's Kai's phone number?" does, and
-//! when none of the memories about Kai holds a number, the tenant knows
-//! Kai but not his number: `nothing_relevant` (abstain.rs).
+//! — a phone number, an e-mail or web address, a handle, an identifying
+//! number or code, a street address, an amount of money, a percentage, an
+//! age, a height or weight, a blood group, a clothes size, a date — and a
+//! memory that answers them holds something of that shape. "What's Lena's
+//! favourite colour?" has no such shape, but "What's Kai's phone number?"
+//! does, and when none of the memories about Kai holds a number, the
+//! tenant knows Kai but not his number: `nothing_relevant` (abstain.rs).
 //!
 //! The shapes are read off closed-class question forms ("how much", "how
 //! old", "phone", "when is"), not fitted: a question form that could be
@@ -29,6 +30,17 @@ pub enum Shape {
     Calendar,
     /// Any time: a day, a weekday, an hour, "next month".
     Date,
+    /// A handle on a chat or social service: "@mira.k".
+    Handle,
+    /// An identifying number or code: a microchip, passport, policy or
+    /// booking number; digits, or letters and digits together.
+    Number,
+    /// A street address: a house number before a street word.
+    Address,
+    /// A blood group: "O+", "AB negative".
+    BloodType,
+    /// A size of clothes or shoes: "size 8", "XL", "39 EU".
+    Size,
 }
 
 /// A case-insensitive pattern, compiled once. The patterns are constants
@@ -43,7 +55,21 @@ static ASKS: LazyLock<Vec<(Shape, Regex)>> = LazyLock::new(|| {
     [
         (Shape::Phone, r"\b(phone|cell|mobile)\b"),
         (Shape::Email, r"\be-?mail\b"),
-        (Shape::Web, r"\b(url|website|web site|homepage)\b"),
+        (Shape::Web, r"\b(url|website|web site|web address|homepage)\b"),
+        // "How did her son handle the accident?" asks no handle.
+        (Shape::Handle, r"\bhandle\s*($|[?.,!;])|\buser ?name\b"),
+        (Shape::BloodType, r"\bblood (type|group)\b"),
+        (
+            Shape::Size,
+            r"\b(shoe|dress|shirt|t-shirt|jacket|coat|pants|jeans|ring|glove|hat|clothing|clothes) size\b|\bwhat size\b",
+        ),
+        // "The number of people" is a count, and "the dress code" is
+        // answered in words: a number or a code that opens something.
+        (
+            Shape::Number,
+            r"\bnumber\s*($|[?.,!;]|(for|on|is|was|to|in)\b)|\bserial\b|\bip address\b|\b(gate|door|zip|postal|post|access|alarm|lock|promo|discount|confirmation|booking|wifi|wi-fi|entry|garage|locker) code\b",
+        ),
+        (Shape::Address, r"\baddress\b"),
         (
             Shape::Measure,
             r"\bhow (tall|heavy|short)\b|\bweigh|\bheight\b",
@@ -101,6 +127,21 @@ static HOLDS: LazyLock<Vec<(Shape, Regex)>> = LazyLock::new(|| {
         ),
         (Shape::Calendar, calendar.clone()),
         (Shape::Date, date),
+        (Shape::Handle, r"(^|[\s(:,])@[\w.-]{2,}".to_string()),
+        (Shape::Number, r"\d{3,}|\b[a-z]*\d+[a-z]+\w*\b|\b[a-z]+\d+\w*\b".to_string()),
+        (
+            Shape::Address,
+            r"\b(apt|apartment|unit|suite|flat)\s?#?\d+|\b\d{1,6}[a-z]?\s+(\w+\.?\s+){0,4}(st|street|ave|avenue|rd|road|blvd|boulevard|dr|drive|ln|lane|way|ct|court|pl|place|pkwy|parkway|ter|terrace|hwy|highway|sq|square|row)\b|\b(rue|via|calle|avenida|straße|strasse|weg|laan|gatan)\b|\bp\.?\s?o\.? box\b"
+                .to_string(),
+        ),
+        (
+            Shape::BloodType,
+            r"\b(ab|a|b|o)[+-](\s|$|[.,;)])|\b(ab|a|b|o) (positive|negative|pos|neg)\b".to_string(),
+        ),
+        (
+            Shape::Size,
+            r"\bsize\b|\b(xxs|xs|xl|xxl|xxxl)\b|\b\d{1,2}(\.5)?\s?(us|uk|eu)\b".to_string(),
+        ),
     ]
     .into_iter()
     .filter_map(|(s, p)| Some((s, pattern(&p)?)))
@@ -125,8 +166,8 @@ mod tests {
 
     #[test]
     fn every_pattern_compiles() {
-        assert_eq!(ASKS.len(), 9);
-        assert_eq!(HOLDS.len(), 9);
+        assert_eq!(ASKS.len(), 14);
+        assert_eq!(HOLDS.len(), 14);
     }
 
     #[test]
@@ -152,7 +193,25 @@ mod tests {
             // Forms answered in words expect no shape.
             ("When did Caroline go to the support group?", None),
             ("How many kids does she have?", None),
-            ("What's Lena's blood type?", None),
+            ("What's Lena's blood type?", Some(Shape::BloodType)),
+            ("What's Jonas Eriksen's Slack handle?", Some(Shape::Handle)),
+            ("How did Melanie's son handle the accident?", None),
+            ("What's her shoe size?", Some(Shape::Size)),
+            ("What size shoes does Leo wear now?", Some(Shape::Size)),
+            ("What's Biscuit's microchip number?", Some(Shape::Number)),
+            ("What's the gate code at the cabin?", Some(Shape::Number)),
+            (
+                "What's Carmen's address in San Antonio?",
+                Some(Shape::Address),
+            ),
+            (
+                "What was her street address back in Portland?",
+                Some(Shape::Address),
+            ),
+            // A count, and a code answered in words.
+            ("What's the number of people on the team?", None),
+            ("What's the dress code for the wedding?", None),
+            ("What's Lena's favorite color?", None),
             ("What's the per-key request limit?", None),
         ];
         for (q, want) in cases {
@@ -202,6 +261,23 @@ mod tests {
             "Maya co-owns Lantern with the data team."
         ));
         assert!(holds(Shape::Measure, "Leo is 104 cm tall"));
+        assert!(holds(Shape::Handle, "Jonas is @jonas.e on Slack"));
+        assert!(!holds(Shape::Handle, "dana.w@brightlinefreight.com"));
+        assert!(holds(Shape::Number, "Biscuit's chip: 985112004519873"));
+        assert!(holds(Shape::Number, "Booking ref XK42B for the cabin"));
+        assert!(!holds(Shape::Number, "Biscuit sees Dr. Lin at Hawthorne."));
+        assert!(holds(
+            Shape::Address,
+            "rents at 2418 SE Division St, Portland"
+        ));
+        assert!(holds(Shape::Address, "Carmen: 77 Calle Ocho, apt 3"));
+        assert!(!holds(Shape::Address, "Carmen lives in San Antonio."));
+        assert!(holds(Shape::BloodType, "Blood type O+, on her donor card."));
+        assert!(holds(Shape::BloodType, "She's AB negative."));
+        assert!(!holds(Shape::BloodType, "Plan A - the early train."));
+        assert!(holds(Shape::Size, "Wears a size 8 in boots."));
+        assert!(holds(Shape::Size, "Shirt: XL, shoes 42 EU."));
+        assert!(!holds(Shape::Size, "Lena's on an iPhone 15 now."));
         assert!(!holds(Shape::Measure, "turns 8 in May"));
     }
 }
