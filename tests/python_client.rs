@@ -1,4 +1,4 @@
-//! The Python client (clients/python, `engram-client`) against the real
+//! The Python client (clients/python, the `engram-retrieval` distribution) against the real
 //! stack: its wheel is built from this checkout (stubs generated from
 //! proto/ at build time), installed into the project-local `.engram/`, and
 //! its pytest suite (clients/python/tests) drives every method of the sync
@@ -40,7 +40,7 @@ async fn install_client(root: &Path) -> anyhow::Result<String> {
     let path = v["pythonpath"]
         .as_str()
         .ok_or_else(|| anyhow::anyhow!("install_client.py printed no pythonpath: {v}"))?;
-    eprintln!("engram-client wheel: {}", v["wheel"]);
+    eprintln!("engram-retrieval wheel: {}", v["wheel"]);
     Ok(path.to_string())
 }
 

@@ -73,6 +73,26 @@ const COMMANDS: &[(&str, Disposition)] = &[
                      (the_image_runs_engram_up_on_its_own) runs the same command on a free port",
         },
     ),
+    (
+        "pip install maturin==1.16.0 && maturin build --release --strip -m engram/Cargo.toml -o dist",
+        NotRun {
+            reason: "a release build, blocked on this test's cargo lock; scripts/wheel-check \
+                     (the last step of scripts/test) builds the same wheel in the dev profile",
+        },
+    ),
+    (
+        "python3 -m venv venv && venv/bin/pip install dist/engram_server-*.whl",
+        NotRun {
+            reason: "needs the wheel above; scripts/wheel-check installs it into a fresh virtualenv",
+        },
+    ),
+    (
+        "venv/bin/engram demo",
+        NotRun {
+            reason: "scripts/wheel-check runs it from an empty folder with no cargo or rustc on \
+                     PATH, and checks that it installed its home and answered",
+        },
+    ),
     ("KEY=$(cat .engram/dev-api-key)", Setup),
     (
         "grpcurl -plaintext 127.0.0.1:50051 list",

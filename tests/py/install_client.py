@@ -6,7 +6,7 @@ fresh checkout. Two project-local directories under ENGRAM_HOME:
   pyclient-tools/  the build and test tools, exact pins, dependencies
                    included, installed with --no-deps (reproducible; only
                    PyPI is used), reused while the pins are unchanged;
-  pyclient/site/   the engram-client wheel built from clients/python with
+  pyclient/site/   the engram-retrieval wheel built from clients/python with
                    `python -m build --wheel --no-isolation` (stubs generated
                    from proto/ by the package's own build hook) and
                    installed with pip --target; rebuilt only when the

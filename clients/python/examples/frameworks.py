@@ -1,6 +1,6 @@
 """engram behind LangChain and LlamaIndex: the same memories, as each
-framework's retriever (pip install 'engram-client[langchain]' or
-'engram-client[llama-index]').
+framework's retriever (pip install 'engram-retrieval[langchain]' or
+'engram-retrieval[llama-index]').
 
     ENGRAM_API_KEY=$(cat .engram/dev-api-key) python clients/python/examples/frameworks.py
 

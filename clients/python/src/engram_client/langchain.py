@@ -1,4 +1,4 @@
-"""engram as a LangChain retriever (``pip install engram-client[langchain]``).
+"""engram as a LangChain retriever (``pip install engram-retrieval[langchain]``).
 
     from engram_client import Engram
     from engram_client.langchain import EngramRetriever
@@ -34,7 +34,7 @@ try:
     from pydantic import ConfigDict, Field
 except ImportError as e:  # pragma: no cover - exercised without the extra
     raise ImportError(
-        "engram_client.langchain needs langchain-core: pip install 'engram-client[langchain]'"
+        "engram_client.langchain needs langchain-core: pip install 'engram-retrieval[langchain]'"
     ) from e
 
 from ._records import metadata, retrieve_kwargs

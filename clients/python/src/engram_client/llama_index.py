@@ -1,4 +1,4 @@
-"""engram as a LlamaIndex retriever (``pip install engram-client[llama-index]``).
+"""engram as a LlamaIndex retriever (``pip install engram-retrieval[llama-index]``).
 
     from engram_client import Engram
     from engram_client.llama_index import EngramRetriever
@@ -26,7 +26,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised without the extra
     raise ImportError(
         "engram_client.llama_index needs llama-index-core: "
-        "pip install 'engram-client[llama-index]'"
+        "pip install 'engram-retrieval[llama-index]'"
     ) from e
 
 from ._records import metadata, retrieve_kwargs
