@@ -102,6 +102,18 @@ async fn remember_search_get_and_forget_over_rest() -> anyhow::Result<()> {
         "{err}"
     );
 
+    // A body over the size limit: HTTP 413 with the API's JSON error.
+    let (code, err) = rest
+        .post("/v1/retrieve", json!({"text": "x".repeat(3 << 20)}))
+        .await;
+    assert_eq!(code, 413, "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("body: ")),
+        "{err}"
+    );
+
     // The same keys: none, or another, is refused.
     let stranger = Rest {
         key: "k-nobody".into(),

@@ -15,6 +15,7 @@ use std::sync::LazyLock;
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -220,9 +221,25 @@ async fn handle(
     State(gw): State<Gateway>,
     route: &'static Route,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    reply(transcode(&gw, route, headers, &body).await)
+    match body {
+        Ok(body) => reply(transcode(&gw, route, headers, &body).await),
+        Err(rejection) => unread(&rejection),
+    }
+}
+
+/// A body the server would not read (over the size limit, a stream cut
+/// short): axum's HTTP code (413 for a body over the limit) with the API's
+/// JSON error, not axum's plain text.
+fn unread(rejection: &BytesRejection) -> Response {
+    let body = json!({
+        "error": {
+            "code": format!("{:?}", tonic::Code::InvalidArgument),
+            "message": format!("body: {}", rejection.body_text()),
+        }
+    });
+    (rejection.status(), axum::Json(body)).into_response()
 }
 
 async fn get_one(
