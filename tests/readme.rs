@@ -93,6 +93,28 @@ const COMMANDS: &[(&str, Disposition)] = &[
                      PATH, and checks that it installed its home and answered",
         },
     ),
+    (
+        "cargo run --release -p engram -- up",
+        NotRun {
+            reason: "builds the release binary (blocked on this test's cargo lock) and serves \
+                     on fixed ports until stopped; every test here starts the same stack \
+                     (engram_tests::TestStack) on free ports",
+        },
+    ),
+    (
+        "pip install './clients/python[langchain]'",
+        NotRun {
+            reason: "tests/python_client.rs builds the same package's wheel \
+                     (tests/py/install_client.py) with LangChain and LlamaIndex pinned",
+        },
+    ),
+    (
+        "ENGRAM_API_KEY=$(cat .engram/dev-api-key) python3 clients/python/examples/quickstart.py",
+        NotRun {
+            reason: "needs the server above on its fixed port; tests/python_client.rs runs \
+                     the quickstart's main() against a real stack (tests/test_examples.py)",
+        },
+    ),
     ("KEY=$(cat .engram/dev-api-key)", Setup),
     (
         "grpcurl -plaintext 127.0.0.1:50051 list",

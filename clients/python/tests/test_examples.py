@@ -113,3 +113,16 @@ def test_docs_quote_the_examples():
     for block in blocks:
         for line in block.splitlines():
             assert line.strip() in lines, f"docs/clients.md quotes no example here: {line!r}"
+
+
+def test_readme_python_block(engram):
+    """The README's five-minute Python block, as printed, against the live
+    gateway (it reads ENGRAM_URL and ENGRAM_API_KEY as a reader's shell would)."""
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "EngramRetriever" in block and "engram.delete" in block, block
+    exec(compile(block, "README.md", "exec"), {})
+    left = engram.list_memories(page_size=1000, include_historical=True, namespace="quickstart")
+    assert not left.memories, "the README block left its memory"
