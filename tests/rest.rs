@@ -110,7 +110,7 @@ async fn remember_search_get_and_forget_over_rest() -> anyhow::Result<()> {
     assert!(
         err["error"]["message"]
             .as_str()
-            .is_some_and(|m| m.starts_with("body: ")),
+            .is_some_and(|m| m == "body: must be at most 2097152 bytes"),
         "{err}"
     );
 

@@ -15,6 +15,7 @@ use std::sync::LazyLock;
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -185,6 +186,10 @@ pub const ROUTES: &[Route] = &[
 /// `MemoryService/Delete` with `ids: [id]`.
 pub const MEMORY_PATH: &str = "/v1/memories/{id}";
 
+/// The largest JSON body a route reads (axum's default, named here so the
+/// error can say it).
+pub const MAX_BODY_BYTES: usize = 2 << 20;
+
 /// The descriptors of every engram message, decoded once.
 pub static POOL: LazyLock<Result<DescriptorPool, String>> = LazyLock::new(|| {
     DescriptorPool::decode(engram_proto::FILE_DESCRIPTOR_SET).map_err(|e| e.to_string())
@@ -197,7 +202,8 @@ pub fn router(router: Router<Gateway>) -> Router<Gateway> {
             route.path,
             on(MethodFilter::POST, move |gw, headers, body| {
                 handle(gw, route, headers, body)
-            }),
+            })
+            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES)),
         );
     }
     router.route(
@@ -229,14 +235,18 @@ async fn handle(
     }
 }
 
-/// A body the server would not read (over the size limit, a stream cut
-/// short): axum's HTTP code (413 for a body over the limit) with the API's
-/// JSON error, not axum's plain text.
+/// A body the server would not read (over [`MAX_BODY_BYTES`], a stream
+/// cut short): axum's HTTP code (413 for a body over the limit) with the
+/// API's JSON error naming the field and the rule, not axum's plain text.
 fn unread(rejection: &BytesRejection) -> Response {
+    let message = match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => format!("body: must be at most {MAX_BODY_BYTES} bytes"),
+        _ => format!("body: {}", rejection.body_text()),
+    };
     let body = json!({
         "error": {
             "code": format!("{:?}", tonic::Code::InvalidArgument),
-            "message": format!("body: {}", rejection.body_text()),
+            "message": message,
         }
     });
     (rejection.status(), axum::Json(body)).into_response()

@@ -128,7 +128,7 @@ static HOLDS: LazyLock<Vec<(Shape, Regex)>> = LazyLock::new(|| {
         (Shape::Calendar, calendar.clone()),
         (Shape::Date, date),
         (Shape::Handle, r"(^|[\s(:,])@[\w.-]{2,}".to_string()),
-        (Shape::Number, r"\d{3,}|\b[a-z]*\d+[a-z]+\w*\b|\b[a-z]+\d+\w*\b".to_string()),
+        (Shape::Number, r"\d{2,}|\b[a-z]*\d+[a-z]+\w*\b|\b[a-z]+\d+\w*\b".to_string()),
         (
             Shape::Address,
             r"\b(apt|apartment|unit|suite|flat)\s?#?\d+|\b\d{1,6}[a-z]?\s+(\w+\.?\s+){0,4}(st|street|ave|avenue|rd|road|blvd|boulevard|dr|drive|ln|lane|way|ct|court|pl|place|pkwy|parkway|ter|terrace|hwy|highway|sq|square|row)\b|\b(rue|via|calle|avenida|straße|strasse|weg|laan|gatan)\b|\bp\.?\s?o\.? box\b"
@@ -265,6 +265,7 @@ mod tests {
         assert!(!holds(Shape::Handle, "dana.w@brightlinefreight.com"));
         assert!(holds(Shape::Number, "Biscuit's chip: 985112004519873"));
         assert!(holds(Shape::Number, "Booking ref XK42B for the cabin"));
+        assert!(holds(Shape::Number, "She's in room 12 this week."));
         assert!(!holds(Shape::Number, "Biscuit sees Dr. Lin at Hawthorne."));
         assert!(holds(
             Shape::Address,
