@@ -81,14 +81,7 @@ async fn a_known_persons_unknown_number_is_flagged() -> anyhow::Result<()> {
 async fn a_known_persons_number_once_written_is_not_flagged() -> anyhow::Result<()> {
     let (ts, mut c) = sample().await?;
     let note = "Dana Okafor is @dana.ok on Slack; she sits at 12 Harbour Street, blood type O+.";
-    c.memories
-        .upsert(engram_proto::UpsertRequest {
-            memories: vec![engram_proto::Memory {
-                content: note.into(),
-                ..Default::default()
-            }],
-        })
-        .await?;
+    engram_tests::remember(&mut c, note).await?;
     for q in [
         "What's Dana Okafor's Slack handle?",
         "What's Dana Okafor's home address?",
