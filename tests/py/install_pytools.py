@@ -1,5 +1,6 @@
-"""Installs the external gRPC clients the reflection test drives, and
-schemathesis for the REST routes (tests/schemathesis.rs).
+"""Installs the external gRPC clients the reflection test drives,
+schemathesis for the REST routes (tests/schemathesis.rs) and selenium for
+the console (tests/console.rs).
 
 One installer for both `scripts/test` and `cargo test` (tests/reflection_client.rs)
 so the pins live in one place. The clients must not share code with the
@@ -63,6 +64,28 @@ SCHEMATHESIS_PKGS = [
 ]
 SCHEMATHESIS_MARKER = ".engram-schemathesis"
 
+# selenium, which tests/console.rs drives Debian's Chromium with (its
+# WebDriver, chromium-driver, comes from Debian too: selenium never
+# fetches a driver here), with every dependency pinned.
+SELENIUM_PKGS = [
+    "selenium==4.51.0",
+    "attrs==26.1.0",
+    "certifi==2026.10.19.post1",
+    "h11==0.16.0",
+    "idna==3.20",
+    "outcome==1.3.0.post0",
+    "pysocks==1.7.1",
+    "sniffio==1.3.1",
+    "sortedcontainers==2.4.0",
+    "trio==0.35.0",
+    "trio-websocket==0.12.2",
+    "typing-extensions==4.16.0",
+    "urllib3==2.8.0",
+    "websocket-client==1.9.2",
+    "wsproto==1.3.2",
+]
+SELENIUM_MARKER = ".engram-selenium"
+
 
 def install_python(home):
     """Into HOME/pytools, atomically: a half-finished install is never seen."""
@@ -73,6 +96,11 @@ def install_schemathesis(home):
     """Into HOME/schemathesis, atomically, like the clients."""
     return install_pins(os.path.join(home, "schemathesis"), SCHEMATHESIS_PKGS,
                         SCHEMATHESIS_MARKER)
+
+
+def install_selenium(home):
+    """Into HOME/selenium, atomically, like the clients."""
+    return install_pins(os.path.join(home, "selenium"), SELENIUM_PKGS, SELENIUM_MARKER)
 
 
 def install_buf(home):
@@ -112,6 +140,7 @@ def main():
     home = os.path.abspath(sys.argv[1])
     install_python(home)
     install_schemathesis(home)
+    install_selenium(home)
     install_buf(home)
 
 

@@ -159,7 +159,7 @@ pub async fn remember(client: &mut Client, content: &str) -> anyhow::Result<()> 
 /// Runs `tests/py/install_pytools.py` into `<root>/.engram`, the script
 /// `scripts/test` runs (a no-op when warm), so plain `cargo test` works on
 /// a fresh checkout too; returns that home (`pytools/`, `schemathesis/`,
-/// `node/` when npm could provide buf).
+/// `selenium/`, `node/` when npm could provide buf).
 pub async fn install_pytools(root: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
     let home = root.join(".engram");
     let out = tokio::process::Command::new("python3")

@@ -21,8 +21,8 @@ use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 use tower_http::catch_panic::CatchPanicLayer;
 
-use super::rest;
 use super::status::status_response;
+use super::{console, rest};
 use crate::error::Error;
 use crate::gateway::Gateway;
 use crate::surfaces::foundry::{self, Agentic, Basic};
@@ -56,9 +56,10 @@ pub fn router(gateway: Gateway) -> Router {
         .route(BASIC_PATH, post(basic))
         .route(AGENTIC_PATH, post(agentic))
         .route(OPENAPI_PATH, get(openapi_json));
-    rest::router(routes)
+    console::router(rest::router(routes))
         .with_state(gateway)
         .layer(CatchPanicLayer::custom(panic_response))
+        .layer(axum::middleware::from_fn(console::no_store))
         .layer(axum::middleware::from_fn(server_span))
 }
 
@@ -69,7 +70,9 @@ pub fn router(gateway: Gateway) -> Router {
 async fn server_span(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let route = match req.uri().path() {
         p @ (BASIC_PATH | AGENTIC_PATH | OPENAPI_PATH) => p,
-        p => rest::route_name(p).unwrap_or("unmatched"),
+        p => (rest::route_name(p))
+            .or_else(|| console::route_name(p))
+            .unwrap_or("unmatched"),
     };
     let span = tracing::info_span!(
         "http.server",

@@ -4,6 +4,7 @@
 
 pub mod checks;
 pub mod conflicts;
+pub mod console;
 pub mod foundry;
 pub mod http;
 pub mod memory;
