@@ -47,7 +47,8 @@ async fn a_question_about_someone_this_tenant_never_met_is_flagged() -> anyhow::
 
 /// Issue 46 item 6: a person the tenant knows well, asked for something
 /// no memory holds. The question's form says what the answer looks like
-/// (a phone number, an e-mail address); no memory about the person holds
+/// (a phone number, an e-mail address, a birthday, a colour, a time zone);
+/// no memory about the person holds
 /// one, so nothing is relevant — while a question whose answer is there,
 /// in the shape it asks for, is not flagged.
 #[tokio::test]
@@ -59,6 +60,9 @@ async fn a_known_persons_unknown_number_is_flagged() -> anyhow::Result<()> {
         "What's Dana Okafor's Slack handle?",
         "What is Bob Martinez's blood type?",
         "What's Bob Martinez's home address?",
+        "When is Bob Martinez's birthday?",
+        "What's Dana Okafor's favourite colour?",
+        "What time zone is Dana Okafor in?",
     ] {
         let r = c.retrieval.retrieve(ask(q)).await?.into_inner();
         assert!(r.nothing_relevant, "{q}: {r:?}");
@@ -67,6 +71,8 @@ async fn a_known_persons_unknown_number_is_flagged() -> anyhow::Result<()> {
     for q in [
         "When is the Atlas cutover?",
         "What time does Bob Martinez prefer calls?",
+        // "works from Madrid … 15:00 CET"
+        "What time zone is Bob Martinez in?",
     ] {
         let r = c.retrieval.retrieve(ask(q)).await?.into_inner();
         assert!(!r.nothing_relevant, "{q}: {r:?}");

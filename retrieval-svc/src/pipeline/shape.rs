@@ -1,14 +1,16 @@
 //! The shape of an answer. Some questions say what their answer looks like
 //! — a phone number, an e-mail or web address, a handle, an identifying
 //! number or code, a street address, an amount of money, a percentage, an
-//! age, a height or weight, a blood group, a clothes size, a date — and a
-//! memory that answers them holds something of that shape. "What's Lena's
-//! favourite colour?" has no such shape, but "What's Kai's phone number?"
+//! age, a height or weight, a blood group, a clothes size, a date, a
+//! birthday, a colour, a time zone — and a memory that answers them holds
+//! something of that shape. "What does Jess do for a living?" has no such
+//! shape (a job is any noun), but "What's Kai's phone number?"
 //! does, and when none of the memories about Kai holds a number, the
 //! tenant knows Kai but not his number: `nothing_relevant` (abstain.rs).
 //!
 //! The shapes are read off closed-class question forms ("how much", "how
-//! old", "phone", "when is"), not fitted: a question form that could be
+//! old", "phone", "when is") and answered by closed classes (digits, month
+//! and colour names, time-zone abbreviations), not fitted: a question form that could be
 //! answered in words ("how many kids" → "Iris and Leo", "when did she …" →
 //! the memory's own event time) expects no shape. Pure, with unit tests.
 
@@ -41,6 +43,14 @@ pub enum Shape {
     BloodType,
     /// A size of clothes or shoes: "size 8", "XL", "39 EU".
     Size,
+    /// A birthday or an anniversary: a day of the year ("Sept 3", "3/9"),
+    /// or the day a turn was said ("today").
+    DayOfYear,
+    /// A colour word.
+    Colour,
+    /// A time zone ("CET", "UTC+2", "Pacific time"), or the place it is
+    /// read from ("in Gdansk").
+    TimeZone,
 }
 
 /// A case-insensitive pattern, compiled once. The patterns are constants
@@ -59,6 +69,17 @@ static ASKS: LazyLock<Vec<(Shape, Regex)>> = LazyLock::new(|| {
         // "How did her son handle the accident?" asks no handle.
         (Shape::Handle, r"\bhandle\s*($|[?.,!;])|\buser ?name\b"),
         (Shape::BloodType, r"\bblood (type|group)\b"),
+        (Shape::TimeZone, r"\btime ?zone\b"),
+        // "Why did she choose those colours?" asks a reason.
+        (
+            Shape::Colour,
+            r"^\s*(what|which)\b[^?]*\bcolou?rs?\b|\bfavou?rite colou?rs?\b",
+        ),
+        // The day itself, not a party or a gift for it.
+        (
+            Shape::DayOfYear,
+            r"^\s*when\b[^?]*\b(birthday|anniversary)\s*($|[?.,!;])|^\s*what('s|\s+is|\s+was)\s[^?]{0,40}\b(birthday|anniversary)\s*($|[?.,!;])|\bbirth ?date\b",
+        ),
         (
             Shape::Size,
             r"\b(shoe|dress|shirt|t-shirt|jacket|coat|pants|jeans|ring|glove|hat|clothing|clothes) size\b|\bwhat size\b",
@@ -126,6 +147,20 @@ static HOLDS: LazyLock<Vec<(Shape, Regex)>> = LazyLock::new(|| {
             r"[$€£¥]\s?\d|\d\s?(usd|eur|gbp|dollars?|bucks|euros?|k)\b|\bfree\b".to_string(),
         ),
         (Shape::Calendar, calendar.clone()),
+        (
+            Shape::DayOfYear,
+            format!(r"{calendar}|\b(today|tomorrow|yesterday|tonight)\b"),
+        ),
+        (
+            Shape::Colour,
+            r"\b(red|orange|yellow|green|blue|purple|violet|pink|brown|black|white|gr[ae]y|silver|gold|golden|beige|teal|turquoise|navy|maroon|lilac|lavender|magenta|cyan|crimson|scarlet|indigo|olive|cream|ivory|tan|burgundy|coral|mint|peach|aqua|khaki|charcoal|rainbow)\b"
+                .to_string(),
+        ),
+        (
+            Shape::TimeZone,
+            r"\b(utc|gmt|cet|cest|eet|eest|wet|west|pst|pdt|est|edt|cst|cdt|mst|mdt|bst|ist|jst|kst|aest|aedt|nzst|hst|akst)\b|\b(pacific|eastern|central|mountain|atlantic|alaska|hawaii) (standard |daylight )?time\b|\btime ?zone\b|(?-i:\b(in|from|near|based in|lives in)\s+[A-Z][a-z]+)"
+                .to_string(),
+        ),
         (Shape::Date, date),
         (Shape::Handle, r"(^|[\s(:,])@[\w.-]{2,}".to_string()),
         (Shape::Number, r"\d{2,}|\b[a-z]*\d+[a-z]+\w*\b|\b[a-z]+\d+\w*\b".to_string()),
@@ -166,8 +201,8 @@ mod tests {
 
     #[test]
     fn every_pattern_compiles() {
-        assert_eq!(ASKS.len(), 14);
-        assert_eq!(HOLDS.len(), 14);
+        assert_eq!(ASKS.len(), 17);
+        assert_eq!(HOLDS.len(), 17);
     }
 
     #[test]
@@ -180,10 +215,21 @@ mod tests {
             ("How much does the plan cost?", Some(Shape::Money)),
             ("What's the budget for the offsite?", Some(Shape::Money)),
             ("How old is Pepper?", Some(Shape::Age)),
-            // "today" answers it in a chat turn.
-            ("When is Tom's birthday?", Some(Shape::Date)),
+            // A day of the year, or "today" in a chat turn.
+            ("When is Tom's birthday?", Some(Shape::DayOfYear)),
+            ("What's Kai's birth date?", Some(Shape::DayOfYear)),
+            ("When is their wedding anniversary?", Some(Shape::DayOfYear)),
+            ("When is Iris's birthday party?", Some(Shape::Date)),
+            ("What's Iris's favorite color?", Some(Shape::Colour)),
+            ("What colour is the new car?", Some(Shape::Colour)),
+            (
+                "Why did Melanie use colors and patterns in her pottery?",
+                None,
+            ),
+            ("What time zone is Tomasz based in?", Some(Shape::TimeZone)),
             ("Whose birthday did Melanie celebrate recently?", None),
             ("How long ago was Caroline's 18th birthday?", None),
+            ("What did Caroline do on her birthday?", None),
             (
                 "What date does she leave for Mexico?",
                 Some(Shape::Calendar),
@@ -211,7 +257,6 @@ mod tests {
             // A count, and a code answered in words.
             ("What's the number of people on the team?", None),
             ("What's the dress code for the wedding?", None),
-            ("What's Lena's favorite color?", None),
             ("What's the per-key request limit?", None),
         ];
         for (q, want) in cases {
@@ -225,6 +270,18 @@ mod tests {
         assert!(holds(Shape::Phone, "Google Pixel 7, number ending 0193."));
         assert!(!holds(Shape::Phone, "Kai is out Mar 17-21 on vacation."));
         assert!(holds(Shape::Email, "dana.w@brightlinefreight.com"));
+        assert!(holds(Shape::DayOfYear, "Ruben's birthday is Sept 3."));
+        assert!(holds(Shape::DayOfYear, "It's my birthday today!"));
+        let tulips = "Valentine's: Tom brought tulips. A cooking class next month.";
+        assert!(!holds(Shape::DayOfYear, tulips));
+        assert!(holds(Shape::Colour, "Drives a green 2017 Subaru Outback."));
+        assert!(!holds(Shape::Colour, "Iris wants to be a narwhal."));
+        assert!(holds(Shape::TimeZone, "Kai works CET hours."));
+        assert!(holds(Shape::TimeZone, "Tomasz works remotely from Gdansk."));
+        assert!(!holds(
+            Shape::TimeZone,
+            "Tomasz joined Maya's team as a backend dev."
+        ));
         assert!(holds(Shape::Money, "Grocery budget is $600/month"));
         assert!(!holds(
             Shape::Money,
