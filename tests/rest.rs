@@ -114,6 +114,21 @@ async fn remember_search_get_and_forget_over_rest() -> anyhow::Result<()> {
         "{err}"
     );
 
+    // That answer closes the connection and says so, so a keep-alive client
+    // does not send its next request down a socket the server is closing.
+    let resp = rest
+        .http
+        .post(format!("{}/v1/retrieve", rest.base))
+        .bearer_auth(&rest.key)
+        .json(&json!({"text": "x".repeat(3 << 20)}))
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 413);
+    assert_eq!(
+        resp.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
+
     // The same keys: none, or another, is refused.
     let stranger = Rest {
         key: "k-nobody".into(),

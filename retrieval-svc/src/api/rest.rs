@@ -18,7 +18,7 @@ use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, on};
 use engram_common::text::json_within_depth;
@@ -238,6 +238,10 @@ async fn handle(
 /// A body the server would not read (over [`MAX_BODY_BYTES`], a stream
 /// cut short): axum's HTTP code (413 for a body over the limit) with the
 /// API's JSON error naming the field and the rule, not axum's plain text.
+/// The answer says `Connection: close`: the server will not read the rest
+/// of that body, so it closes the connection after answering, and a client
+/// told so does not send its next request down a socket about to close
+/// (the race a keep-alive pool otherwise loses with `IncompleteMessage`).
 fn unread(rejection: &BytesRejection) -> Response {
     let message = match rejection.status() {
         StatusCode::PAYLOAD_TOO_LARGE => format!("body: must be at most {MAX_BODY_BYTES} bytes"),
@@ -249,7 +253,12 @@ fn unread(rejection: &BytesRejection) -> Response {
             "message": message,
         }
     });
-    (rejection.status(), axum::Json(body)).into_response()
+    (
+        rejection.status(),
+        [(header::CONNECTION, "close")],
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 async fn get_one(
