@@ -164,12 +164,17 @@ def run(p, cfg):
 
     p.until(lambda: p.all("#conflicts-list tr.conflict"), "a detected conflict in the queue")
     p.shot("conflicts")
+    waiting = lambda: p.text("conflicts-waiting").strip()
+    p.until(lambda: waiting().rstrip("+").isdigit(), "the count of conflicts awaiting review")
+    before = int(waiting().rstrip("+"))
+    p.check(before == len(p.all("#conflicts-list tr.conflict")), "the count is the queue's length")
     row = p.all("#conflicts-list tr.conflict")[0]
     pair = (row.get_attribute("data-new"), row.get_attribute("data-old"))
     row.find_element(By.CSS_SELECTOR, "button.confirm").click()
     gone = lambda: all((r.get_attribute("data-new"), r.get_attribute("data-old")) != pair
                        for r in p.all("#conflicts-list tr.conflict"))
     p.until(gone, "the confirmed pair to leave the queue")
+    p.until(lambda: waiting() == str(before - 1), "the count to follow the queue")
     p.check(not p.visible("error"), "confirming a conflict succeeds")
 
     # Another tenant's memory: not found by search, not opened by id.

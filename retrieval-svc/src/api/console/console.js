@@ -92,6 +92,7 @@
 
   function signOut() {
     key = null;
+    waiting = "…";
     for (const id of ["answer", "memory-view"]) $(id).hidden = true;
     for (const id of ["counts", "results", "conflicts-list"]) {
       clear($(id).querySelector("tbody"));
@@ -124,8 +125,6 @@
       pages += 1;
     } while (token && pages < COUNT_PAGES);
     const more = token ? "+" : "";
-    const conflicts = await api("/v1/conflicts/list", { page_size: 200 });
-    const waiting = (conflicts.conflicts || []).length + (conflicts.next_page_token ? "+" : "");
     const body = clear($("counts").querySelector("tbody"));
     const row = (k, v) => body.append(el("tr", {}, el("th", {}, k), el("td", {}, String(v))));
     row("memories", total + more);
@@ -133,6 +132,17 @@
     row("by type", Object.entries(byType).map(([k, v]) => `${k} ${v}`).join(", "));
     row("by namespace", Object.entries(byNamespace).map(([k, v]) => `${k} ${v}`).join(", "));
     row("conflicts awaiting review", waiting);
+    $("counts").querySelector("tbody tr:last-child td").id = "conflicts-waiting";
+  }
+
+  // How many conflicts await review, as the queue last listed them: one
+  // list call serves the queue and the count, and a decision refreshes
+  // only these, not the memory counts.
+  let waiting = "…";
+
+  function showWaiting() {
+    const cell = $("conflicts-waiting");
+    if (cell) cell.textContent = waiting;
   }
 
   // --- search with explain ----------------------------------------------
@@ -255,14 +265,16 @@
   // --- the conflicts review queue --------------------------------------
 
   async function loadConflicts() {
-    const listed = await api("/v1/conflicts/list", { page_size: 50 });
+    const listed = await api("/v1/conflicts/list", { page_size: 200 });
+    waiting = (listed.conflicts || []).length + (listed.next_page_token ? "+" : "");
+    showWaiting();
     const body = clear($("conflicts-list").querySelector("tbody"));
     for (const c of listed.conflicts || []) {
       const decide = (decision, label, cls) => {
         const b = el("button", { type: "button", class: cls }, label);
         b.addEventListener("click", () => guarded(async () => {
           await api("/v1/conflicts/review", { new_id: c.new_id, old_id: c.old_id, decision });
-          await Promise.all([loadConflicts(), loadCounts()]);
+          await loadConflicts();
         }));
         return b;
       };
