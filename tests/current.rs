@@ -604,3 +604,61 @@ async fn a_reworded_note_that_says_it_is_news_leads_the_older_one() -> anyhow::R
     assert!(got.iter().take(3).any(|id| id == &old.id), "{got:?}");
     Ok(())
 }
+
+/// A gym change written in new words, and notes about other things.
+fn gyms() -> (Memory, Memory, Vec<Memory>) {
+    let before = fact(
+        "Works out at Crunch Fitness on Hawthorne, usually the 6:30am spin class.",
+        10,
+    );
+    let now = fact(
+        "Joined the Edgeworks climbing gym in Fremont; goes Mon/Wed/Fri before work.",
+        20,
+    );
+    let mut others = offices();
+    others.push(fact("Back from Lisbon; loved Alfama and the tram.", 30));
+    others.push(fact("Coffee order: oat milk flat white, extra hot.", 5));
+    (before, now, others)
+}
+
+const BEFORE_CLIMBING: &str = "Which gym was she going to before she took up climbing?";
+
+#[tokio::test]
+async fn a_question_about_the_past_gets_the_note_a_reworded_change_replaced() -> anyhow::Result<()>
+{
+    let ts = TestStack::start("internal").await?;
+    let mut c = ts.client().await?;
+    let (before, now, mut all) = gyms();
+    all.extend([before.clone(), now.clone()]);
+    write(&mut c, &all).await?;
+
+    let r = ask(&mut c, BEFORE_CLIMBING).await?;
+    let got = ids(&r);
+    assert_eq!(got.first(), Some(&before.id), "{got:?}");
+    assert!(got.contains(&now.id), "the current one stays: {got:?}");
+    ts.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lower_trust_older_note_never_rises_over_the_first() -> anyhow::Result<()> {
+    let settings = engram_tests::settings().await?;
+    let keys = [("a", "sensitive"), ("a", "public")];
+    let (stack, uri, keys) = stack_with_keys(settings, &keys).await?;
+    let mut owner = Client::connect(&uri, &keys[0]).await?;
+    let mut low = Client::connect(&uri, &keys[1]).await?;
+    let (before, mut now, others) = gyms();
+    now.access_level = AccessLevel::Sensitive as i32;
+    write(&mut owner, &others).await?;
+    write(&mut owner, std::slice::from_ref(&now)).await?;
+    write(&mut low, std::slice::from_ref(&before)).await?;
+
+    let got = ids(&ask(&mut owner, BEFORE_CLIMBING).await?);
+    let at = |id: &str| got.iter().position(|g| g == id);
+    assert!(
+        at(&before.id).is_none_or(|b| at(&now.id).is_some_and(|n| n < b)),
+        "{got:?}"
+    );
+    stack.shutdown().await;
+    Ok(())
+}

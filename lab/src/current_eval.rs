@@ -242,7 +242,10 @@ fn score(t: &mut Tally, q: &QuestionLine, ranked: &[&str], flagged: bool) {
                 t.add("stale_above_current", above);
             }
         }
-        "past" => t.add("past@3", in_top(3)),
+        "past" => {
+            t.add("past@1", in_top(1));
+            t.add("past@3", in_top(3));
+        }
         "many" => {
             let all = q.gold.iter().all(|g| at(g).is_some_and(|p| p < 5));
             t.add("many_all@5", all);

@@ -22,6 +22,7 @@ pub mod fusion;
 pub mod history;
 pub mod hop;
 pub mod plan;
+pub mod previous;
 pub mod ranker;
 pub mod retry;
 pub mod route;
@@ -641,6 +642,10 @@ impl Pipeline {
             trace.counts.push(("subject_moves", moved));
             trace.counts.push(("change_moves", news));
             trace.counts.push(("versions", pairs.len()));
+            let before = previous::run(ctx, &mut trace, &mut ranked, &pairs)
+                .instrument(stage_span(previous::PREVIOUS))
+                .await;
+            trace.counts.push(("previous_moves", before));
             let chain = chain::run(ctx, &mut trace, &mut ranked, filters)
                 .instrument(stage_span(chain::CHAIN.name()))
                 .await;
