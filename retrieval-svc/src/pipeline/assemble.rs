@@ -267,7 +267,7 @@ pub fn assemble(
 
 /// ≈ 4 characters per token, rounded up.
 pub fn tokens(s: &str) -> u32 {
-    (s.chars().count() as u32).div_ceil(4)
+    chars_to_tokens(s.chars().count())
 }
 
 pub const CONTEXT_HEADER: &str = "## Relevant Long-Term Memories\n";
@@ -398,20 +398,29 @@ pub fn pack_context(
     budget: u32,
 ) -> (String, u32) {
     let mut block = String::from(CONTEXT_HEADER);
+    // Characters counted once per entry: re-counting the whole block for
+    // each one was quadratic (limit 100 over 60 KiB memories, issue 47).
+    let mut chars = CONTEXT_HEADER.chars().count();
     let mut entries = 0;
     for r in records {
         let Some(m) = &r.memory else { continue };
-        let candidate = format!("{block}{}", context_entry(m, records, conflicts));
-        if tokens(&candidate) <= budget {
-            block = candidate;
+        let entry = context_entry(m, records, conflicts);
+        let with = chars + entry.chars().count();
+        if chars_to_tokens(with) <= budget {
+            block.push_str(&entry);
+            chars = with;
             entries += 1;
         }
     }
     if entries == 0 {
         return (String::new(), 0);
     }
-    let t = tokens(&block);
-    (block, t)
+    (block, chars_to_tokens(chars))
+}
+
+/// [`tokens`] of a text of `chars` characters.
+fn chars_to_tokens(chars: usize) -> u32 {
+    u32::try_from(chars.div_ceil(4)).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

@@ -23,6 +23,8 @@
 
 use std::collections::HashSet;
 
+use super::text::head;
+
 /// The longest text judged, in tokens: a fact or a note, not a passage.
 pub const MAX_TOKENS: usize = 48;
 
@@ -46,9 +48,10 @@ pub const UNSURE: f32 = 0.5;
 /// Score of a slot that holds several values (neither replaces the other).
 pub const MANY_VALUES: f32 = 0.2;
 
-/// Lowercased alphanumeric runs: "Acme's 9:30" → acme, s, 9, 30.
+/// Lowercased alphanumeric runs of the text's [`head`]: "Acme's 9:30" →
+/// acme, s, 9, 30.
 pub fn tokens(text: &str) -> Vec<String> {
-    words(text).map(str::to_lowercase).collect()
+    words(head(text)).map(str::to_lowercase).collect()
 }
 
 fn words(text: &str) -> impl Iterator<Item = &str> {
@@ -65,7 +68,7 @@ pub fn fact_tokens(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The words a text capitalises as names, lowercased: a capitalised word
+/// The words a text (its [`head`]) capitalises as names, lowercased: a capitalised word
 /// inside a sentence, or one that opens a sentence and is followed by
 /// another capitalised word ("Saif Ali Khan is …", "Dr. Grace Lee"). A
 /// sentence's lone first word ("Standup is daily …") is not a name, and
@@ -75,7 +78,7 @@ pub fn names(text: &str) -> HashSet<String> {
     let capitalised = |w: &str| w.chars().next().is_some_and(char::is_uppercase);
     let acronym = |w: &str| w.chars().count() > 1 && !w.chars().any(char::is_lowercase);
     let mut out = HashSet::new();
-    for sentence in text.split(['.', '!', '?', ':', ';', '\n']) {
+    for sentence in head(text).split(['.', '!', '?', ':', ';', '\n']) {
         let ws: Vec<&str> = words(sentence).collect();
         for (i, w) in ws.iter().enumerate() {
             let next_too = ws.get(i + 1).is_some_and(|n| capitalised(n));

@@ -89,10 +89,37 @@ pub fn query_words(query: &str) -> (HashSet<String>, HashSet<String>) {
     (names, terms)
 }
 
-/// Adds the lowercased words of `text` to `have`, each also without a
-/// trailing "s", so "groups" meets "group".
+/// How much of a text the pipeline reads for words: its first 8 KiB, cut
+/// at a space. Each stage that compares words scanned whole memories, so a
+/// read of `limit` 100 over 60 KiB memories cost the gateway ~26 ms of CPU
+/// on the async workers every other tenant's requests share (issue 47,
+/// High 3); a note, a turn or a passage is far shorter, and a long
+/// document's subject is named early (as [`NAME_TOKENS_MAX`] already
+/// assumed for names).
+pub const SCAN_BYTES: usize = 8 * 1024;
+
+/// The part of `text` the word scanners read: all of it up to
+/// [`SCAN_BYTES`], else its first [`SCAN_BYTES`] cut back to a space (or,
+/// with none, to a character boundary).
+pub fn head(text: &str) -> &str {
+    if text.len() <= SCAN_BYTES {
+        return text;
+    }
+    let mut cut = SCAN_BYTES;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let part = &text[..cut];
+    match part.rfind(char::is_whitespace) {
+        Some(space) if space > 0 => &part[..space],
+        _ => part,
+    }
+}
+
+/// Adds the lowercased words of `text` (its [`head`]) to `have`, each also
+/// without a trailing "s", so "groups" meets "group".
 pub fn collect_words(text: &str, have: &mut HashSet<String>) {
-    for w in words(text) {
+    for w in words(head(text)) {
         let lower = w.to_lowercase();
         have.insert(lower.trim_end_matches('s').to_string());
         have.insert(lower);
@@ -161,14 +188,14 @@ pub fn names<'m>(m: &'m Memory, asked: &'m HashSet<String>) -> impl Iterator<Ite
         .filter(move |w| seen.insert(w.clone()))
 }
 
-/// The text's runs of capitalised words, lowercased, each word of three
+/// The text's ([`head`]'s) runs of capitalised words, lowercased, each word of three
 /// characters or more and not a filler ("The"), a possessive's "'s" cut.
 /// A lowercase word, a filler or a comma, semicolon or sentence end ends a
 /// run; a short abbreviation's period ("Dr.", "A.") does not.
 pub fn name_runs(text: &str) -> Vec<Vec<String>> {
     let mut runs: Vec<Vec<String>> = Vec::new();
     let mut run: Vec<String> = Vec::new();
-    for raw in text.split_whitespace() {
+    for raw in head(text).split_whitespace() {
         let word = raw.trim_matches(|c: char| !(c.is_alphanumeric() || c == '\''));
         let word = word.trim_end_matches("'s").trim_end_matches('\'');
         let lower = word.to_lowercase();
@@ -209,6 +236,29 @@ pub fn page(title: &str, content: &str) -> Memory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scanners_read_a_texts_first_8_kib_cut_at_a_space() {
+        let short = "Mira works at Acme.";
+        assert_eq!(head(short), short);
+        let long = "é word ".repeat(2_000);
+        let h = head(&long);
+        assert!(
+            h.len() <= SCAN_BYTES && h.len() > SCAN_BYTES - 16,
+            "{}",
+            h.len()
+        );
+        assert!(long.starts_with(h) && h.ends_with("word"), "cut at a space");
+        let unbroken = "é".repeat(SCAN_BYTES);
+        assert_eq!(
+            head(&unbroken).len(),
+            SCAN_BYTES,
+            "no space: a char boundary"
+        );
+        let mut have = HashSet::new();
+        collect_words(&format!("{} zebra", "a ".repeat(SCAN_BYTES)), &mut have);
+        assert!(!have.contains("zebra"), "past the head is not read");
+    }
 
     #[test]
     fn a_clause_is_the_words_after_its_link() {
