@@ -58,7 +58,11 @@ pub async fn run(
     let mut ids: Vec<String> = older.iter().map(|&i| id(ranked, i)).collect();
     ids.push(id(ranked, 0));
     let deadline = stage_deadline(ctx.deadline);
-    let Vectors::Read(vectors) = read_vectors(ctx, ids, deadline).await else {
+    let read = read_vectors(ctx, ids, deadline).await;
+    // Timed whether or not the read answered: a failed read's wait is
+    // what the trace must show.
+    ctx.timed(PREVIOUS, t);
+    let Vectors::Read(vectors) = read else {
         trace.degraded.push(PREVIOUS.into());
         return 0;
     };
@@ -66,7 +70,6 @@ pub async fn run(
     let alike: Vec<(usize, f32)> = (older.iter())
         .map(|&i| (i, cosine(vector(0), vector(i))))
         .collect();
-    ctx.timed(PREVIOUS, t);
     promote(ranked, &alike)
 }
 

@@ -126,13 +126,13 @@
     } while (token && pages < COUNT_PAGES);
     const more = token ? "+" : "";
     const body = clear($("counts").querySelector("tbody"));
-    const row = (k, v) => body.append(el("tr", {}, el("th", {}, k), el("td", {}, String(v))));
+    const row = (k, v, attrs = {}) =>
+      body.append(el("tr", {}, el("th", {}, k), el("td", attrs, String(v))));
     row("memories", total + more);
     row("of which history (superseded, closed or retracted)", historical + more);
     row("by type", Object.entries(byType).map(([k, v]) => `${k} ${v}`).join(", "));
     row("by namespace", Object.entries(byNamespace).map(([k, v]) => `${k} ${v}`).join(", "));
-    row("conflicts awaiting review", waiting);
-    $("counts").querySelector("tbody tr:last-child td").id = "conflicts-waiting";
+    row("conflicts awaiting review", waiting, { id: "conflicts-waiting" });
   }
 
   // How many conflicts await review, as the queue last listed them: one
