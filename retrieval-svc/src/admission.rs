@@ -102,11 +102,26 @@ impl Admission {
     /// tenant and the key's trust level) in `lane` that may run `weight`
     /// pipelines at once (1 for everything but agentic retrieval).
     pub fn admit(&self, tenant: &str, lane: Lane, weight: u32) -> Result<Permit, Error> {
+        self.admit_costing(tenant, lane, weight, 1)
+    }
+
+    /// [`Admission::admit`] for a request that costs `cost` ordinary
+    /// requests of the tenant's rate (`query::read_cost`), at most its
+    /// burst.
+    pub fn admit_costing(
+        &self,
+        tenant: &str,
+        lane: Lane,
+        weight: u32,
+        cost: u32,
+    ) -> Result<Permit, Error> {
         self.prune();
         let replicas = self.replicas.load(Ordering::Relaxed).max(1);
-        // Each request costs `replicas` cells of the tenant's bucket: this
-        // replica grants 1/replicas of the rate and of the burst.
-        let cells = NonZeroU32::new(replicas.min(self.burst)).unwrap_or(NonZeroU32::MIN);
+        // Each request costs `replicas` cells of the tenant's bucket per
+        // unit of cost: this replica grants 1/replicas of the rate and of
+        // the burst.
+        let cells = replicas.saturating_mul(cost.max(1)).min(self.burst);
+        let cells = NonZeroU32::new(cells).unwrap_or(NonZeroU32::MIN);
         if let Ok(Err(not_until)) = self.rate.check_key_n(&tenant.to_string(), cells) {
             let wait = not_until.wait_time_from(self.clock.now());
             return Err(Error::TenantLimit {
@@ -170,6 +185,19 @@ mod tests {
 
     fn is_limit(r: &Result<Permit, Error>, what: &str) -> bool {
         matches!(r, Err(Error::TenantLimit { what: w, retry_after_ms }) if *w == what && *retry_after_ms > 0)
+    }
+
+    #[test]
+    fn a_costly_request_takes_its_cost_of_the_rate() {
+        let a = limits(1, 10, 100);
+        assert!(a.admit_costing("t1", Lane::Read, 1, 8).is_ok());
+        assert!(a.admit("t1", Lane::Read, 1).is_ok());
+        assert!(a.admit("t1", Lane::Read, 1).is_ok(), "8 + 2 of 10");
+        assert!(is_limit(&a.admit("t1", Lane::Read, 1), "request rate"));
+        assert!(
+            a.admit_costing("t2", Lane::Read, 1, 1000).is_ok(),
+            "a cost past the burst is the burst, not a refusal forever"
+        );
     }
 
     #[test]

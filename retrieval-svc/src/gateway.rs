@@ -223,6 +223,13 @@ impl Gateway {
         (self.inner.admission).admit(&door_key(identity), Lane::Read, weight)
     }
 
+    /// [`Gateway::admit`] for a read that costs `cost` ordinary requests of
+    /// the rate (`query::read_cost`): what it asks for is charged to its
+    /// tenant, not to the cores every tenant shares.
+    pub fn admit_costing(&self, identity: &Identity, cost: u32) -> Result<Permit, Error> {
+        (self.inner.admission).admit_costing(&door_key(identity), Lane::Read, 1, cost)
+    }
+
     /// [`Gateway::admit`] for a request that changes stored memories: its
     /// in-flight count is apart from the reads', so writes waiting on
     /// Postgres never refuse the tenant's reads.

@@ -21,6 +21,25 @@ pub const DEFAULT_LIMIT: u32 = 10;
 pub const MAX_TOKEN_BUDGET: u32 = 100_000;
 pub const MAX_HYPOTHESES: usize = 8;
 
+/// The most rate cells one read costs (see [`read_cost`]).
+pub const MAX_READ_COST: u32 = 8;
+
+/// What a `Retrieve` costs its tenant's rate, in ordinary requests: one,
+/// plus one per 25 records asked for past the default, one per 25,000
+/// tokens of context budget, and one per KiB of query text, at most
+/// [`MAX_READ_COST`]. A read of 100 records with a 100,000-token
+/// budget costs the gateway and search-svc many times an ordinary one
+/// (issue 47, High 3); counted as one, a tenant within its rate could take
+/// the cores every other tenant shares. Read from the raw request before
+/// validation, so every value is clamped to what validation allows.
+pub fn read_cost(req: &RetrieveRequest) -> u32 {
+    let limit = req.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
+    let extra_records = limit.saturating_sub(DEFAULT_LIMIT) / 25;
+    let budget = req.token_budget.min(MAX_TOKEN_BUDGET) / 25_000;
+    let kib = (req.text.len().min(MAX_TEXT_CHARS * 4) / 1024) as u32;
+    (1 + extra_records + budget + kib).min(MAX_READ_COST)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Route {
     Simple,
@@ -335,6 +354,39 @@ pub fn query_text(messages: &[ConversationMessage]) -> Result<String, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_costs_its_tenant_by_what_it_asks_for() {
+        let plain = RetrieveRequest {
+            text: "Where does Mira work?".into(),
+            ..Default::default()
+        };
+        assert_eq!(read_cost(&plain), 1);
+        let default_ish = RetrieveRequest {
+            limit: Some(20),
+            token_budget: 4_000,
+            ..plain.clone()
+        };
+        assert_eq!(read_cost(&default_ish), 1);
+        let most = RetrieveRequest {
+            limit: Some(100),
+            token_budget: 100_000,
+            ..plain.clone()
+        };
+        assert_eq!(read_cost(&most), MAX_READ_COST, "1 + 3 + 4, capped");
+        let long = RetrieveRequest {
+            text: "x".repeat(MAX_TEXT_CHARS),
+            ..Default::default()
+        };
+        assert_eq!(read_cost(&long), 5);
+        let invalid = RetrieveRequest {
+            limit: Some(u32::MAX),
+            token_budget: u32::MAX,
+            text: "x".repeat(1 << 20),
+            ..Default::default()
+        };
+        assert_eq!(read_cost(&invalid), MAX_READ_COST, "clamped, no overflow");
+    }
 
     fn msg(role: &str, content: &str) -> ConversationMessage {
         ConversationMessage {

@@ -62,7 +62,7 @@ async fn retrieve_common(
 ) -> Result<RetrieveResponse, Status> {
     let deadline = gw.deadline(request.metadata(), start);
     let identity = gw.authenticate(request.metadata())?;
-    let _permit = gw.admit(&identity, 1)?;
+    let _permit = gw.admit_costing(&identity, crate::query::read_cost(request.get_ref()))?;
     let mut req = request.into_inner();
     let answered =
         !req.turn_id.is_empty() && gw.pipeline().caches().has_turn(&identity, &req.turn_id);
