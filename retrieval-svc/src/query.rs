@@ -26,7 +26,8 @@ pub const MAX_READ_COST: u32 = 8;
 
 /// What a `Retrieve` costs its tenant's rate, in ordinary requests: one,
 /// plus one per 25 records asked for past the default, one per 25,000
-/// tokens of context budget, and one per KiB of query text, at most
+/// tokens of context budget, and one per KiB of query text (or of the
+/// conversation window it is made from), at most
 /// [`MAX_READ_COST`]. A read of 100 records with a 100,000-token
 /// budget costs the gateway and search-svc many times an ordinary one
 /// (issue 47, High 3); counted as one, a tenant within its rate could take
@@ -36,8 +37,18 @@ pub fn read_cost(req: &RetrieveRequest) -> u32 {
     let limit = req.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
     let extra_records = limit.saturating_sub(DEFAULT_LIMIT) / 25;
     let budget = req.token_budget.min(MAX_TOKEN_BUDGET) / 25_000;
-    let kib = (req.text.len().min(MAX_TEXT_CHARS * 4) / 1024) as u32;
+    let kib = (query_bytes(req).min(MAX_TEXT_CHARS * 4) / 1024) as u32;
     (1 + extra_records + budget + kib).min(MAX_READ_COST)
+}
+
+/// The bytes a read's query is made from: its `text`, or its conversation
+/// window when `text` is empty (the window's messages become the query, and
+/// validation reads every one of them).
+fn query_bytes(req: &RetrieveRequest) -> usize {
+    match req.text.is_empty() {
+        true => (req.conversation.iter()).fold(0, |n, m| n.saturating_add(m.content.len())),
+        false => req.text.len(),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -386,6 +397,23 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(read_cost(&invalid), MAX_READ_COST, "clamped, no overflow");
+    }
+
+    #[test]
+    fn a_conversation_window_costs_like_the_text_it_becomes() {
+        let window = |n: usize, each: usize| RetrieveRequest {
+            conversation: (0..n).map(|_| msg("user", &"x".repeat(each))).collect(),
+            ..Default::default()
+        };
+        assert_eq!(read_cost(&window(2, 100)), 1);
+        assert_eq!(read_cost(&window(4, 1024)), 5, "4 KiB of messages");
+        let most = window(MAX_MESSAGES, MAX_MESSAGE_CHARS);
+        assert_eq!(read_cost(&most), MAX_READ_COST, "clamped, no overflow");
+        let both = RetrieveRequest {
+            text: "Where does Mira work?".into(),
+            ..window(4, 1024)
+        };
+        assert_eq!(read_cost(&both), 1, "the text wins; the window is ignored");
     }
 
     fn msg(role: &str, content: &str) -> ConversationMessage {
