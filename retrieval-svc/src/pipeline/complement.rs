@@ -432,9 +432,9 @@ mod tests {
             vec!["finnish", "marko", "vuoriheimo", "warner-music"]
         );
         // A huge memory is read only so far.
-        let late = format!("{}Finland", "word ".repeat(text::NAME_TOKENS_MAX));
+        let late = format!("{}Finland", "word ".repeat(text::SCAN_BYTES / 5));
         assert!(names_beyond(&memory("", &late), &asked).is_empty());
-        let early = format!("Finland {}", "word ".repeat(text::NAME_TOKENS_MAX));
+        let early = format!("Finland {}", "word ".repeat(text::SCAN_BYTES / 5));
         assert_eq!(names_beyond(&memory("", &early), &asked).len(), 1);
     }
 

@@ -68,12 +68,12 @@ pub fn fact_tokens(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The words a text (its [`head`]) capitalises as names, lowercased: a capitalised word
-/// inside a sentence, or one that opens a sentence and is followed by
-/// another capitalised word ("Saif Ali Khan is …", "Dr. Grace Lee"). A
-/// sentence's lone first word ("Standup is daily …") is not a name, and
-/// neither is an acronym ("CEO", "GP"): it names a role as often as a
-/// thing.
+/// The words a text (its [`head`]) capitalises as names, lowercased: a
+/// capitalised word inside a sentence, or one that opens a sentence and is
+/// followed by another capitalised word ("Saif Ali Khan is …", "Dr. Grace
+/// Lee"). A sentence's lone first word ("Standup is daily …") is not a
+/// name, and neither is an acronym ("CEO", "GP"): it names a role as often
+/// as a thing.
 pub fn names(text: &str) -> HashSet<String> {
     let capitalised = |w: &str| w.chars().next().is_some_and(char::is_uppercase);
     let acronym = |w: &str| w.chars().count() > 1 && !w.chars().any(char::is_lowercase);

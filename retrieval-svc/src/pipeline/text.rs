@@ -94,8 +94,8 @@ pub fn query_words(query: &str) -> (HashSet<String>, HashSet<String>) {
 /// read of `limit` 100 over 60 KiB memories cost the gateway ~26 ms of CPU
 /// on the async workers every other tenant's requests share (issue 47,
 /// High 3); a note, a turn or a passage is far shorter, and a long
-/// document's subject is named early (as [`NAME_TOKENS_MAX`] already
-/// assumed for names).
+/// document's subject is named early (a bridge too, for the name
+/// scanners).
 pub const SCAN_BYTES: usize = 8 * 1024;
 
 /// The part of `text` the word scanners read: all of it up to
@@ -151,7 +151,8 @@ pub const FILLER: &[&str] = &[
 /// Runs of letters, digits, `_`, `'` and `-`, without a leading `'` or `-`,
 /// of three or more characters.
 fn name_tokens(text: &str) -> impl Iterator<Item = &str> {
-    text.split(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '\'' | '-')))
+    head(text)
+        .split(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '\'' | '-')))
         .map(|w| w.trim_start_matches(['\'', '-']))
         .filter(|w| w.chars().count() >= 3)
 }
@@ -169,11 +170,6 @@ pub fn lower_words(text: &str) -> HashSet<String> {
         .collect()
 }
 
-/// Words of a memory read for its names: a 64 KiB memory would otherwise
-/// cost its tenant's multi-hop queries milliseconds of tokenizing, and a
-/// bridge is named early in a passage.
-pub const NAME_TOKENS_MAX: usize = 2_000;
-
 /// A memory's names in the order it says them (its title's, then its
 /// content's capitalised words, lowercased), each once, leaving out what
 /// `asked` holds (the question's words, [`lower_words`]).
@@ -181,15 +177,15 @@ pub fn names<'m>(m: &'m Memory, asked: &'m HashSet<String>) -> impl Iterator<Ite
     let mut seen = HashSet::new();
     name_tokens(&m.title)
         .chain(name_tokens(&m.content))
-        .take(NAME_TOKENS_MAX)
         .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
         .map(str::to_lowercase)
         .filter(|w| !FILLER.contains(&w.as_str()) && !asked.contains(w))
         .filter(move |w| seen.insert(w.clone()))
 }
 
-/// The text's ([`head`]'s) runs of capitalised words, lowercased, each word of three
-/// characters or more and not a filler ("The"), a possessive's "'s" cut.
+/// The text's ([`head`]'s) runs of capitalised words, lowercased, each
+/// word of three characters or more and not a filler ("The"), a
+/// possessive's "'s" cut.
 /// A lowercase word, a filler or a comma, semicolon or sentence end ends a
 /// run; a short abbreviation's period ("Dr.", "A.") does not.
 pub fn name_runs(text: &str) -> Vec<Vec<String>> {
