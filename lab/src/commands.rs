@@ -281,7 +281,7 @@ pub enum EvalDataset {
         #[arg(long)]
         verbose: bool,
         /// Write each answer as a JSON line here (records with their
-        /// event time, fused score, query cosine and embedding).
+        /// event time, fused score, query cosine, strategy ranks and embedding).
         #[arg(long)]
         dump: Option<PathBuf>,
     },

@@ -11,7 +11,9 @@
 //! - chain: the final fact in the top 5;
 //! - plain: the answer at #1 and in the top 3;
 //! - absent (an attribute no memory states): flagged `nothing_relevant`,
-//!   against answerable questions flagged.
+//!   against answerable questions flagged;
+//! - answerable (every question with an answer, of any kind): an answer at
+//!   #1 and in the top 3, the assistant sets' acceptance figures (issue 46).
 //!
 //! Nothing here is fitted: the rules it measures are structural
 //! (pipeline/slots.rs), so every figure is out of sample; report each set
@@ -259,6 +261,8 @@ fn score(t: &mut Tally, q: &QuestionLine, ranked: &[&str], flagged: bool) {
         _ => {}
     }
     if !q.gold.is_empty() {
+        t.add("answerable@1", in_top(1));
+        t.add("answerable@3", in_top(3));
         t.add("answerable_flagged", flagged);
     }
 }
@@ -398,7 +402,9 @@ fn report_text(report: &BTreeMap<String, Tally>, json: bool) -> String {
 }
 
 /// One question's answer as a JSON line for study outside the build: each
-/// record's set id, event time, fused score, query cosine and embedding.
+/// record's set id, event time, fused and final score, query cosine, the
+/// strategies that found it with their ranks ("vector#2"), the checks it
+/// passed, and its embedding.
 async fn dump_line(
     client: &mut Client,
     set: &Set,
@@ -437,6 +443,11 @@ async fn dump_line(
                 "when": m.event_time.as_ref().map(|t| t.seconds),
                 "rrf": p.map(|p| p.rrf_score),
                 "cosine": cosine,
+                "score": s.score,
+                "hits": (p.iter().flat_map(|p| &p.strategies))
+                    .map(|h| format!("{}#{}", h.strategy, h.rank))
+                    .collect::<Vec<_>>(),
+                "checks": p.map(|p| p.checks_passed.clone()),
                 "emb": emb,
             }))
         })
