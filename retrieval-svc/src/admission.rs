@@ -106,8 +106,11 @@ impl Admission {
     }
 
     /// [`Admission::admit`] for a request that costs `cost` ordinary
-    /// requests of the tenant's rate (`query::read_cost`), at most its
-    /// burst.
+    /// requests (`query::read_cost`): `cost` cells of the tenant's rate (at
+    /// most its burst) and as many of its places in flight (at most all of
+    /// them). An expensive read holds the shared cores for as long as it
+    /// runs, so the in-flight cap, not only the rate, must count it as the
+    /// ordinary reads it displaces (issue 47, High 3).
     pub fn admit_costing(
         &self,
         tenant: &str,
@@ -130,7 +133,7 @@ impl Admission {
             });
         }
         let cap = self.max_concurrent.div_ceil(replicas).max(1);
-        let weight = weight.clamp(1, cap);
+        let weight = weight.max(cost).clamp(1, cap);
         let key = (tenant.to_string(), lane);
         let mut map = self.in_flight.lock();
         let n = map.entry(key.clone()).or_insert(0);
@@ -197,6 +200,32 @@ mod tests {
         assert!(
             a.admit_costing("t2", Lane::Read, 1, 1000).is_ok(),
             "a cost past the burst is the burst, not a refusal forever"
+        );
+    }
+
+    #[test]
+    fn a_costly_read_holds_its_cost_of_the_places_in_flight() {
+        let a = limits(1000, 1000, 32);
+        let held: Vec<_> = (0..4)
+            .map(|_| a.admit_costing("t1", Lane::Read, 1, 8))
+            .collect();
+        assert!(held.iter().all(Result::is_ok), "4 x 8 of 32");
+        let fifth = a.admit_costing("t1", Lane::Read, 1, 8);
+        assert!(is_limit(&fifth, "requests in flight"));
+        assert!(
+            a.admit("t2", Lane::Read, 1).is_ok(),
+            "another tenant's places are its own"
+        );
+        drop(held);
+        let ordinary: Vec<_> = (0..32).map(|_| a.admit("t1", Lane::Read, 1)).collect();
+        assert!(
+            ordinary.iter().all(Result::is_ok),
+            "freed on drop; a read of cost 1 takes 1"
+        );
+        let b = limits(1000, 1000, 4);
+        assert!(
+            b.admit_costing("t1", Lane::Read, 1, 8).is_ok(),
+            "a cost past the cap is the whole cap, not a refusal forever"
         );
     }
 

@@ -24,7 +24,8 @@ pub const MAX_HYPOTHESES: usize = 8;
 /// The most rate cells one read costs (see [`read_cost`]).
 pub const MAX_READ_COST: u32 = 8;
 
-/// What a `Retrieve` costs its tenant's rate, in ordinary requests: one,
+/// What a `Retrieve` costs its tenant's rate and places in flight, in
+/// ordinary requests: one,
 /// plus one per 25 records asked for past the default, one per 25,000
 /// tokens of context budget, and one per KiB of query text (or of the
 /// conversation window it is made from), at most
