@@ -43,13 +43,20 @@ pub fn read_cost(req: &RetrieveRequest) -> u32 {
 }
 
 /// The bytes a read's query is made from: its `text`, or its conversation
-/// window when `text` is empty (the window's messages become the query, and
-/// validation reads every one of them).
+/// window when [`window_is_query`] (the window's messages become the query,
+/// and validation reads every one of them).
 fn query_bytes(req: &RetrieveRequest) -> usize {
-    match req.text.is_empty() {
+    match window_is_query(&req.text, &req.conversation) {
         true => (req.conversation.iter()).fold(0, |n, m| n.saturating_add(m.content.len())),
         false => req.text.len(),
     }
+}
+
+/// Whether a read's query is made from its conversation window: its text
+/// is blank and it has one. Shared by validation and [`read_cost`], so a
+/// read is charged for the query it is answered with.
+fn window_is_query(text: &str, conversation: &[ConversationMessage]) -> bool {
+    text.trim().is_empty() && !conversation.is_empty()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -227,7 +234,7 @@ impl TryFrom<i32> for Mode {
 /// The query text: the request's, or the conversation window's when the
 /// text is empty; non-empty and at most `MAX_TEXT_CHARS` either way.
 fn checked_text(text: String, conversation: &[ConversationMessage]) -> Result<String, Error> {
-    let text = if text.trim().is_empty() && !conversation.is_empty() {
+    let text = if window_is_query(&text, conversation) {
         query_text(conversation)?
     } else {
         text
@@ -415,6 +422,11 @@ mod tests {
             ..window(4, 1024)
         };
         assert_eq!(read_cost(&both), 1, "the text wins; the window is ignored");
+        let blank = RetrieveRequest {
+            text: "   ".into(),
+            ..window(4, 1024)
+        };
+        assert_eq!(read_cost(&blank), 5, "blank text: the window is the query");
     }
 
     fn msg(role: &str, content: &str) -> ConversationMessage {
