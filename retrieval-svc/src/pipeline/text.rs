@@ -94,8 +94,8 @@ pub fn query_words(query: &str) -> (HashSet<String>, HashSet<String>) {
 /// read of `limit` 100 over 60 KiB memories cost the gateway ~26 ms of CPU
 /// on the async workers every other tenant's requests share (issue 47,
 /// High 3); a note, a turn or a passage is far shorter, and a long
-/// document's subject is named early (a bridge too, for the name
-/// scanners).
+/// document names its subject, and the bridges the name scanners look
+/// for, early.
 pub const SCAN_BYTES: usize = 8 * 1024;
 
 /// The part of `text` the word scanners read: all of it up to
