@@ -120,20 +120,31 @@ impl Admission {
     ) -> Result<Permit, Error> {
         self.prune();
         let replicas = self.replicas.load(Ordering::Relaxed).max(1);
+        // The places in flight first: a request refused for them has done
+        // no work, so it must not spend the tenant's rate as well (a client
+        // retrying a busy refusal would drain its own bucket).
+        let permit = self.hold(tenant, lane, weight.max(cost), replicas)?;
         // Each request costs `replicas` cells of the tenant's bucket per
         // unit of cost: this replica grants 1/replicas of the rate and of
         // the burst.
         let cells = replicas.saturating_mul(cost.max(1)).min(self.burst);
         let cells = NonZeroU32::new(cells).unwrap_or(NonZeroU32::MIN);
         if let Ok(Err(not_until)) = self.rate.check_key_n(&tenant.to_string(), cells) {
+            // Dropping the permit gives its places back.
             let wait = not_until.wait_time_from(self.clock.now());
             return Err(Error::TenantLimit {
                 what: "request rate",
                 retry_after_ms: (wait.as_millis() as u64).max(1),
             });
         }
+        Ok(permit)
+    }
+
+    /// Takes `weight` of the tenant's places in flight in `lane` (at least
+    /// one, at most this replica's share of the cap).
+    fn hold(&self, tenant: &str, lane: Lane, weight: u32, replicas: u32) -> Result<Permit, Error> {
         let cap = self.max_concurrent.div_ceil(replicas).max(1);
-        let weight = weight.max(cost).clamp(1, cap);
+        let weight = weight.clamp(1, cap);
         let key = (tenant.to_string(), lane);
         let mut map = self.in_flight.lock();
         let n = map.entry(key.clone()).or_insert(0);
@@ -238,6 +249,28 @@ mod tests {
         assert!(
             a.admit("t2", Lane::Read, 1).is_ok(),
             "another tenant is not charged"
+        );
+    }
+
+    #[test]
+    fn a_request_refused_for_places_in_flight_spends_no_rate() {
+        // Burst 3, one place in flight.
+        let a = limits(1, 3, 1);
+        let held = a.admit("t1", Lane::Read, 1).expect("first");
+        for _ in 0..10 {
+            assert!(is_limit(
+                &a.admit("t1", Lane::Read, 1),
+                "requests in flight"
+            ));
+        }
+        drop(held);
+        // The ten refusals took nothing: two of the three cells are left.
+        assert!(a.admit("t1", Lane::Read, 1).is_ok());
+        assert!(a.admit("t1", Lane::Read, 1).is_ok());
+        assert!(is_limit(&a.admit("t1", Lane::Read, 1), "request rate"));
+        assert!(
+            a.in_flight.lock().is_empty(),
+            "a rate refusal gives its place back"
         );
     }
 
