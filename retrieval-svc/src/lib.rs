@@ -228,6 +228,45 @@ mod layering {
             inside("pipeline::plan"),
             ["pipeline::fusion", "pipeline::session"]
         );
+        // The later stages' downstream calls stand on the request's context
+        // alone, not on Stage 2's file.
+        assert_eq!(inside("pipeline::later"), ["pipeline::ctx"]);
+    }
+
+    /// The stages after Stage 2 take what they share from leaves (`later`
+    /// for their downstream calls, `text` for question wording), not from
+    /// the files of Stage 1 (route) and Stage 2 (search): Stage 2's output
+    /// type, `Candidate`, is the one thing a hop or a chain takes from it.
+    #[test]
+    fn later_stages_borrow_no_earlier_stages_helpers() {
+        let g = graph();
+        for stage in [
+            "pipeline::complement",
+            "pipeline::previous",
+            "pipeline::history",
+            "pipeline::hop",
+            "pipeline::chain",
+        ] {
+            assert!(!g[stage].contains("pipeline::route"), "{stage}: {g:?}");
+        }
+        for stage in [
+            "pipeline::complement",
+            "pipeline::previous",
+            "pipeline::history",
+        ] {
+            assert!(!g[stage].contains("pipeline::search"), "{stage}: {g:?}");
+        }
+        for (file, text) in modules() {
+            let code = text
+                .split("#[cfg(test)]")
+                .next()
+                .unwrap_or(&text)
+                .to_string();
+            if file == "pipeline::hop" || file == "pipeline::chain" {
+                let uses: Vec<&str> = (code.lines()).filter(|l| l.contains("search::")).collect();
+                assert_eq!(uses, ["use super::search::Candidate;"], "{file}");
+            }
+        }
     }
 
     #[test]

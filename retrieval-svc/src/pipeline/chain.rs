@@ -22,15 +22,13 @@ use tokio::time::Instant;
 use super::cache::cosine;
 use super::ctx::{Ctx, StageTrace};
 use super::current::order_key;
-use super::route::AUXILIARIES;
-use super::search::{
-    Candidate, Vectors, later_keyword, stage_deadline, text_and_vectors, time_for_another,
-};
+use super::later::{Vectors, later_keyword, stage_deadline, text_and_vectors, time_for_another};
+use super::search::Candidate;
 use super::slots::{self, is_note};
 use super::strategy::Strategy;
 use super::text::{
-    CLAUSE_LINKS, RELATION_LINKS, capitalised, clause_at, clause_of, clause_words, lower_words,
-    name_runs, names, query_words,
+    AUXILIARIES, CLAUSE_LINKS, RELATION_LINKS, capitalised, clause_at, clause_of, clause_words,
+    lower_words, name_runs, names, query_words,
 };
 use super::validate::{Checked, static_checks};
 

@@ -20,9 +20,8 @@ use engram_proto::Memory;
 use tokio::time::Instant;
 
 use super::ctx::{Ctx, StageTrace};
-use super::route::comparative;
-use super::search::{Vectors, read_vectors};
-use super::text::{self, lower_words};
+use super::later::{Vectors, read_vectors};
+use super::text::{self, comparative, lower_words};
 use super::validate::{Checked, best_fused};
 
 /// The degraded-stage name when the memories' vectors could not be read.

@@ -12,7 +12,7 @@
 use engram_proto::{Filters, GetRequest, ScoredMemory};
 
 use super::ctx::{Ctx, StageTrace};
-use super::search::stage_deadline;
+use super::later::stage_deadline;
 use crate::downstream::call_until;
 
 /// Whether the answer to this query shows history at all.

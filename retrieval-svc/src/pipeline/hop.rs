@@ -22,10 +22,9 @@ use tokio::time::Instant;
 
 use super::cache::cosine;
 use super::ctx::{Ctx, StageTrace};
+use super::later::{Vectors, later_keyword, stage_deadline, text_and_vectors, time_for_another};
 use super::plan::{HopPlan, Plan};
-use super::search::{
-    Candidate, Vectors, later_keyword, stage_deadline, text_and_vectors, time_for_another,
-};
+use super::search::Candidate;
 use super::slots::is_statement;
 use super::strategy::Strategy;
 use super::text::{clause_of, collect_words, coverage, lower_words, names, query_words};

@@ -21,6 +21,7 @@ pub mod feedback;
 pub mod fusion;
 pub mod history;
 pub mod hop;
+pub mod later;
 pub mod plan;
 pub mod previous;
 pub mod ranker;
@@ -518,7 +519,7 @@ impl Pipeline {
         let mut repeat_of: Option<(Route, bool, Filters)> = None;
         for n in 0..max_attempts {
             if n > 0 {
-                if !search::time_for_another(ctx.deadline) {
+                if !later::time_for_another(ctx.deadline) {
                     break;
                 }
                 filters = retry::broaden(&filters);

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use super::cache::cosine;
 use super::ctx::{Ctx, StageTrace};
 use super::current::{asks_past, order_key};
-use super::search::{Vectors, read_vectors, stage_deadline};
+use super::later::{Vectors, read_vectors, stage_deadline};
 use super::slots::is_note;
 use super::subject::{TOP, move_places};
 use super::validate::Checked;

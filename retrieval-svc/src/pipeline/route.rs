@@ -8,7 +8,7 @@
 use engram_common::settings::PipelineSettings;
 
 use super::plan::Plan;
-use super::text::RELATION_LINKS;
+use super::text::{AUXILIARIES, RELATION_LINKS, has_phrase, normalise};
 use crate::query::{Mode, Query, Raw, Route};
 
 /// What one attempt runs. Stage 1 makes the first; a retry makes the next
@@ -163,25 +163,6 @@ const GREETINGS: &[&str] = &[
     "help",
 ];
 
-fn normalise(text: &str) -> String {
-    let lower: String = text
-        .chars()
-        .map(|c| {
-            if c.is_alphanumeric() || c == '\'' {
-                c.to_ascii_lowercase()
-            } else {
-                ' '
-            }
-        })
-        .collect();
-    lower.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-fn has_phrase(norm: &str, phrase: &str) -> bool {
-    // Word-boundary match on the space-normalised text.
-    format!(" {norm} ").contains(&format!(" {phrase} "))
-}
-
 /// Words that may follow a greeting without making it a question ("hello
 /// there", "thanks a lot", "how are you doing today"). A greeting phrase
 /// followed by any other word ("who are you meeting tomorrow", "help with
@@ -267,33 +248,6 @@ fn bridge_clause(norm: &str) -> bool {
             .any(|w| matches!(*w, "that" | "whose" | "which" | "who"))
 }
 
-/// Wording that compares things the question names itself ("who was born
-/// first, A or B?", "are both X and Y ...", "the same country"): both ends
-/// are in the question, so no bridge between them is needed (Stage 4b's
-/// bridge weight stays off for it).
-const COMPARATIVE: &[&str] = &[
-    "both",
-    "same",
-    "difference between",
-    "or",
-    "older",
-    "younger",
-    "earlier",
-    "later",
-    "longer",
-    "first",
-];
-
-/// Whether the question compares things it names (see [`COMPARATIVE`];
-/// "compare…" and "respective…" match as word prefixes).
-pub fn comparative(text: &str) -> bool {
-    let norm = normalise(text);
-    COMPARATIVE.iter().any(|p| has_phrase(&norm, p))
-        || norm
-            .split(' ')
-            .any(|w| w.starts_with("compare") || w.starts_with("respective"))
-}
-
 /// Head nouns that name an attribute, not a thing a chain passes through
 /// ("the name of the pet that…", "the kind of…"): chat questions use them
 /// without any hop.
@@ -333,13 +287,6 @@ const ATTRIBUTE_HEADS: &[&str] = &[
 /// prose, where "the end of the meeting that…" is no chain. The longest
 /// dev question is 224 characters.
 const MAX_CHAIN_QUESTION_CHARS: usize = 300;
-
-/// Auxiliaries: "who is the person that…" asks about the person, it does
-/// not relate another one to them (and "what is …" names no kind, chain.rs).
-pub const AUXILIARIES: &[&str] = &[
-    "is", "was", "are", "were", "am", "be", "been", "does", "did", "do", "has", "had", "have",
-    "can", "could", "will", "would", "should", "shall", "may", "might", "must",
-];
 
 /// Words after "who / what / which" that are not a verb ("which of the
 /// projects that…", "what about the owner of…").
@@ -399,6 +346,7 @@ pub fn classify(text: &str) -> Route {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::text::comparative;
 
     #[test]
     fn relative_clauses_are_bridges() {

@@ -219,6 +219,64 @@ pub fn name_runs(text: &str) -> Vec<Vec<String>> {
     runs
 }
 
+// Question wording shared by the route and the stages after it.
+
+/// Lower case, every character but letters, digits and apostrophes a
+/// space, single spaces: the form [`has_phrase`] matches on.
+pub fn normalise(text: &str) -> String {
+    let lower: String = text
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() || c == '\'' {
+                c.to_ascii_lowercase()
+            } else {
+                ' '
+            }
+        })
+        .collect();
+    lower.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Whether `phrase` occurs in `norm` ([`normalise`]d) as whole words.
+pub fn has_phrase(norm: &str, phrase: &str) -> bool {
+    // Word-boundary match on the space-normalised text.
+    format!(" {norm} ").contains(&format!(" {phrase} "))
+}
+
+/// Wording that compares things the question names itself ("who was born
+/// first, A or B?", "are both X and Y ...", "the same country"): both ends
+/// are in the question, so no bridge between them is needed (Stage 4b's
+/// bridge weight stays off for it).
+const COMPARATIVE: &[&str] = &[
+    "both",
+    "same",
+    "difference between",
+    "or",
+    "older",
+    "younger",
+    "earlier",
+    "later",
+    "longer",
+    "first",
+];
+
+/// Whether the question compares things it names (see [`COMPARATIVE`];
+/// "compare…" and "respective…" match as word prefixes).
+pub fn comparative(text: &str) -> bool {
+    let norm = normalise(text);
+    COMPARATIVE.iter().any(|p| has_phrase(&norm, p))
+        || norm
+            .split(' ')
+            .any(|w| w.starts_with("compare") || w.starts_with("respective"))
+}
+
+/// Auxiliaries: "who is the person that…" asks about the person, it does
+/// not relate another one to them (and "what is …" names no kind, chain.rs).
+pub const AUXILIARIES: &[&str] = &[
+    "is", "was", "are", "were", "am", "be", "been", "does", "did", "do", "has", "had", "have",
+    "can", "could", "will", "would", "should", "shall", "may", "might", "must",
+];
+
 /// A memory with a title and content only, for unit tests.
 #[cfg(test)]
 pub fn page(title: &str, content: &str) -> Memory {
