@@ -3,8 +3,8 @@
 //! and four scenarios run against it through the public API, each bounded
 //! by `--seconds`:
 //!
-//! * `noisy`: tenant B reads at a steady rate alone, then while tenant A
-//!   floods (far over its rate, limit 100 with huge token budgets, NUL
+//! * `noisy`: tenant B reads at a steady rate alone and while tenant A
+//!   floods, in three alternating rounds (far over its rate, limit 100 with huge token budgets, NUL
 //!   bytes, 1 ms deadlines, oversized fields and messages, agentic
 //!   fan-out); B's latency and errors in both phases, A's answers by code.
 //! * `faults`: steady reads and writes while search-, graph- and rerank-svc
@@ -237,7 +237,8 @@ pub async fn run_on(dep: &mut Deployment, args: &SoakArgs) -> anyhow::Result<ser
 const LARGE_MEMORIES: usize = 60;
 
 /// Issue 47's three High attacks, one after the other, each as `noisy`
-/// runs it (B alone, then B while A floods with that attack alone): B's
+/// runs it (B alone and B while A floods with that attack alone, in
+/// alternating rounds): B's
 /// degraded share and p95 ratio to solo under each. Target: 0 % of B's
 /// answers degraded and p95 <= 2x solo (the 2-core floor for any
 /// neighbour is ~1.6x, docs/reliability.md).
@@ -274,13 +275,25 @@ struct Contest<'a> {
     pids: &'a [(String, u32)],
 }
 
-/// Tenant B alone, then B while A floods; with the CPU each process used
-/// in each phase, to see where an attack's cost lands.
+/// Tenant B alone and B while A floods, in alternating rounds; with the
+/// CPU each process used in each phase, to see where an attack's cost
+/// lands.
 async fn noisy(c: &Contest<'_>) -> serde_json::Value {
     contend(c, c.args.attacks.clone()).await
 }
 
-/// B alone, then B while A's flood loops cycle through `attacks`.
+/// Rounds of B alone and B under A's flood in one phase: the machine's
+/// own drift (its p95 moves ~2x from minute to minute) then lands on both
+/// sides of the ratio instead of on one.
+const ROUNDS: u32 = 3;
+
+/// Kept out of every measurement after A's flood stops, so work the flood
+/// left queued is not counted as B's solo latency (which would flatter the
+/// ratio).
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// B alone and B while A's flood loops cycle through `attacks`, in
+/// [`ROUNDS`] alternating windows of `seconds / ROUNDS` each.
 async fn contend(c: &Contest<'_>, attacks: Vec<String>) -> serde_json::Value {
     let Contest {
         b,
@@ -289,30 +302,38 @@ async fn contend(c: &Contest<'_>, attacks: Vec<String>) -> serde_json::Value {
         args,
         pids,
     } = c;
-    let (uri, (key_a, tenant_a)) = attacker.clone();
     let secs = Duration::from_secs(args.seconds.max(1));
-    let cpu0 = deploy::cpu_seconds(pids);
-    let solo = timed_reads(b, args.qps, questions, secs).await;
-    let cpu1 = deploy::cpu_seconds(pids);
-    let stop = Arc::new(AtomicBool::new(false));
-    let flood = load::flood_apart(
-        uri,
-        (key_a, tenant_a),
-        (attacks.clone(), args.flood_workers),
-        args.flood_nice,
-        stop.clone(),
-    );
-    let attack = timed_reads(b, args.qps, questions, secs).await;
-    stop.store(true, Ordering::Relaxed);
-    let counts = match flood.await {
-        Ok(Ok(counts)) => counts,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "the flood could not run");
-            BTreeMap::new()
+    let window = secs / ROUNDS;
+    let (mut solo, mut attack) = (Vec::new(), Vec::new());
+    let (mut cpu_solo, mut cpu_attack) = (BTreeMap::new(), BTreeMap::new());
+    // Wall time between the CPU readings: an attack's phase ends when the
+    // flood has drained, after its window.
+    let (mut wall_solo, mut wall_attack) = (Duration::ZERO, Duration::ZERO);
+    let mut counts = BTreeMap::new();
+    for _ in 0..ROUNDS {
+        let (cpu0, t0) = (deploy::cpu_seconds(pids), std::time::Instant::now());
+        solo.extend(timed_reads(b, args.qps, questions, window).await);
+        let (cpu1, t1) = (deploy::cpu_seconds(pids), std::time::Instant::now());
+        let stop = Arc::new(AtomicBool::new(false));
+        let flood = load::flood_apart(
+            attacker.0.clone(),
+            attacker.1.clone(),
+            (attacks.clone(), args.flood_workers),
+            args.flood_nice,
+            stop.clone(),
+        );
+        attack.extend(timed_reads(b, args.qps, questions, window).await);
+        stop.store(true, Ordering::Relaxed);
+        for (k, n) in flood_counts(flood).await {
+            *counts.entry(k).or_insert(0) += n;
         }
-        Err(_) => BTreeMap::new(),
-    };
-    let cpu2 = deploy::cpu_seconds(pids);
+        let cpu2 = deploy::cpu_seconds(pids);
+        add_used(&mut cpu_solo, &cpu0, &cpu1);
+        add_used(&mut cpu_attack, &cpu1, &cpu2);
+        wall_solo += t1 - t0;
+        wall_attack += t1.elapsed();
+        tokio::time::sleep(SETTLE).await;
+    }
     let solo = summary(&solo.iter().collect::<Vec<_>>());
     let attack = summary(&attack.iter().collect::<Vec<_>>());
     let ratio = ratio(&attack["p95_ms"], &solo["p95_ms"]);
@@ -327,41 +348,62 @@ async fn contend(c: &Contest<'_>, attacks: Vec<String>) -> serde_json::Value {
             .or_default() += n;
     }
     let sent: usize = counts.values().sum();
+    let measured = window * ROUNDS;
     let met = ratio <= 1.5 && solo["errors"] == 0 && attack["errors"] == 0;
     json!({
         "b_solo": solo,
         "b_under_attack": attack,
         "b_p95_ratio": ratio,
+        "rounds": ROUNDS,
         "a_attacks": attacks,
         "a_workers": args.flood_workers,
         "a_client_nice": args.flood_nice,
         "a_requests": sent,
-        "a_rate_per_s": round1(sent as f64 / secs.as_secs_f64()),
+        "a_rate_per_s": round1(sent as f64 / measured.as_secs_f64().max(1e-9)),
         "a_by_code": by_code,
         "a_by_attack": by_attack,
         "cpu_cores_used": {
-            "solo": cores_used(&cpu0, &cpu1, secs),
-            "under_attack": cores_used(&cpu1, &cpu2, secs),
+            "solo": per_second(&cpu_solo, wall_solo),
+            "under_attack": per_second(&cpu_attack, wall_attack),
         },
         "target": "B p95 under attack <= 1.5 x solo; 0 errors for B",
         "met": met,
     })
 }
 
-/// CPU seconds per wall second of each process between two readings.
-fn cores_used(
+/// What A's flood was answered, by (attack, code); empty when it could not
+/// run.
+async fn flood_counts(
+    flood: tokio::sync::oneshot::Receiver<anyhow::Result<BTreeMap<(String, String), usize>>>,
+) -> BTreeMap<(String, String), usize> {
+    match flood.await {
+        Ok(Ok(counts)) => counts,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the flood could not run");
+            BTreeMap::new()
+        }
+        Err(_) => BTreeMap::new(),
+    }
+}
+
+/// Adds each process's CPU seconds between two readings to `total`.
+fn add_used(
+    total: &mut BTreeMap<String, f64>,
     before: &BTreeMap<String, f64>,
     after: &BTreeMap<String, f64>,
-    wall: Duration,
-) -> BTreeMap<String, f64> {
-    after
-        .iter()
+) {
+    for (name, t) in after {
+        *total.entry(name.clone()).or_insert(0.0) += t - before.get(name).copied().unwrap_or(*t);
+    }
+}
+
+/// CPU seconds per wall second of each process, from seconds used over
+/// `wall`.
+fn per_second(used: &BTreeMap<String, f64>, wall: Duration) -> BTreeMap<String, f64> {
+    (used.iter())
         .map(|(name, t)| {
-            let used = t - before.get(name).copied().unwrap_or(*t);
-            (
-                name.clone(),
-                round1(used / wall.as_secs_f64().max(1e-9) * 10.0) / 10.0,
-            )
+            let per = t / wall.as_secs_f64().max(1e-9);
+            (name.clone(), round1(per * 10.0) / 10.0)
         })
         .collect()
 }
