@@ -4,9 +4,10 @@
 //! by `--seconds`:
 //!
 //! * `noisy`: tenant B reads at a steady rate alone and while tenant A
-//!   floods, in three alternating rounds (far over its rate, limit 100 with huge token budgets, NUL
-//!   bytes, 1 ms deadlines, oversized fields and messages, agentic
-//!   fan-out); B's latency and errors in both phases, A's answers by code.
+//!   floods, in three alternating rounds (A far over its rate, limit 100
+//!   with huge token budgets, NUL bytes, 1 ms deadlines, oversized fields
+//!   and messages, agentic fan-out); B's latency and errors in both
+//!   phases, A's answers by code.
 //! * `faults`: steady reads and writes while search-, graph- and rerank-svc
 //!   and then Postgres are killed with SIGKILL in turn and restarted;
 //!   failed reads, p100, time until answers are whole again, acknowledged
@@ -238,10 +239,9 @@ const LARGE_MEMORIES: usize = 60;
 
 /// Issue 47's three High attacks, one after the other, each as `noisy`
 /// runs it (B alone and B while A floods with that attack alone, in
-/// alternating rounds): B's
-/// degraded share and p95 ratio to solo under each. Target: 0 % of B's
-/// answers degraded and p95 <= 2x solo (the 2-core floor for any
-/// neighbour is ~1.6x, docs/reliability.md).
+/// alternating rounds): B's degraded share and p95 ratio to solo under
+/// each. Target: 0 % of B's answers degraded and p95 <= 2x solo (the
+/// 2-core floor for any neighbour is ~1.6x, docs/reliability.md).
 async fn high(c: &Contest<'_>) -> serde_json::Value {
     let mut out = serde_json::Map::new();
     for (name, kinds) in load::HIGH {
