@@ -8,7 +8,7 @@
 //!   one in the top 5, and how often an outdated memory ranks above it;
 //! - past: the earlier version in the top 3;
 //! - many: every value in the top 5 (all stay current);
-//! - chain: the final fact in the top 5;
+//! - chain: the final fact at #1 and in the top 5;
 //! - plain: the answer at #1 and in the top 3;
 //! - absent (an attribute no memory states): flagged `nothing_relevant`,
 //!   against answerable questions flagged;
@@ -252,7 +252,10 @@ fn score(t: &mut Tally, q: &QuestionLine, ranked: &[&str], flagged: bool) {
             let all = q.gold.iter().all(|g| at(g).is_some_and(|p| p < 5));
             t.add("many_all@5", all);
         }
-        "chain" => t.add("chain@5", in_top(5)),
+        "chain" => {
+            t.add("chain@1", in_top(1));
+            t.add("chain@5", in_top(5));
+        }
         "plain" => {
             t.add("plain@1", in_top(1));
             t.add("plain@3", in_top(3));

@@ -27,7 +27,7 @@ use super::search::Candidate;
 use super::slots::{self, is_note};
 use super::strategy::Strategy;
 use super::text::{
-    AUXILIARIES, CLAUSE_LINKS, RELATION_LINKS, capitalised, clause_at, clause_of, clause_words,
+    AUXILIARIES, CLAUSE_LINKS, RELATION_LINKS, capitalised, clause_at, clause_words,
     lower_words, name_runs, names, query_words,
 };
 use super::validate::{Checked, static_checks};
@@ -38,6 +38,10 @@ pub const CHAIN: Strategy = Strategy::Chain;
 
 /// Facts followed past the first, at most (a chain of four facts).
 pub const MAX_HOPS: usize = 3;
+
+/// Names of the first fact tried as its value, at most, one keyword call
+/// each.
+const VALUES_TRIED: usize = 2;
 
 /// Question words the first fact must leave unsaid for a chain to be
 /// followed: one is a paraphrase ("heads" against "CEO"), two are a
@@ -100,34 +104,51 @@ pub async fn run(
     let kind_opt = answer_kind(&ctx.query.text);
     let mut chain: Vec<Checked> = Vec::new();
     let mut at = first;
+    // The find that answers, and goes first: in a clause question, whose
+    // first fact means the clause, not what is asked, the first hop's
+    // find, or a later one that says a word the question still left
+    // unsaid. A chain from a link ("X's chairperson") starts at a fact
+    // that may be the answer itself, and stays after it.
+    let mut answer = None;
     for _ in 0..MAX_HOPS {
         if unsaid.is_empty() || !time_for_another(ctx.deadline) {
             break;
         }
-        let value = value_of(&at, &seen);
-        if value.is_empty() {
-            break;
+        // The first name the fact adds is its value, unless the first
+        // fact's is said nowhere else ("Mild cat allergy; … before
+        // visiting Jess" opens with a word, not a name): then its next.
+        let mut found = None;
+        let tried = if chain.is_empty() { VALUES_TRIED } else { 1 };
+        for value in values_of(&at, &seen).into_iter().take(tried) {
+            seen.extend(value.iter().cloned());
+            let want = Want {
+                value: &value,
+                unsaid: &unsaid,
+                kind: kind_opt.as_deref(),
+                after_hop: !chain.is_empty(),
+                earlier: &earlier,
+            };
+            let text = value.join(" ");
+            if let Some(next) = hop(ctx, trace, ranked, &chain, filters, text, want).await {
+                found = Some((value, next));
+                break;
+            }
         }
-        seen.extend(value.iter().cloned());
-        let text = value.join(" ");
-        let want = Want {
-            value: &value,
-            unsaid: &unsaid,
-            kind: kind_opt.as_deref(),
-            after_hop: !chain.is_empty(),
-            earlier: &earlier,
-        };
-        let Some(next) = hop(ctx, trace, ranked, &chain, filters, text, want).await else {
+        let Some((value, next)) = found else {
             break;
         };
         earlier.extend(value.iter().cloned());
+        let before = unsaid.len();
         unsaid = unsaid_by(&unsaid, &next.cand.memory);
+        if shape == Shape::Clause && (chain.is_empty() || unsaid.len() < before) {
+            answer = Some(chain.len());
+        }
         at = next.cand.memory.clone();
         chain.push(next);
     }
     let placed = chain.len();
-    tracing::debug!(placed, unsaid = unsaid.len(), "chain followed");
-    place(ranked, chain);
+    tracing::debug!(placed, unsaid = unsaid.len(), ?answer, "chain followed");
+    place(ranked, chain, answer);
     ctx.timed(CHAIN.name(), t);
     placed
 }
@@ -306,12 +327,18 @@ fn current(mut finds: Vec<Checked>, question: &str, value: &[String]) -> Option<
     Some(finds.swap_remove(best))
 }
 
-/// Puts the chain right after the first memory, in chain order; the
+/// Puts the chain right after the first memory, in chain order, or, when
+/// one of its facts is the `answer`, that fact first and the path after
+/// it: the first memory, then the chain's other facts in order. The
 /// scores stay with the places (a find that was not a candidate takes the
 /// last place's score).
-fn place(ranked: &mut Vec<(Checked, f32)>, chain: Vec<Checked>) {
+fn place(ranked: &mut Vec<(Checked, f32)>, mut chain: Vec<Checked>, answer: Option<usize>) {
     if chain.is_empty() || ranked.is_empty() {
         return;
+    }
+    let answer = answer.filter(|&a| a < chain.len());
+    if let Some(a) = answer {
+        chain[..=a].rotate_right(1);
     }
     let ids: HashSet<String> = chain.iter().map(|c| c.cand.memory.id.clone()).collect();
     let mut scores: Vec<f32> = ranked.iter().map(|(_, s)| *s).collect();
@@ -321,6 +348,9 @@ fn place(ranked: &mut Vec<(Checked, f32)>, chain: Vec<Checked>) {
     let rest = ranked.split_off(1);
     ranked.extend(chain.into_iter().map(|c| (c, 0.0)));
     ranked.extend(rest);
+    if answer.is_some() {
+        ranked[..2].swap(0, 1);
+    }
     for ((_, s), score) in ranked.iter_mut().zip(scores) {
         *s = score;
     }
@@ -399,7 +429,7 @@ fn relates(question: &str) -> Shape {
             .iter()
             .any(|(_, next)| capitalised(next))
     };
-    if clause_at(&words).is_some() {
+    if clause_at(&words).is_some() || pronoun_clause_at(&words).is_some() {
         Shape::Clause
     } else if possessive || !linked(&words).is_empty() || by_name() {
         Shape::Link
@@ -417,7 +447,9 @@ fn relates(question: &str) -> Shape {
 fn said_in_passing(question: &str, clause_opt: Option<&str>) -> HashSet<String> {
     let kinds = (kinds_before(question).into_iter())
         .filter(|(_, next)| {
-            CLAUSE_LINKS.contains(&next.to_lowercase().as_str()) || capitalised(next)
+            let lower = next.to_lowercase();
+            let opens = CLAUSE_LINKS.contains(&lower.as_str()) || PRONOUNS.contains(&lower.as_str());
+            opens || capitalised(next)
         })
         .map(|(kind, _)| kind);
     let clause_words = (clause_opt.unwrap_or_default().split(' '))
@@ -442,8 +474,46 @@ fn kinds_before(question: &str) -> Vec<(String, String)> {
 /// A clause question's relative clause, read once for both its uses.
 fn clause(question: &str, shape: Shape) -> Option<String> {
     (shape == Shape::Clause)
-        .then(|| clause_of(question))
+        .then(|| note_clause(question))
         .flatten()
+}
+
+/// Subject pronouns that open a relative clause with no link word: "the
+/// friend she visits", "the project we shipped".
+const PRONOUNS: &[&str] = &["she", "he", "they", "we", "i", "you"];
+
+/// Where a clause with no link word opens: the index, in `words`
+/// (lowercased), of the "the" of "the <noun> <pronoun>".
+fn pronoun_clause_at(words: &[&str]) -> Option<usize> {
+    (words.windows(3)).position(|w| {
+        w[0] == "the" && w[1].chars().all(char::is_alphabetic) && PRONOUNS.contains(&w[2])
+    })
+}
+
+/// Question words that ask with "do" ("Where does …", "What did …").
+const DO: &[&str] = &["do", "does", "did"];
+
+/// The relative clause as a chain over notes reads it: as
+/// [`clause_of`](super::text::clause_of) reads a passage question's, or
+/// opened by a pronoun ("the friend she visits"). It ends at the first
+/// comma ("the customer that gets invoices from billing, and when can I
+/// call him?"), and in a question asked with "do" ("Where does the friend
+/// she visits live?") before its last word, the question's own verb
+/// ("live"), which the clause does not say.
+fn note_clause(question: &str) -> Option<String> {
+    let all = clause_words(question);
+    let asked_with_do = all.get(1).is_some_and(|w| DO.contains(&w.as_str()));
+    let segments = question.split([',', ';']).map(clause_words);
+    segments.enumerate().find_map(|(i, owned)| {
+        let words: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let start = (clause_at(&words).map(|at| at + 3))
+            .or_else(|| pronoun_clause_at(&words).map(|at| at + 2))?;
+        let mut clause = words.get(start..)?.to_vec();
+        if asked_with_do && i == 0 && clause.len() > 1 {
+            clause.pop();
+        }
+        (!clause.is_empty()).then(|| clause.join(" "))
+    })
 }
 
 /// Notes among which a clause question's first fact is chosen.
@@ -547,13 +617,14 @@ fn move_first(ranked: &mut [(Checked, f32)], at: usize) {
     }
 }
 
-/// The value a fact adds to `seen`: the first run of capitalised words
-/// that holds a name not seen, less the seen ones, a possessive's "'s"
-/// cut ("Val Guest's home is in Memphis" adds "memphis"). One thing, not
+/// The values a fact may add to `seen`, in its order: each run of
+/// capitalised words that holds a name not seen, less the seen ones, a
+/// possessive's "'s" cut ("Val Guest's home is in Memphis" adds
+/// "memphis"). The first is its value, one thing, not
 /// every name of the note: "Project Atlas migrates the billing system from
 /// MySQL to PostgreSQL 18" is about Atlas, and the next hop looks for facts
 /// naming Atlas, not ones naming Atlas, MySQL and PostgreSQL at once.
-fn value_of(m: &Memory, seen: &HashSet<String>) -> Vec<String> {
+fn values_of(m: &Memory, seen: &HashSet<String>) -> Vec<Vec<String>> {
     (name_runs(&m.content).into_iter())
         .map(|run| {
             let mut out: Vec<String> = Vec::new();
@@ -571,8 +642,8 @@ fn value_of(m: &Memory, seen: &HashSet<String>) -> Vec<String> {
             }
             out
         })
-        .find(|run| !run.is_empty())
-        .unwrap_or_default()
+        .filter(|run| !run.is_empty())
+        .collect()
 }
 
 /// A word that says when, not what ("Where was Acme's head office in
@@ -675,24 +746,24 @@ mod tests {
             "a",
             "Project Atlas migrates the billing system from MySQL to PostgreSQL 18 before the end of Q3.",
         );
-        assert_eq!(value_of(&atlas, &seen), ["atlas"]);
+        assert_eq!(value_of_(&atlas, &seen), ["atlas"]);
         let lead = memory("b", "Alice Chen is the engineering lead of Project Atlas.");
         assert!(holds(&lead, &["atlas".to_string()]));
         let seen = lower_words("Which physician looks after Roger Richebé?");
         let doctor = memory("c", "Roger Richebé is a patient of Dr. David A. Prior.");
-        assert_eq!(value_of(&doctor, &seen), ["david", "prior"]);
+        assert_eq!(value_of_(&doctor, &seen), ["david", "prior"]);
         let seen = lower_words("Who is Saif Ali Khan married to?");
         let spouse = memory(
             "d",
             "Saif Ali Khan is married to Jocelyn Lovell, a painter.",
         );
-        assert_eq!(value_of(&spouse, &seen), ["jocelyn", "lovell"]);
+        assert_eq!(value_of_(&spouse, &seen), ["jocelyn", "lovell"]);
         let seen = lower_words("Who runs the city that hosts Community West Bank's head office?");
         let office = memory(
             "e",
             "Community West Bank's head office is located in Miami.",
         );
-        assert_eq!(value_of(&office, &seen), ["miami"]);
+        assert_eq!(value_of_(&office, &seen), ["miami"]);
     }
 
     #[test]
@@ -786,14 +857,14 @@ mod tests {
         let seen =
             lower_words("In which country is the city where Conway Systems' head office is?");
         let first = memory("a", "Conway Systems has its head office in Singapore.");
-        assert_eq!(value_of(&first, &seen), ["singapore"]);
+        assert_eq!(value_of_(&first, &seen), ["singapore"]);
     }
 
     #[test]
     fn a_possessive_is_not_part_of_the_value() {
         let seen = lower_words("In which country is the city where Val Guest lives?");
         let first = memory("a", "Val Guest's home is in Memphis.");
-        assert_eq!(value_of(&first, &seen), ["memphis"]);
+        assert_eq!(value_of_(&first, &seen), ["memphis"]);
         assert!(holds(
             &memory("b", "Memphis is a city."),
             &["memphis".into()]
@@ -855,11 +926,22 @@ mod tests {
         assert_eq!(ids, ["on"]);
     }
 
+    fn value_of_(m: &Memory, seen: &HashSet<String>) -> Vec<String> {
+        values_of(m, seen).into_iter().next().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_fact_opening_with_a_capitalised_word_offers_its_name_next() {
+        let note = memory("n", "Mild cat allergy, itchy eyes; takes an antihistamine before visiting Jess.");
+        let values = values_of(&note, &HashSet::new());
+        assert_eq!(values, [vec!["mild".to_string()], vec!["jess".to_string()]]);
+    }
+
     #[test]
     fn the_chain_goes_right_after_the_first_memory() {
         let c = |id: &str| Checked::passed(memory(id, ""), 0.0);
         let mut ranked = vec![(c("a"), 0.9), (c("b"), 0.8), (c("x"), 0.7), (c("d"), 0.6)];
-        place(&mut ranked, vec![c("x"), c("y")]);
+        place(&mut ranked, vec![c("x"), c("y")], None);
         let ids: Vec<&str> = ranked
             .iter()
             .map(|(c, _)| c.cand.memory.id.as_str())
@@ -867,6 +949,37 @@ mod tests {
         assert_eq!(ids, ["a", "x", "y", "b", "d"]);
         let scores: Vec<f32> = ranked.iter().map(|(_, s)| *s).collect();
         assert_eq!(scores, [0.9, 0.8, 0.7, 0.6, 0.6]);
+    }
+
+    #[test]
+    fn a_chain_s_answer_goes_first_and_the_path_after_it() {
+        let c = |id: &str| Checked::passed(memory(id, ""), 0.0);
+        let ids = |ranked: &[(Checked, f32)]| -> Vec<String> {
+            (ranked.iter()).map(|(c, _)| c.cand.memory.id.clone()).collect()
+        };
+        let mut ranked = vec![(c("a"), 0.9), (c("b"), 0.8), (c("d"), 0.6)];
+        place(&mut ranked, vec![c("x"), c("y"), c("z")], Some(1));
+        assert_eq!(ids(&ranked), ["y", "a", "x", "z", "b", "d"]);
+        let scores: Vec<f32> = ranked.iter().map(|(_, s)| *s).collect();
+        assert_eq!(scores, [0.9, 0.8, 0.6, 0.6, 0.6, 0.6]);
+        let mut ranked = vec![(c("a"), 0.9), (c("b"), 0.8)];
+        place(&mut ranked, vec![c("x")], Some(0));
+        assert_eq!(ids(&ranked), ["x", "a", "b"]);
+    }
+
+    #[test]
+    fn a_note_question_s_clause_ends_where_the_question_takes_over() {
+        let q = "Where does the friend she takes an antihistamine before visiting live?";
+        assert_eq!(relates(q), Shape::Clause);
+        let clause = note_clause(q);
+        assert_eq!(clause.as_deref(), Some("she takes an antihistamine before visiting"));
+        let q = "Who is the contact at the customer that gets invoices from billing, and when can I call him?";
+        assert_eq!(note_clause(q).as_deref(), Some("gets invoices from billing"));
+        let q = "What does the person whose cousins stayed over for the Fourth do for work?";
+        let passed = said_in_passing(q, note_clause(q).as_deref());
+        assert!(passed.contains("cousins") && !passed.contains("work"));
+        let q = "In which country is the city where Val Guest lives?";
+        assert_eq!(note_clause(q).as_deref(), Some("val guest lives"));
     }
 
     #[test]
