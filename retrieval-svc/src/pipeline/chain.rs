@@ -27,8 +27,8 @@ use super::search::Candidate;
 use super::slots::{self, is_note};
 use super::strategy::Strategy;
 use super::text::{
-    AUXILIARIES, CLAUSE_LINKS, RELATION_LINKS, capitalised, clause_at, clause_words,
-    lower_words, name_runs, names, query_words,
+    AUXILIARIES, CLAUSE_LINKS, RELATION_LINKS, capitalised, clause_at, clause_words, lower_words,
+    name_runs, names, query_words,
 };
 use super::validate::{Checked, static_checks};
 
@@ -41,7 +41,7 @@ pub const MAX_HOPS: usize = 3;
 
 /// Names of the first fact tried as its value, at most, one keyword call
 /// each.
-const VALUES_TRIED: usize = 2;
+const VALUES_TRIED: usize = 3;
 
 /// Question words the first fact must leave unsaid for a chain to be
 /// followed: one is a paraphrase ("heads" against "CEO"), two are a
@@ -73,6 +73,7 @@ pub async fn run(
     filters: &Filters,
 ) -> usize {
     let shape = relates(&ctx.query.text);
+    let means_a_clause = shape == Shape::Clause || by_name_clause(&ctx.query.text);
     let clause_opt = clause(&ctx.query.text, shape);
     if let Some(clause) = &clause_opt
         && !trace.is_degraded(Strategy::Keyword)
@@ -105,10 +106,11 @@ pub async fn run(
     let mut chain: Vec<Checked> = Vec::new();
     let mut at = first;
     // The find that answers, and goes first: in a clause question, whose
-    // first fact means the clause, not what is asked, the first hop's
-    // find, or a later one that says a word the question still left
-    // unsaid. A chain from a link ("X's chairperson") starts at a fact
-    // that may be the answer itself, and stays after it.
+    // first fact means the clause, not what is asked (also one with no
+    // link word: "the team Michael Rae plays for"), the first hop's find,
+    // or a later one that says a word the question still left unsaid. A
+    // chain from a link ("X's chairperson") starts at a fact that may be
+    // the answer itself, and stays after it.
     let mut answer = None;
     for _ in 0..MAX_HOPS {
         if unsaid.is_empty() || !time_for_another(ctx.deadline) {
@@ -140,7 +142,7 @@ pub async fn run(
         earlier.extend(value.iter().cloned());
         let before = unsaid.len();
         unsaid = unsaid_by(&unsaid, &next.cand.memory);
-        if shape == Shape::Clause && (chain.is_empty() || unsaid.len() < before) {
+        if means_a_clause && (chain.is_empty() || unsaid.len() < before) {
             answer = Some(chain.len());
         }
         at = next.cand.memory.clone();
@@ -448,7 +450,8 @@ fn said_in_passing(question: &str, clause_opt: Option<&str>) -> HashSet<String> 
     let kinds = (kinds_before(question).into_iter())
         .filter(|(_, next)| {
             let lower = next.to_lowercase();
-            let opens = CLAUSE_LINKS.contains(&lower.as_str()) || PRONOUNS.contains(&lower.as_str());
+            let opens =
+                CLAUSE_LINKS.contains(&lower.as_str()) || PRONOUNS.contains(&lower.as_str());
             opens || capitalised(next)
         })
         .map(|(kind, _)| kind);
@@ -456,6 +459,31 @@ fn said_in_passing(question: &str, clause_opt: Option<&str>) -> HashSet<String> 
         .filter(|w| !w.is_empty())
         .map(str::to_string);
     kinds.chain(clause_words).collect()
+}
+
+/// Whether the question names its thing by a clause with no link word,
+/// whose subject is a name: "the team Michael Rae plays for", "the
+/// dashboard Brightline Freight uses". Words must follow the name in its
+/// part of the question, past the question's own verb when it asks with
+/// "do" ("To whom does the brand Durock belong?" names the brand, and
+/// "Who helmed the film Pyar Ka Bandhan?" the film).
+fn by_name_clause(question: &str) -> bool {
+    let head = question.split([',', ';']).next().unwrap_or_default();
+    let words: Vec<&str> = (head.split(|c: char| !(c.is_alphanumeric() || "'-".contains(c))))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let Some(at) = (words.windows(3)).position(|w| {
+        w[0].eq_ignore_ascii_case("the")
+            && w[1].chars().all(char::is_lowercase)
+            && capitalised(w[2])
+    }) else {
+        return false;
+    };
+    let asked_with_do = (words[..at].iter()).any(|w| DO.contains(&w.to_lowercase().as_str()));
+    let after_name = (words[at + 2..].iter())
+        .skip_while(|w| capitalised(w))
+        .count();
+    after_name > usize::from(asked_with_do)
 }
 
 /// Each "the *kind* *next word*" of the question, case kept: ("team",
@@ -625,7 +653,7 @@ fn move_first(ranked: &mut [(Checked, f32)], at: usize) {
 /// MySQL to PostgreSQL 18" is about Atlas, and the next hop looks for facts
 /// naming Atlas, not ones naming Atlas, MySQL and PostgreSQL at once.
 fn values_of(m: &Memory, seen: &HashSet<String>) -> Vec<Vec<String>> {
-    (name_runs(&m.content).into_iter())
+    let mut values: Vec<Vec<String>> = (name_runs(&m.content).into_iter())
         .map(|run| {
             let mut out: Vec<String> = Vec::new();
             // The question's words keep their "'s" ("bank's", a plural's
@@ -642,14 +670,39 @@ fn values_of(m: &Memory, seen: &HashSet<String>) -> Vec<Vec<String>> {
             }
             out
         })
-        .filter(|run| !run.is_empty())
-        .collect()
+        .filter(|run| !run.is_empty() && !run.iter().all(|w| is_date_word(w)))
+        .collect();
+    // A note's first word may open a run it is no name of ("Booked Iris's
+    // party …"): the rest of that run is tried next.
+    if let Some(tail) = (values.first())
+        .filter(|r| r.len() > 1)
+        .map(|r| r[1..].to_vec())
+    {
+        values.insert(1, tail);
+    }
+    values
 }
 
 /// A word that says when, not what ("Where was Acme's head office in
 /// February 2024?"): no fact of a chain states it, so it asks for no hop.
 fn is_time_word(w: &str) -> bool {
     w.chars().all(|c| c.is_ascii_digit()) || engram_common::text::MONTHS.contains(&w)
+}
+
+/// A month or a weekday, whole or cut short ("Sept", "Mon"): a date, not
+/// a thing a fact can be about.
+fn is_date_word(w: &str) -> bool {
+    const DAYS: [&str; 7] = [
+        "monday",
+        "tuesday",
+        "wednesday",
+        "thursday",
+        "friday",
+        "saturday",
+        "sunday",
+    ];
+    let cut = |full: &&str| w.len() >= 3 && full.starts_with(w);
+    engram_common::text::MONTHS.iter().any(cut) || DAYS.iter().any(cut)
 }
 
 /// Whether the memory names the whole value.
@@ -932,9 +985,54 @@ mod tests {
 
     #[test]
     fn a_fact_opening_with_a_capitalised_word_offers_its_name_next() {
-        let note = memory("n", "Mild cat allergy, itchy eyes; takes an antihistamine before visiting Jess.");
+        let note = memory(
+            "n",
+            "Mild cat allergy, itchy eyes; takes an antihistamine before visiting Jess.",
+        );
         let values = values_of(&note, &HashSet::new());
         assert_eq!(values, [vec!["mild".to_string()], vec!["jess".to_string()]]);
+        let note = memory(
+            "n",
+            "Booked Iris's 8th birthday party at the Oaks Park roller rink.",
+        );
+        let values = values_of(&note, &HashSet::new());
+        assert_eq!(
+            values[..2],
+            [
+                vec!["booked".to_string(), "iris".to_string()],
+                vec!["iris".to_string()]
+            ]
+        );
+    }
+
+    #[test]
+    fn a_date_is_no_value_to_follow() {
+        let note = memory(
+            "n",
+            "Lease renewed through Aug 2026 at $2,075 a month, starting Sept 1.",
+        );
+        assert_eq!(
+            values_of(&note, &HashSet::new()),
+            [vec!["lease".to_string()]]
+        );
+    }
+
+    #[test]
+    fn a_clause_with_no_link_word_is_told_from_a_name_beside_its_kind() {
+        assert!(by_name_clause(
+            "Who coaches the team Michael Rae plays for?"
+        ));
+        assert!(by_name_clause(
+            "What's the staging URL for the dashboard Brightline Freight uses?"
+        ));
+        assert!(by_name_clause(
+            "Which AWS region does the project Kai rotated onto run in now?"
+        ));
+        assert!(!by_name_clause("To whom does the brand Durock belong?"));
+        assert!(!by_name_clause("Who helmed the film Pyar Ka Bandhan?"));
+        assert!(!by_name_clause(
+            "Who is the mayor of the city where Val Guest lives?"
+        ));
     }
 
     #[test]
@@ -955,7 +1053,9 @@ mod tests {
     fn a_chain_s_answer_goes_first_and_the_path_after_it() {
         let c = |id: &str| Checked::passed(memory(id, ""), 0.0);
         let ids = |ranked: &[(Checked, f32)]| -> Vec<String> {
-            (ranked.iter()).map(|(c, _)| c.cand.memory.id.clone()).collect()
+            (ranked.iter())
+                .map(|(c, _)| c.cand.memory.id.clone())
+                .collect()
         };
         let mut ranked = vec![(c("a"), 0.9), (c("b"), 0.8), (c("d"), 0.6)];
         place(&mut ranked, vec![c("x"), c("y"), c("z")], Some(1));
@@ -972,9 +1072,15 @@ mod tests {
         let q = "Where does the friend she takes an antihistamine before visiting live?";
         assert_eq!(relates(q), Shape::Clause);
         let clause = note_clause(q);
-        assert_eq!(clause.as_deref(), Some("she takes an antihistamine before visiting"));
+        assert_eq!(
+            clause.as_deref(),
+            Some("she takes an antihistamine before visiting")
+        );
         let q = "Who is the contact at the customer that gets invoices from billing, and when can I call him?";
-        assert_eq!(note_clause(q).as_deref(), Some("gets invoices from billing"));
+        assert_eq!(
+            note_clause(q).as_deref(),
+            Some("gets invoices from billing")
+        );
         let q = "What does the person whose cousins stayed over for the Fourth do for work?";
         let passed = said_in_passing(q, note_clause(q).as_deref());
         assert!(passed.contains("cousins") && !passed.contains("work"));
