@@ -14,8 +14,11 @@
 //!   holds evidence about the downstream itself: a transport failure (tonic
 //!   reports a refused connection as UNAVAILABLE; any error that is neither
 //!   a `Status` nor the stack's timeout), or failures from at least two
-//!   distinct tenants. Its phase is what [`BreakerHandle::phase`] reports
-//!   (the `engram_retrieval_circuit_state` gauge).
+//!   distinct tenants while no tenant had a healthy answer for
+//!   [`BreakerConfig::healthy_within`]: tenants failing together while
+//!   another is served (two hostile tenants sending work that fails) are
+//!   not a downstream failure. Its phase is what [`BreakerHandle::phase`]
+//!   reports (the `engram_retrieval_circuit_state` gauge).
 //!
 //! A call is let through when both circuits admit it. Neutral verdicts
 //! (the caller's deadline or hang-up, our own shedding, RESOURCE_EXHAUSTED,
@@ -47,6 +50,9 @@ use super::Call;
 /// Tenants whose circuit state a breaker keeps, by default.
 pub const DEFAULT_MAX_TENANTS: usize = 1024;
 
+/// [`BreakerConfig::healthy_within`] by default.
+pub const DEFAULT_HEALTHY_WITHIN: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone)]
 pub struct BreakerConfig {
     /// Consecutive failures that open a circuit (a tenant's, or the shared
@@ -58,6 +64,10 @@ pub struct BreakerConfig {
     /// Tenants with remembered state, at most; beyond it a new failing
     /// tenant is judged by the shared circuit only.
     pub max_tenants: usize,
+    /// A healthy answer to any tenant this recently shows the downstream
+    /// serving: failures tenants are blamed for then do not open the
+    /// shared circuit, however many tenants send them.
+    pub healthy_within: Duration,
 }
 
 impl Default for BreakerConfig {
@@ -67,6 +77,7 @@ impl Default for BreakerConfig {
             open_for: Duration::from_secs(5),
             half_open_trials: 1,
             max_tenants: DEFAULT_MAX_TENANTS,
+            healthy_within: DEFAULT_HEALTHY_WITHIN,
         }
     }
 }
@@ -171,7 +182,10 @@ impl Circuit {
     /// Applies one verdict; true when it opened the circuit.
     fn record(&mut self, cfg: &BreakerConfig, seen: Seen) -> bool {
         match (self.phase, seen) {
-            (BreakerPhase::HalfOpen, Seen::Failed { .. }) => self.open(cfg),
+            (BreakerPhase::HalfOpen, Seen::Failed { may_open: true }) => self.open(cfg),
+            // A failure that says nothing about the downstream (one
+            // tenant's, or while others are served) spends no trial.
+            (BreakerPhase::HalfOpen, Seen::Failed { may_open: false }) => self.release_trial(),
             (BreakerPhase::HalfOpen, Seen::Healthy) => *self = Self::closed(),
             // The trial taught nothing: let another call try.
             (BreakerPhase::HalfOpen, Seen::Neutral) => self.release_trial(),
@@ -227,6 +241,8 @@ impl Run {
 struct State {
     shared: Circuit,
     run: Run,
+    /// When some tenant last had a healthy answer.
+    last_healthy_opt: Option<Instant>,
     /// Only tenants with something to remember; at most `max_tenants`.
     tenants: HashMap<Box<str>, Circuit>,
 }
@@ -236,6 +252,7 @@ impl State {
         Self {
             shared: Circuit::closed(),
             run: Run::default(),
+            last_healthy_opt: None,
             tenants: HashMap::new(),
         }
     }
@@ -269,6 +286,7 @@ impl State {
         let seen = match verdict {
             Verdict::Healthy => {
                 self.run = Run::default();
+                self.last_healthy_opt = Some(Instant::now());
                 Seen::Healthy
             }
             Verdict::Neutral => Seen::Neutral,
@@ -278,8 +296,10 @@ impl State {
             }
             Verdict::TenantFailed => {
                 self.run.note_tenant(tenant);
+                let serving =
+                    (self.last_healthy_opt).is_some_and(|at| at.elapsed() < cfg.healthy_within);
                 Seen::Failed {
-                    may_open: self.run.downstream_wide,
+                    may_open: self.run.downstream_wide && !serving,
                 }
             }
         };

@@ -488,13 +488,38 @@ mod tests {
         time_out(&svc, &mut handle, &b).await;
         let _ = answered(&svc, &mut handle, &c, Ok(1)).await;
         assert_eq!(breaker.phase(), BreakerPhase::Closed);
-        // Three in a row from two tenants: the downstream, not one tenant.
+        // Three in a row from two tenants, and no one served for longer
+        // than `healthy_within`: the downstream, not one tenant.
+        tokio::time::advance(Duration::from_secs(2)).await;
         let _ = answered(&svc, &mut handle, &a, internal()).await;
         time_out(&svc, &mut handle, &b).await;
         let _ = answered(&svc, &mut handle, &a, internal()).await;
         assert_eq!(breaker.phase(), BreakerPhase::Open);
         let r = call(&svc, &c, 1).await;
         assert!(matches!(r, Err(DownstreamError::CircuitOpen)), "{r:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tenants_failing_together_while_another_is_served_leave_it_closed() {
+        let (svc, breaker, mut handle) = stack(false);
+        let c = tenant("c");
+        let internal = || Err(Status::internal("boom").into());
+        // Hostile tenants fail together, four in a row from two of them
+        // each round (each under its own threshold of three); C is
+        // answered twice a second between the rounds, and first.
+        let r = answered(&svc, &mut handle, &c, Ok(3)).await;
+        assert_eq!(r.expect("c served"), 3);
+        for round in 0..6 {
+            let (a, b) = (tenant(&format!("a{round}")), tenant(&format!("b{round}")));
+            for _ in 0..2 {
+                let _ = answered(&svc, &mut handle, &a, internal()).await;
+                let _ = answered(&svc, &mut handle, &b, internal()).await;
+            }
+            assert_eq!(breaker.phase(), BreakerPhase::Closed, "round {round}");
+            let r = answered(&svc, &mut handle, &c, Ok(3)).await;
+            assert_eq!(r.expect("c served"), 3);
+            tokio::time::advance(Duration::from_millis(500)).await;
+        }
     }
 
     #[tokio::test(start_paused = true)]
