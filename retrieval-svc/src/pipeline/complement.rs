@@ -145,26 +145,30 @@ pub fn next_hop(ranked: &mut [(Checked, f32)], hop: &[String], at: usize) {
 }
 
 /// Moves `ranked[pos]` up to `at` (nothing when it is there or higher, or
-/// `at` is past the end); it takes the score of the one it lands on, so
-/// scores still fall with rank.
+/// `at` is past the end); the scores stay with the places, so they still
+/// fall with rank and no two places tie that did not.
 fn lift_to<T>(ranked: &mut [(T, f32)], pos: usize, at: usize) {
     if pos <= at || pos >= ranked.len() {
         return;
     }
+    let scores: Vec<f32> = ranked[at..=pos].iter().map(|(_, s)| *s).collect();
     ranked[at..=pos].rotate_right(1);
-    ranked[at].1 = ranked[at + 1].1;
+    for ((_, s), score) in ranked[at..=pos].iter_mut().zip(scores) {
+        *s = score;
+    }
 }
 
-/// A memory moved up takes the score of the best one it passed, so scores
-/// still fall with rank: callers, and the agentic merge (stable sorts by
-/// score), would otherwise undo the order. The head's last keeps its own,
-/// which is still at least every score after the head.
+/// The head's own scores, highest first, dealt to its places in order, so
+/// scores still fall with rank: callers, and the agentic merge (stable
+/// sorts by score), would otherwise undo the order. No two places tie
+/// that did not (raising each to the best below it showed the demo's
+/// five answers at one score), and the head's last is still at least
+/// every score after the head, the head being the best by score.
 fn keep_scores_descending<T>(head: &mut [(T, f32)]) {
-    for i in (0..head.len().saturating_sub(1)).rev() {
-        let next = head[i + 1].1;
-        if head[i].1 < next {
-            head[i].1 = next;
-        }
+    let mut scores: Vec<f32> = head.iter().map(|(_, s)| *s).collect();
+    scores.sort_by(|a, b| b.total_cmp(a));
+    for ((_, s), score) in head.iter_mut().zip(scores) {
+        *s = score;
     }
 }
 
@@ -373,7 +377,7 @@ mod tests {
         let order: String = ranked.iter().map(|(c, _)| *c).collect();
         assert_eq!(order, "abcfde");
         let scores: Vec<f32> = ranked.iter().map(|(_, s)| *s).collect();
-        assert_eq!(scores, [6.0, 5.0, 4.0, 3.0, 3.0, 2.0]);
+        assert_eq!(scores, [6.0, 5.0, 4.0, 3.0, 2.0, 1.0]);
         // Already at the place or above it, or a place past the end: no move.
         for (pos, at) in [(3, 3), (1, 3), (5, 9)] {
             let before = ranked.clone();
@@ -537,13 +541,19 @@ mod tests {
     }
 
     #[test]
-    fn scores_fall_with_rank_after_the_move() {
+    fn scores_fall_with_rank_after_the_move_and_none_tie_that_did_not() {
         let mut head = vec![('a', 0.9), ('c', 0.7), ('b', 0.8), ('d', 0.6)];
         keep_scores_descending(&mut head);
-        assert_eq!(head, vec![('a', 0.9), ('c', 0.8), ('b', 0.8), ('d', 0.6)]);
+        assert_eq!(head, vec![('a', 0.9), ('c', 0.8), ('b', 0.7), ('d', 0.6)]);
         let mut head = vec![('f', 0.85), ('x', 0.9), ('c', 0.5)];
         keep_scores_descending(&mut head);
-        assert_eq!(head, vec![('f', 0.9), ('x', 0.9), ('c', 0.5)]);
+        assert_eq!(head, vec![('f', 0.9), ('x', 0.85), ('c', 0.5)]);
+        // The best scored last (the demo's first question): five places,
+        // five scores.
+        let mut head = vec![('a', 0.3), ('b', 0.5), ('c', 0.4), ('d', 0.2), ('e', 0.82)];
+        keep_scores_descending(&mut head);
+        let scores: Vec<f32> = head.iter().map(|(_, s)| *s).collect();
+        assert_eq!(scores, [0.82, 0.5, 0.4, 0.3, 0.2]);
     }
 
     #[test]
