@@ -262,7 +262,29 @@ pub fn assemble(
             out.push(record);
         }
     }
+    separate_ties(&mut out);
     out
+}
+
+/// The share of the room above the next record's score by which a record
+/// tied with it is raised, and the least step.
+const TIE_LEAD: f32 = 0.01;
+const TIE_STEP: f32 = 0.001;
+
+/// Each record's score strictly above the next one's, so records that rank
+/// differently never show one score (issue 49: the demo's first answers
+/// read 0.8236 twice, the dev-fitted ranker having raised the fusion's #1
+/// to exactly the best score). The order is the one already chosen; a tie
+/// is broken upward, from the last record to the first, and nothing else
+/// moves. Done here, after every stage, because Stage 4b weighs a slot's
+/// own score against the best one's.
+fn separate_ties(records: &mut [ScoredMemory]) {
+    for i in (0..records.len().saturating_sub(1)).rev() {
+        let next = records[i + 1].score;
+        if records[i].score <= next {
+            records[i].score = next + ((1.0 - next) * TIE_LEAD).max(TIE_STEP);
+        }
+    }
 }
 
 /// ≈ 4 characters per token, rounded up.
@@ -499,6 +521,28 @@ mod tests {
         let mut dropped = vec![];
         let records = assemble(ranked, &losers, 10, &mut dropped);
         assert_eq!(records.len(), 2);
+    }
+
+    #[test]
+    fn records_that_rank_differently_never_show_one_score() {
+        let record = |score: f32| ScoredMemory {
+            score,
+            ..Default::default()
+        };
+        let mut records: Vec<ScoredMemory> =
+            [1.2, 1.2, 0.8236, 0.8236, 0.7583, 0.7583, 0.7583, 0.1]
+                .into_iter()
+                .map(record)
+                .collect();
+        separate_ties(&mut records);
+        let scores: Vec<f32> = records.iter().map(|r| r.score).collect();
+        assert!(scores.windows(2).all(|w| w[0] > w[1]), "{scores:?}");
+        // Only ties move, and only up: the last of each run keeps its score.
+        assert_eq!(scores[7], 0.1);
+        assert_eq!(scores[6], 0.7583);
+        assert_eq!(scores[3], 0.8236);
+        assert!(scores[2] > 0.8236 && scores[2] < 0.83, "{scores:?}");
+        assert!(scores[0] > 1.2, "past 1 the least step: {scores:?}");
     }
 
     #[test]

@@ -449,21 +449,14 @@ fn reload_tenants(slot: &Slot, dir: &Path, seen: &mut HashMap<String, Option<Sys
     });
 }
 
-/// A share of the room left above the best score that the fusion's #1
-/// is raised past it: 0.8236 becomes 0.8254.
-const FIRST_LEAD: f32 = 0.01;
-
-/// Raises the first (the fusion's #1) just above the best other score, so
-/// it stays first unless time or confidence lowers it, and shows a score
-/// of its own: raised only to the best, it tied with that one (the demo's
-/// first answers showed 0.8236 twice, issue 49).
+/// Raises the first (the fusion's #1) to the best score; ties keep fused
+/// order, so it stays first unless time or confidence lowers it.
 fn keep_fused_first(scores: &mut [f32]) {
-    let Some((first, rest)) = scores.split_first_mut() else {
-        return;
-    };
-    let best = rest.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if best.is_finite() && *first <= best {
-        *first = best + (1.0 - best).max(0.0) * FIRST_LEAD;
+    let best = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(first) = scores.first_mut()
+        && best.is_finite()
+    {
+        *first = best;
     }
 }
 
@@ -531,8 +524,7 @@ mod tests {
     fn a_dev_fitted_model_scores_nothing_above_the_fused_first() {
         let mut scores = vec![0.2, 0.9, 0.5];
         keep_fused_first(&mut scores);
-        assert!((scores[0] - 0.901).abs() < 1e-6, "{scores:?}");
-        assert_eq!(scores[1..], [0.9, 0.5]);
+        assert_eq!(scores, vec![0.9, 0.9, 0.5]);
         let mut scores = vec![0.7, 0.1];
         keep_fused_first(&mut scores);
         assert_eq!(scores, vec![0.7, 0.1]);
@@ -552,7 +544,7 @@ mod tests {
         assert!(free[1] > free[0]);
         m.keep_fused_first = true;
         let kept = Ranker::new(m).expect("model").scores(&rows);
-        assert!(kept[0] > kept[1] && kept[1] == free[1], "{kept:?}");
+        assert_eq!(kept[0], kept[1]);
     }
 
     #[test]
