@@ -24,6 +24,19 @@ pub const MONTHS: [&str; 12] = [
     "december",
 ];
 
+/// The English weekday names, lowercase, Monday first: search-svc's
+/// weekday values (values.rs) and the dates a chain never follows
+/// (retrieval-svc pipeline/chain.rs).
+pub const WEEKDAYS: [&str; 7] = [
+    "monday",
+    "tuesday",
+    "wednesday",
+    "thursday",
+    "friday",
+    "saturday",
+    "sunday",
+];
+
 /// The rule [`check_text`] enforces, as it is reported.
 pub const TEXT_RULE: &str =
     "must not contain control characters (tab, newline and carriage return are allowed)";

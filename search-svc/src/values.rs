@@ -37,17 +37,8 @@ impl Kind {
     }
 }
 
-const WEEKDAYS: &[&str] = &[
-    "monday",
-    "tuesday",
-    "wednesday",
-    "thursday",
-    "friday",
-    "saturday",
-    "sunday",
-    "weekend",
-    "weekday",
-];
+/// Words for days of the week beside [`engram_common::text::WEEKDAYS`].
+const WEEK_PARTS: &[&str] = &["weekend", "weekday"];
 const DAY_PARTS: &[&str] = &[
     "morning",
     "afternoon",
@@ -99,7 +90,7 @@ fn value_at(words: &[(String, bool)], i: usize) -> Option<(Kind, String, usize)>
     if is_clock(w) || in_list(DAY_PARTS, w) {
         return whole(Kind::Time);
     }
-    if in_list(WEEKDAYS, w) {
+    if in_list(&engram_common::text::WEEKDAYS, w) || in_list(WEEK_PARTS, w) {
         return whole(Kind::Weekday);
     }
     if engram_common::text::MONTHS.contains(&w.as_str()) && (capital || is_number(next)) {

@@ -692,17 +692,9 @@ fn is_time_word(w: &str) -> bool {
 /// A month or a weekday, whole or cut short ("Sept", "Mon"): a date, not
 /// a thing a fact can be about.
 fn is_date_word(w: &str) -> bool {
-    const DAYS: [&str; 7] = [
-        "monday",
-        "tuesday",
-        "wednesday",
-        "thursday",
-        "friday",
-        "saturday",
-        "sunday",
-    ];
+    use engram_common::text::{MONTHS, WEEKDAYS};
     let cut = |full: &&str| w.len() >= 3 && full.starts_with(w);
-    engram_common::text::MONTHS.iter().any(cut) || DAYS.iter().any(cut)
+    MONTHS.iter().any(cut) || WEEKDAYS.iter().any(cut)
 }
 
 /// Whether the memory names the whole value.
